@@ -15,11 +15,11 @@ COMMANDS:dict[str, tuple[str, str]] = {
     "plan":      ("grpo_nb.memory:plan_cli",       "per-GPU memory of learners and engines, with a verdict and the fix"),
     "layout":    ("grpo_nb.placement:layout_cli",  "place learners and engines on nodes and GPUs, or say why not"),
     "train":     ("grpo_nb.trainer:train_cli",     "run GRPO training from a config (resumes with --resume auto)"),
-    "demo":      ("grpo_nb.trainer:demo_cli",      "the tiny CPU GRPO run of `make demo`"),
+    "demo":      ("grpo_nb.trainer:demo_cli|grpo_nb.tiny:demo_fallback_cli", "the tiny CPU GRPO run of `make demo`"),
     "sbatch":    ("grpo_nb.slurm:sbatch_cli",      "write an sbatch script for your cluster from a config"),
     "preflight": ("grpo_nb.slurm:preflight_cli",   "check a config against the cluster before submitting"),
 }
-"Subcommand -> (`module:function`, one-line help). The function takes argv and returns an exit code."
+"Subcommand -> (`module:function`, one-line help). The function takes argv and returns an exit code; `a|b` tries `a` first."
 
 # %% ../nbs/13_cli.ipynb 6
 def _usage() -> str:
@@ -30,13 +30,15 @@ def _usage() -> str:
 
 # %% ../nbs/13_cli.ipynb 7
 def _resolve(name:str):
-    "The function behind subcommand `name`, or None when its module does not exist yet."
-    target, func = COMMANDS[name][0].split(":")
-    try: mod = importlib.import_module(target)
-    except ModuleNotFoundError as e:
-        if e.name == target: return None
-        raise
-    return getattr(mod, func, None)
+    "The function behind subcommand `name` (the first of its `|` alternatives that exists), or None."
+    for spec in COMMANDS[name][0].split("|"):
+        target, func = spec.split(":")
+        try: mod = importlib.import_module(target)
+        except ModuleNotFoundError as e:
+            if e.name == target: continue
+            raise
+        if hasattr(mod, func): return getattr(mod, func)
+    return None
 
 # %% ../nbs/13_cli.ipynb 8
 def main(argv:list[str]|None=None) -> int:
