@@ -31,6 +31,7 @@ sync-check: venv
 	tools/check_unchanged.sh $(BIN)/nbdev_export
 	tools/check_unchanged.sh $(BIN)/nbdev_clean
 	tools/check_unchanged.sh $(BIN)/python tools/render_scripts.py
+	PATH=$(abspath $(BIN)):$$PATH tools/check_unchanged.sh $(BIN)/python tools/site/render.py --readme-only
 
 nbtest: venv
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/nbdev_test --n_workers 2 --timing
@@ -44,7 +45,7 @@ docs: venv
 docs-test: docs
 	PATH=$(abspath $(BIN)):$$PATH bash tools/browser_test.sh
 
-test: venv sync-check nbtest pytest docs-test
+test: venv sync-check nbtest docs-test pytest
 
 lock:
 	$(BIN)/uv pip compile --python-version 3.11 --find-links /opt/wheels requirements/cpu.in -o requirements/cpu.lock --no-header --quiet

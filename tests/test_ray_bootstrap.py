@@ -1,0 +1,97 @@
+"""Issue 5 (and 10): the bootstrap the sbatch scripts use, on loopback: `ray start --head` on one "node", `ray start --address`
+on a second one (own --temp-dir, distinct ports), RAY_AUTH_MODE=disabled for head, worker and driver; the driver waits for
+both nodes, places a STRICT_SPREAD layout across them, and stops ONLY the processes it started, by their PIDs (SIGTERM to
+each `ray start --block`). Never `ray stop`: outside a PID namespace it stops every Ray on the machine, and even inside one
+it deletes `$RAY_TMPDIR/ray/ray_current_cluster` (`/tmp/ray/...` when RAY_TMPDIR is unset), which /tmp shares.
+
+The scenario runs as `python tests/test_ray_bootstrap.py bootstrap OUT.json` in its own PID namespace (see test_placement).
+"""
+import json, os, signal, socket, subprocess, sys, time
+from pathlib import Path
+from test_placement import run_isolated, processes_mentioning, ray_tmp  # noqa: F401  (ray_tmp is a fixture)
+
+def test_two_node_bootstrap_on_loopback(ray_tmp):
+    out = Path(ray_tmp) / "bootstrap.json"
+    p = run_isolated(__file__, ["bootstrap", str(out)], ray_tmp, timeout=240)
+    r = json.loads(out.read_text()) if out.exists() else {}
+    assert p.returncode == 0 and r.get("done"), f"scenario failed (rc {p.returncode}):\n{p.stdout[-4000:]}\n{json.dumps(r, indent=1)[:4000]}"
+    assert "--head" in r["commands"]["head"] and "--address=127.0.0.1:" + str(r["port"]) in r["commands"]["worker"]
+    nodes = r["nodes"]
+    assert len(nodes) == 2 and {n["ip"] for n in nodes} == {"127.0.0.1"} and all(n["gpus"] == 2 for n in nodes)
+    learners = [x for x in r["reports"] if x["role"] == "learner"]
+    assert len({x["node_id"] for x in learners}) == 2  # STRICT_SPREAD across the two "nodes"
+    assert r["master"] == "127.0.0.1" and r["progress"]
+    assert r["left_after_stop"] == [], r["left_after_stop"]  # SIGTERM to each `ray start --block` stopped its node
+    assert all(v["how"] == "SIGTERM" for v in r["stopped"].values()), r["stopped"]
+    assert not processes_mentioning(ray_tmp)
+
+def _free_ports(n:int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks: s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks: s.close()
+    return ports
+
+def _wait_started(log:Path, proc, timeout_s:float) -> float:
+    "Seconds until `ray start` prints that its node is up; fail early if it exited."
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if "Ray runtime started" in log.read_text(errors="replace"): return round(time.monotonic() - t0, 1)
+        if proc.poll() is not None: raise RuntimeError(f"ray start exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+    raise TimeoutError(f"ray start not up after {timeout_s} s: {log.read_text()[-2000:]}")
+
+def _stop(proc, timeout_s:float=30) -> dict:
+    "Stop one `ray start --block` we started, by its PID: SIGTERM, then SIGKILL if it does not exit."
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try: proc.wait(timeout_s); how = "SIGTERM"
+    except subprocess.TimeoutExpired: proc.kill(); proc.wait(); how = "SIGKILL"
+    return {"how": how, "returncode": proc.returncode, "seconds": round(time.monotonic() - t0, 2)}
+
+def scenario_bootstrap(out:Path):
+    import ray
+    from grpo_nb import placement as P
+    tmp, res, procs = os.environ["RAY_TMPDIR"], {}, {}
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    port, *ports = _free_ports(10)
+    # two nodes on one host must not share these ports; a test needs no log streaming
+    node_opts = lambda ps: {"dashboard-agent-listen-port": ps[0], "dashboard-agent-grpc-port": ps[1], "metrics-export-port": ps[2],
+                            "runtime-env-agent-port": ps[3], "include-log-monitor": "false"}
+    common = dict(num_gpus=2, num_cpus=2, object_store_memory=80 * 2**20, ray_bin=ray_bin)
+    cmds = {"head": P.ray_start_args("head", "127.0.0.1", port, temp_dir=f"{tmp}/head",
+                                     options=node_opts(ports[:4]), **common),
+            "worker": P.ray_start_args("worker", "127.0.0.1", port, node_ip="127.0.0.1", temp_dir=f"{tmp}/worker",
+                                       options=node_opts(ports[4:8]), **common)}
+    res.update(port=port, commands={k: " ".join(v) for k, v in cmds.items()})
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # head, worker and (below) driver alike
+    try:
+        for name in ("head", "worker"):  # the sbatch scripts do the same: head first, then the workers join
+            log = Path(f"{tmp}/{name}.log")
+            procs[name] = subprocess.Popen(cmds[name], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+            res[f"{name}_up_s"] = _wait_started(log, procs[name], 150)
+        ray.init(address=f"127.0.0.1:{port}", logging_level="ERROR", log_to_driver=False)
+        progress = []
+        res["nodes"] = P.wait_for_nodes(2, 4, timeout_s=120, poll_s=0.5, progress=progress.append, expected_ips=["127.0.0.1"])
+        res["progress"] = progress
+        lay = P.plan_layout(2, 2, [1, 1], 2, cpus_per_learner=0.5, cpus_per_engine_worker=0.5)
+        g = P.create_placement_groups(lay, timeout_s=30)
+        try:
+            res["reports"] = P.probe_placement(g)
+            res["master"] = P.check_placement(lay, res["reports"])
+        finally: g.remove()
+        ray.shutdown()
+        res["stopped"] = {name: _stop(procs.pop(name)) for name in ("worker", "head")}
+        time.sleep(1)
+        res["left_after_stop"] = [c for c in processes_mentioning(tmp) if not c.startswith(f"{os.getpid()}:")]
+        res["done"] = True
+    finally:
+        for name, proc in procs.items():  # only on failure: what is still running of ours
+            res.setdefault("stopped", {})[name] = _stop(proc, 10)
+        for name in ("head", "worker"):
+            try: res.setdefault("logs", {})[name] = Path(f"{tmp}/{name}.log").read_text()[-1500:]
+            except OSError: pass
+        out.write_text(json.dumps(res, indent=1, default=str))
+
+if __name__ == "__main__":
+    {"bootstrap": scenario_bootstrap}[sys.argv[1]](Path(sys.argv[2]))
