@@ -1,0 +1,3 @@
+"""Busy loop at module level: never returns."""
+while True:
+    pass

@@ -1,0 +1,3 @@
+"""Prints forever."""
+while True:
+    print("x" * 10000)
