@@ -254,7 +254,14 @@ def _setup_namespace_fs(spec:dict) -> dict:
     info["readonly_mounts"] = _remount_readonly()
     try: _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC); info["proc"] = "private"
     except OSError as e: info["proc"] = f"host ({e.strerror})"
+    # an interpreter or virtualenv that lives under /tmp (a CI checkout, say) must survive the private /tmp
+    keep = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in spec["expose"] if p.startswith("/tmp/") and os.path.isdir(p)]
     _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={L['tmpfs_mb']}m,mode=1777")
+    for p, fd in keep:
+        os.makedirs(p, mode=0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", p, None, _MS_BIND | _MS_REC)
+        os.close(fd)
+    if keep: info["exposed_tmp"] = [p for p, _ in keep]
     for path, opts in [("/dev/shm", "size=16m,mode=1777"), ("/run", "size=1m,mode=755")]:  # /run: host daemons' sockets
         try: _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, opts)
         except OSError: pass
