@@ -1,0 +1,217 @@
+"""The memory planner (issue 3): exact parameter counts, exact KV bytes per token, term arithmetic on
+hand-computed cases, phases, the verdict search, and the `grpo_nb plan` command's JSON keys and exit codes."""
+import contextlib, io, json, math
+import pytest
+import grpo_nb.memory as mem
+from grpo_nb.memory import (ARCHS, PUBLISHED, ModelShape, ZeroKnobs, Overheads, param_counts, layer_modules, get_shape,
+                            matches_published, weights_bytes, optimizer_bytes, grads_bytes, buffers_bytes, step_transient_bytes,
+                            layer_activation_bytes, activations_bytes, logits_bytes, zero3_gathered, learner_memory,
+                            kv_bytes_per_token, engine_memory, min_learner_gpus, min_engine_tp, plan, plan_cli, plan_config, TERMS)
+
+TOY = ModelShape("toy", "qwen2", hidden=8, intermediate=16, layers=2, heads=2, kv_heads=1, head_dim=4, vocab=32,
+                 tie_word_embeddings=True, attention_bias=True)
+
+
+# ---------------------------------------------------------------- parameter counts
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_counts_match_published_sizes(name):
+    assert matches_published(param_counts(ARCHS[name])["total"], PUBLISHED[name][0])
+
+
+@pytest.mark.parametrize("name,total,non_emb", [
+    ("Qwen2.5-7B", 7_615_616_512, 6_525_621_760), ("Llama-3.1-8B", 8_030_261_248, 6_979_588_096),
+    ("Qwen3-0.6B", 596_049_920, 440_467_456), ("OLMo-2-32B", 32_234_279_936, 31_206_675_456)])
+def test_exact_counts(name, total, non_emb):
+    c = param_counts(ARCHS[name])
+    assert (c["total"], c["non_embedding"]) == (total, non_emb)
+
+
+def test_toy_count_by_hand():
+    # layer: q 8·8+8, k 8·4+4, v 8·4+4, o 8·8, mlp 3·8·16, norms 2·8 ; model: embed 32·8 (tied) + 2 layers + final norm 8
+    layer = (64 + 8) + (32 + 4) + (32 + 4) + 64 + 384 + 16
+    assert param_counts(TOY)["total"] == 256 + 2 * layer + 8
+
+
+# (the exact check against transformers' own modules, built on the meta device, runs in nbs/01_memory.ipynb:
+#  importing transformers here would cost most of this file's time budget)
+
+
+def test_shape_from_config_json(tmp_path):
+    cfg = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+           "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for arg in (tmp_path, tmp_path / "config.json"):
+        s = get_shape(str(arg))
+        assert (s.head_dim, s.attention_bias) == (64, True)
+        assert param_counts(s)["total"] == param_counts(ARCHS["Qwen2.5-0.5B"])["total"]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava", "text_config": {**cfg, "model_type": "qwen2"}}))
+    assert get_shape(str(tmp_path)).hidden == 896
+    with pytest.raises(ValueError, match="built-in names"): get_shape("no-such-model")
+    assert get_shape("meta-llama/Llama-3.1-8B-Instruct") is ARCHS["Llama-3.1-8B"]
+
+
+# ---------------------------------------------------------------- KV cache
+@pytest.mark.parametrize("name,tp,expected", [
+    ("Qwen2.5-7B", 1, 2 * 28 * 4 * 128 * 2), ("Qwen2.5-7B", 2, 2 * 28 * 2 * 128 * 2), ("Qwen2.5-7B", 4, 2 * 28 * 1 * 128 * 2),
+    ("Llama-3.1-70B", 8, 2 * 80 * 1 * 128 * 2), ("OLMo-2-7B", 1, 2 * 32 * 32 * 128 * 2),
+    ("Qwen2.5-0.5B", 2, 2 * 24 * 1 * 64 * 2), ("Qwen2.5-0.5B", 14, 2 * 24 * 1 * 64 * 2)])  # kv_heads=2 < TP: replicated
+def test_kv_bytes_per_token_exact(name, tp, expected):
+    assert kv_bytes_per_token(ARCHS[name], tp) == expected
+    assert kv_bytes_per_token(ARCHS[name], tp, dtype_bytes=1) == expected // 2
+
+
+def test_invalid_tp_names_the_valid_ones():
+    with pytest.raises(ValueError, match="valid TP: 1, 2, 4"): kv_bytes_per_token(ARCHS["Qwen2.5-7B"], 3)
+
+
+def test_engine_budget_arithmetic():
+    e = engine_memory("Qwen2.5-7B", tp=2, gpu_memory_utilization=0.8, gpu_mem_gib=80, seq_len=1000)
+    assert e.budget_bytes == int(0.8 * 80 * 2**30)
+    assert e.kv_cache_bytes == e.budget_bytes - e.weights_bytes - e.activation_bytes - e.overhead_bytes
+    assert e.max_tokens % 16 == 0 and e.max_tokens == e.kv_cache_bytes // e.kv_bytes_per_token // 16 * 16
+    assert e.tokens_per_seq == 1008 and e.max_concurrent_seqs == min(256, e.max_tokens // 1008)
+    tight = engine_memory("Qwen2.5-72B", tp=1, gpu_memory_utilization=0.9, gpu_mem_gib=80)
+    assert not tight.fits and tight.kv_cache_bytes == 0
+
+
+# ---------------------------------------------------------------- learner terms by hand
+def test_state_terms_by_hand():
+    P, N = 1000, 4
+    assert [weights_bytes(P, z, N) for z in range(4)] == [2000, 2000, 2000, 500]
+    assert weights_bytes(P, 3, N, persistent=10) == 520 and weights_bytes(P, 3, N, "all") == 0
+    assert [optimizer_bytes(P, z, N) for z in range(4)] == [12000, 3000, 3000, 3000]
+    assert optimizer_bytes(P, 3, N, "optimizer") == 0
+    assert optimizer_bytes(P, 3, N, optimizer="adamw-8bit") == int(250 * (4 + 2 + 8 / 256))
+    assert [grads_bytes(P, z, N) for z in range(4)] == [2000, 6000, 500, 500]
+    assert [step_transient_bytes(P, z, N) for z in range(4)] == [4000, 0, 1500, 1500]
+    k = ZeroKnobs(reduce_bucket_size=100)
+    assert [buffers_bytes(P, z, N, k) for z in range(4)] == [2000, 4000, 200, 400]
+    assert buffers_bytes(P, 0, 1, k) == 0
+
+
+def test_activation_terms_by_hand():
+    h, q, kv, i, a = 8, 8, 4, 16, 2
+    per = 16 * h + 10 * q + 8 * kv + 8 * i + 4 * a + 8
+    assert layer_activation_bytes(TOY, 10) == per
+    assert layer_activation_bytes(TOY, 10, "eager") == per + 6 * a * 10
+    no = activations_bytes(TOY, tokens=6, seq_len=3, grad_ckpt=False)
+    assert no["saved"] == 6 * (2 * per + 8 * h) and no["working"] == 6 * (6 * i + 4 * h)
+    ck = activations_bytes(TOY, tokens=6, seq_len=3, grad_ckpt=True)
+    assert ck["saved"] == 6 * (2 * 2 * h + 8 * h) and ck["working"] == 6 * (6 * i + 4 * h + per)
+
+
+def test_logits_terms_by_hand():
+    assert logits_bytes(10, 100, 4, "full") == 10 * 100 * 12
+    assert logits_bytes(10, 100, 4, "full", keep_logits=True) == 10 * 100 * 14
+    assert logits_bytes(10, 100, 4, "chunked", chunk=4) == 8 * 4 * 100 + 6 * 100 * 4 + 2 * 10 * 4
+    assert logits_bytes(10, 100, 4, "chunked", chunk=64) == logits_bytes(10, 100, 4, "chunked", chunk=10)
+    with pytest.raises(ValueError): logits_bytes(10, 100, 4, "half")
+
+
+def test_zero3_reuse_distance():
+    s = ARCHS["Qwen2.5-0.5B"]
+    P = param_counts(s)["total"]
+    assert zero3_gathered(s)["loss"] > 0.7 * P  # a small model stays mostly gathered from forward to backward
+    small = zero3_gathered(s, knobs=ZeroKnobs(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=0))
+    assert small["loss"] <= s.vocab * s.hidden  # nothing kept: only the module being computed
+
+
+def test_learner_terms_sum_to_peak_and_zero0_is_20_bytes():
+    for kw in [dict(zero=0), dict(zero=2, learners=4), dict(zero=3, learners=8, grad_ckpt=False, logits="full"),
+               dict(zero=3, learners=2, offload="all", ref_policy="gpu")]:
+        m = learner_memory("Qwen2.5-1.5B", micro_batch=2, seq_len=1024, **kw)
+        assert sum(getattr(m, k) for k in TERMS) == m.peak_bytes
+        assert m.peak_bytes == max(sum(v.values()) for v in m.phases.values())
+    m = learner_memory("Qwen2.5-0.5B", zero=0, micro_batch=1, seq_len=16, overheads=Overheads(fixed_bytes=0))
+    assert (m.peak_phase, m.peak_bytes) == ("step", 20 * param_counts(ARCHS["Qwen2.5-0.5B"])["total"])
+
+
+def test_more_learners_never_need_more_memory():
+    peaks = [learner_memory("Qwen2.5-14B", learners=n, zero=3, seq_len=4096).peak_bytes for n in (1, 2, 4, 8, 16, 64)]
+    assert peaks == sorted(peaks, reverse=True)
+
+
+def test_offload_and_bad_combinations():
+    on, off = (learner_memory("Qwen2.5-7B", learners=4, zero=3, offload=o) for o in ("none", "optimizer"))
+    assert off.optimizer_bytes == 0 and off.host_bytes > 0 and off.peak_bytes < on.peak_bytes
+    with pytest.raises(ValueError, match="ZeRO stage 2 or 3"): learner_memory("Qwen2.5-7B", zero=1, offload="optimizer")
+    with pytest.raises(ValueError, match="needs ZeRO-3"): learner_memory("Qwen2.5-7B", zero=2, offload="all")
+
+
+def test_min_learners_and_tp_are_minimal():
+    kw = dict(micro_batch=1, seq_len=4096)
+    n = min_learner_gpus("Qwen2.5-32B", gpu_mem_gib=80, **kw)
+    fits = lambda n: learner_memory("Qwen2.5-32B", learners=n, zero=3, **kw).total_bytes <= 80 * 2**30
+    assert n > 1 and fits(n) and not fits(n - 1)
+    tp = min_engine_tp("Llama-3.1-70B", gpu_mem_gib=80, seq_len=4096)
+    assert tp == 2 and not engine_memory("Llama-3.1-70B", tp=1, gpu_mem_gib=80, seq_len=4096).fits
+
+
+def test_verdict_and_advice():
+    p = plan("Qwen2.5-72B", learners=2, zero=3, micro_batch=1, seq_len=8192, engine_tp=1, gpu_mem_gib=80)
+    assert not p.fits and not p.learner_fits and not p.engine_fits
+    assert any(a.startswith("--learner-gpus") for a in p.advice) and any(a.startswith("--engine-tp") for a in p.advice)
+    ok = plan("Qwen2.5-0.5B", learners=1, micro_batch=1, seq_len=1024)
+    assert ok.fits and ok.advice[0].startswith("fits")
+
+
+def test_plan_config_reads_train_config():
+    from grpo_nb.config import load_config
+    cfg = load_config("default", ["--model.name_or_path=Qwen2.5-1.5B", "--learner.pack_length=8192", "--cluster.learners_per_node=[2,2]",
+                                  "--cluster.nodes=2"])
+    p = plan_config(cfg)
+    assert (p.settings["learners"], p.settings["micro_batch"], p.settings["seq_len"]) == (4, 1, 8192)
+    assert p.settings["engine_seq_len"] == cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    with pytest.raises(ValueError, match="model.name_or_path"): plan_config(load_config("default"))  # tiny-arith is not a shape here
+
+
+# ---------------------------------------------------------------- the command
+def run(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err): rc = plan_cli(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_cli_json_keys():
+    rc, out, _ = run(["--model", "Qwen2.5-7B", "--learner-gpus", "8", "--zero", "3", "--offload", "none", "--micro-batch", "2",
+                      "--seq-len", "4096", "--grad-ckpt", "--engine-tp", "2", "--gpu-memory-utilization", "0.85", "--gpu-mem-gib", "80", "--json"])
+    j = json.loads(out)
+    assert rc == 0
+    assert {"params", "layers", "hidden", "vocab", "kv_heads", "head_dim"} <= set(j["model"])
+    assert {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes", "gathered_params_bytes",
+            "peak_bytes"} <= set(j["learner"])
+    assert {"weights_bytes", "kv_bytes_per_token", "kv_cache_bytes", "max_concurrent_seqs"} <= set(j["engine"])
+    assert isinstance(j["fits"], bool) and isinstance(j["advice"], list)
+    assert j["engine"]["kv_bytes_per_token"] == 2 * 28 * 2 * 128 * 2
+    assert j["model"]["params"] == 7_615_616_512
+
+
+def test_cli_exit_codes():
+    rc, out, _ = run(["--model", "Qwen2.5-72B", "--learner-gpus", "1", "--json"])  # does not fit: still a plan, exit 0
+    assert rc == 0 and json.loads(out)["fits"] is False and json.loads(out)["advice"]
+    rc, out, _ = run(["--model", "Qwen2.5-7B", "--no-grad-ckpt"])
+    assert rc == 0 and "checkpointing off" in out
+    for argv, text in [(["--model", "nope"], "built-in names"), (["--model", "Qwen2.5-7B", "--engine-tp", "3"], "valid TP"),
+                       (["--model", "Qwen2.5-7B", "--zero", "1", "--offload", "optimizer"], "ZeRO stage 2 or 3"),
+                       ([], "--model is required")]:
+        rc, _, err = run(argv)
+        assert rc == 2 and text in err, (argv, err)
+    rc, _, _ = run(["--model", "Qwen2.5-7B", "--zero", "5"])  # argparse's own usage error
+    assert rc == 2
+    assert run(["--help"])[0] == 0
+
+
+def test_cli_router_reaches_plan():
+    from grpo_nb.cli import main
+    with contextlib.redirect_stdout(io.StringIO()) as out: rc = main(["plan", "--model", "Qwen3-8B", "--json"])
+    assert rc == 0 and json.loads(out.getvalue())["model"]["layers"] == 36
+
+
+def test_accuracy_table(tmp_path):
+    assert "no measurements yet" in mem.accuracy_table(tmp_path / "missing.json")
+    rec = {"name": "x", "learners": 1, "zero": 3, "micro_batch": 2, "seq_len": 128, "grad_ckpt": True, "logits": "full",
+           "predicted_bytes": 110 * 2**20, "measured_bytes": 100 * 2**20, "error": 0.1, "device": "NVIDIA H200",
+           "predicted_phase": "loss", "steps": [{"fwd_bwd_peak": 100 * 2**20, "step_peak": 90 * 2**20}]}
+    (tmp_path / "r.json").write_text(json.dumps({"meta": {}, "records": [rec]}))
+    t = mem.accuracy_table(tmp_path / "r.json")
+    assert "+10.0%" in t and "NVIDIA H200" in t and "1 within 10%" in t

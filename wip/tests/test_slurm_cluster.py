@@ -1,0 +1,168 @@
+"""sbatch/grpo.sbatch, unchanged, under a real SLURM on this machine (issue 10).
+
+Two emulated nodes with four fake GPUs each (tests/slurm_harness.py: Debian's slurmctld/slurmd/munge,
+installed with apt-get when missing, state under a temp dir, inside a network namespace of its own).
+The trainer is the stand-in of tests/slurm_standin_trainer.py (same contract as `grpo_nb train`), named
+through TRAIN_CMD, the one variable the script reads it from.
+
+The chain is driven by the real pre-walltime signal: every job runs with `--time=1` and
+`--signal=B:USR1@10` (given as SBATCH_SIGNAL, which `--export=ALL` carries into the chained jobs).
+slurmctld checks time limits every 30 s and sends the signal at the first check that is less than
+10 + 30 s before the walltime, i.e. at least 20 s after the job started: Ray has 20 s to form and the
+trainer to take a step, and three jobs take about three checks. On a machine busy with other work the
+test stretches the walltime instead (see `job_timing`): slower, same checks.
+"""
+import json, os, re, shutil, subprocess, sys, time
+from pathlib import Path
+import pytest
+from slurm_harness import LocalSlurm, ensure_installed
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                                reason="a private SLURM needs root (apt-get, munge, network namespace)")
+MAX_CHAINS = 3
+
+
+def job_timing(cluster) -> tuple[int, int]:
+    """(--time in minutes, --signal seconds) of every job. The defaults give Ray and the first step at least 20 s
+    before the signal, plenty on two idle cores. On a machine busy with other work (a warm `import ray` takes
+    longer than 2.5 s), Ray's start-up can take a minute: stretch the walltime rather than fail (slower, same
+    checks). GRPO_SLURM_TEST_TIME_MIN / GRPO_SLURM_TEST_SIGNAL_S force either."""
+    t0 = time.time()
+    subprocess.run([sys.executable, "-c", "import ray"], env=cluster.env(), check=True)
+    busy = time.time() - t0 > 2.5
+    cluster.timings["import_ray_s"] = time.time() - t0
+    minutes = int(os.environ.get("GRPO_SLURM_TEST_TIME_MIN", 4 if busy else 1))
+    signal_s = int(os.environ.get("GRPO_SLURM_TEST_SIGNAL_S", 60 if busy or minutes > 1 else 10))
+    return minutes, signal_s
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    t0 = time.time()
+    s = LocalSlurm(nodes=2, gpus_per_node=4, cpus_per_node=2)
+    s.warm_start(sys.executable)  # bytecode for Ray's processes, while apt-get runs
+    apt_s = ensure_installed()
+    s.warm_wait()
+    s.timings["warm_s"] = time.time() - t0 - apt_s
+    s.job_timing = job_timing(s)  # before slurmctld starts: its 30 s time-limit checks count from its start
+    try:
+        s.start()
+        s.timings["apt_s"], s.timings["t0"] = apt_s, t0
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def run(cluster):
+    "Submit the chain's first job as soon as the scheduler is up; wait until the chain has finished."
+    s, r = cluster, cluster.root
+    TIME_MIN, SIGNAL_S = s.job_timing
+    (r / "logs").mkdir()
+    cfg = r / "run.yaml"
+    cfg.write_text(f"total_steps: 100000\n"
+                   f"cluster: {{device: cpu, nodes: 2, gpus_per_node: 4, learners_per_node: [4, 4]}}\n"
+                   f"logging: {{output_dir: {r}/run}}\n"
+                   f"checkpoint: {{dir: {r}/run/ckpt, keep_last: 2}}\n")
+    env = s.env(TRAIN_CMD=f"python {ROOT}/tests/slurm_standin_trainer.py --step-s 0.25", MAX_JOB_CHAINS=MAX_CHAINS,
+                SBATCH_SIGNAL=f"B:USR1@{SIGNAL_S}", SBATCH_OUTPUT=f"{r}/logs/%x-%j.out",
+                RAY_TMPDIR_BASE=str(r), RAY_OBJECT_STORE_MEMORY=100_000_000, RAY_HEAD_POLL_S=1, RAY_WAIT_S=90 * TIME_MIN, RAY_STOP_S=20,
+                RAY_prestart_worker_first_driver=0)
+    script = str(ROOT / "sbatch" / "grpo.sbatch")
+    first = s.sbatch(f"--time={TIME_MIN}", script, str(cfg), env=env, cwd=str(ROOT))
+    t_submit = time.time()
+    jobs = s.wait_done(until_idle=True, timeout=60 + MAX_CHAINS * 90 * TIME_MIN, every=1)
+    s.timings["chain_s"] = time.time() - t_submit
+    logs = {int(j["JobId"]): (r / "logs" / f"grpo-{j['JobId']}.out").read_text() for j in jobs}
+    print("\n".join(f"--- job {k}\n{v}" for k, v in logs.items()))
+    print(s.timings)
+    return dict(first=first, jobs=jobs, logs=logs, root=r, env=env, script=script, config=str(cfg), time_min=TIME_MIN,
+                chain=[int(j["JobId"]) for j in jobs if int(j["JobId"]) >= first])
+
+
+def test_the_script_finds_itself_through_scontrol(run):
+    log = run["logs"][run["first"]]
+    assert f"{ROOT}/sbatch/grpo.sbatch {run['root']}/run.yaml" in log, log  # Command=, not $0 (the spooled copy)
+
+
+def test_ray_cluster_forms_across_both_nodes(run):
+    log = run["logs"][run["first"]]
+    assert re.search(r"Ray cluster ready in [\d.]+ s: 2 node\(s\) \(n1, n2\), 8 GPU\(s\)", log), log
+    probe = json.loads((run["root"] / "run" / f"standin_cluster_{run['first']}.json").read_text())
+    assert probe["hosts"] == ["n1", "n2"] and probe["gpus"] == 8
+    assert len({node for _, node in probe["tasks_ran_on"]}) == 2  # a task ran on each Ray node
+
+
+def test_three_jobs_chained_by_the_walltime_signal_then_the_cap(run):
+    chain = run["chain"]
+    assert len(chain) == MAX_CHAINS, [(j["JobId"], j["JobState"]) for j in run["jobs"]]
+    for i, job in enumerate(chain):
+        info = next(j for j in run["jobs"] if int(j["JobId"]) == job)
+        log = run["logs"][job]
+        assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, log)
+        assert "got SIGUSR1" in log and "trainer exit 0" in log, log
+        assert f"chain: job {i + 1} (ledger: {i + 1})" in log, log
+        if i < MAX_CHAINS - 1: assert f"chain: submitted job {chain[i + 1]} (GRPO_CHAIN_INDEX={i + 1})" in log, log
+    assert f"GRPO_CHAIN_INDEX=2 is the last of MAX_JOB_CHAINS={MAX_CHAINS}" in run["logs"][chain[-1]]
+    ledger = (run["root"] / "run" / "slurm_chain.log").read_text().splitlines()
+    assert [l.split()[:3] for l in ledger if l.startswith("started")] == [["started", str(j), f"index={i}"] for i, j in enumerate(chain)]
+    assert [l for l in ledger if l.startswith("submitted")] == [f"submitted {j}" for j in chain[1:]]
+
+
+def test_steps_are_continuous_across_the_chain(run):
+    rows = [l.split() for l in (run["root"] / "run" / "steps.log").read_text().splitlines()]
+    steps, jobs = [int(s) for s, _ in rows], [int(j) for _, j in rows]
+    assert steps == list(range(1, len(steps) + 1)), steps  # none repeated, none skipped
+    assert sorted(set(jobs)) == run["chain"] and jobs == sorted(jobs)  # every job trained, in chain order
+    latest = (run["root"] / "run" / "ckpt" / "latest").read_text().strip()
+    assert latest == f"step_{steps[-1]}"
+    for prev, job in zip(run["chain"], run["chain"][1:]):
+        first_step = steps[jobs.index(job)]
+        assert f"checkpoint step -1 -> " in run["logs"][run["chain"][0]]
+        assert f"training from step {first_step - 1}:" in run["logs"][job]  # resumed from the checkpoint
+
+
+def test_workers_leave_after_the_head_and_exit_zero(run):
+    for job in run["chain"]:
+        log = run["logs"][job]
+        assert "Ray on n1 (head) exited with 0" in log and "Ray on n2 (worker) exited with 0" in log, log
+        assert "the head is gone" in (run["root"] / "logs" / f"ray-{job}-n2.log").read_text()
+
+
+def test_a_node_that_cannot_join_is_named_and_nothing_chains(cluster, run):
+    "The worker of n2 finds its Ray port taken (another job's Ray, say): the job fails at once, naming n2."
+    s, r = cluster, cluster.root
+    port = 20000 + 128  # n2's node-manager port: RAY_NODE_PORT_BASE shifted by 128 x rank (it shares the head's address)
+    blocker = s.spawn_listener(port)
+    env = run["env"]
+    job = s.sbatch(f"--time={run['time_min']}", run["script"], run["config"], f"--logging.output_dir={r}/run_missing", env=env, cwd=str(ROOT))
+    jobs = s.wait_done([job], timeout=120, every=1)
+    blocker.kill()
+    info = next(j for j in jobs if int(j["JobId"]) == job)
+    log = (r / "logs" / f"grpo-{job}.out").read_text()
+    print(log)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", (info, log)
+    assert f"Ray on n2 ended before the cluster formed: see {r}/logs/ray-{job}-n2.log" in log, log
+    assert "port 20128 on 127.0.0.1 is taken" in (r / "logs" / f"ray-{job}-n2.log").read_text()
+    assert "Ray on n1 (head) exited with 0" in log and "chain: submitted" not in log
+    assert max(int(j["JobId"]) for j in s.jobs()) == job  # it submitted nothing
+
+
+def test_a_job_that_cannot_run_the_config_fails_at_once_and_does_not_chain(cluster, run):
+    s, r = cluster, cluster.root
+    job = s.sbatch("--nodes=1", f"--time={run['time_min']}", run["script"], run["config"], f"--logging.output_dir={r}/run_bad",
+                   env=run["env"], cwd=str(ROOT))
+    info = next(j for j in s.wait_done([job], timeout=60, every=0.5) if int(j["JobId"]) == job)
+    log = (r / "logs" / f"grpo-{job}.out").read_text()
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0", (info, log)
+    assert "has 1" in log and "sbatch --nodes=2" in log, log
+    assert "Ray:" not in log and "chain: submitted" not in log
+    assert max(int(j["JobId"]) for j in s.jobs()) == job  # it submitted nothing
+
+
+def test_teardown_by_pid_leaves_nothing(cluster, run):
+    assert cluster.our_pids()  # the daemons are still up here
+    out = cluster.stop()
+    assert out["remaining"] == 0 and cluster.our_pids() == [], out
+    print({k: round(v, 1) for k, v in cluster.timings.items() if k != "t0"}, f"total {time.time() - cluster.timings['t0']:.0f} s")
