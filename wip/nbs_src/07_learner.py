@@ -1113,24 +1113,34 @@ def _optimizer_step(self:LearnerWorker, batch:TrainBatch, idx:Sequence[int], acc
     "Forward/backward over the micro-batches of sequences `idx`, then one optimizer step; metrics into `acc`."
     mbs = self._micro_batches(batch, idx)
     counts = step_counts(mbs)
-    for k, mb in enumerate(mbs):
+    for k, host in enumerate(mbs):
+        mb = host.to(self.device)
         self.engine.set_gradient_accumulation_boundary(k == len(mbs) - 1)
         logp, ent = self._forward(self.engine, mb, self.spec.with_entropy or self.spec.learner.entropy_coef > 0)
-        loss, m = micro_batch_loss(logp, ent, mb.to(self.device), counts, self.loss_kw, self.spec.norm_len)
+        loss, m = micro_batch_loss(logp, ent, mb, counts, self.loss_kw, self.spec.norm_len)
         self.engine.backward(loss * self.world_size)
-        n = float(m["tokens"])
-        acc["loss"] += float(m["loss"]); acc["pg_loss"] += float(m["pg_loss"]); acc["tokens"] += n
-        for key in _MEAN_KEYS:
-            if key in m: acc[f"{key}_sum"] = acc.get(f"{key}_sum", 0.0) + float(m[key]) * n
-        if n: acc["ratio_max"] = max(acc["ratio_max"], float(m["ratio_max"])); acc["ratio_min"] = min(acc["ratio_min"], float(m["ratio_min"]))
-        acc["seq_lens"] += [l for l in mb.lengths] if mb.mask.any() else []
-        acc["scored"] += int(mb.mask.sum())
+        acc["metrics"].append(m)  # device tensors: reading them now would stall the GPU queue after every micro-batch
+        if host.mask.any(): acc["seq_lens"] += host.lengths  # (host copies: no GPU sync)
+        acc["scored"] += int(host.mask.sum())
     plain = self.spec.learner.zero_stage == 0 and self.spec.torch_dtype == torch.float32  # no DeepSpeed optimizer wrapper
     pre = _grad_norm(self.engine.module) if plain else None   # DeepSpeed clips but does not report the norm then
     self.engine.step()
     gn = pre if plain else self.engine.get_global_grad_norm()
-    acc["grad_norm"].append(float(gn) if gn is not None else float("nan"))
+    acc["grad_norm"].append(gn.detach().clone() if torch.is_tensor(gn) else gn)
     acc["micro_batches"] += len(mbs); acc["optimizer_steps"] += 1
+
+def _metric_sums(ms:list[dict], # `policy_loss` metrics of every micro-batch (tensors)
+                ) -> dict: # loss sums, token-weighted sums of the mean metrics, ratio extremes
+    "Reduce the micro-batches' metrics with one device-to-host transfer."
+    if not ms: return {"loss": 0.0, "pg_loss": 0.0, "tokens": 0.0, "ratio_max": -math.inf, "ratio_min": math.inf}
+    keys = [k for k in ms[0] if all(k in m for m in ms)]
+    v = dict(zip(keys, torch.stack([torch.stack([m[k].detach().double().reshape(()) for k in keys]) for m in ms]).cpu().T.tolist()))
+    n = v["tokens"]
+    out = {"loss": sum(v["loss"]), "pg_loss": sum(v["pg_loss"]), "tokens": sum(n),
+           "ratio_max": max((r for r, t in zip(v["ratio_max"], n) if t), default=-math.inf),
+           "ratio_min": min((r for r, t in zip(v["ratio_min"], n) if t), default=math.inf)}
+    out.update({f"{k}_sum": sum(x * t for x, t in zip(v[k], n)) for k in _MEAN_KEYS if k in v})
+    return out
 
 # %%
 #| export
@@ -1152,13 +1162,13 @@ def train_step(self:LearnerWorker,
     self.engine.train()
     if batch.old_logprobs is None and minibatches * L.epochs_per_batch > 1: batch.old_logprobs = self._score(self.engine, batch)
     if self.ref is not None: batch.ref_logprobs = self._score(self.ref, batch)
-    acc = {"loss": 0.0, "pg_loss": 0.0, "tokens": 0.0, "ratio_max": -math.inf, "ratio_min": math.inf, "seq_lens": [],
-           "scored": 0, "grad_norm": [], "micro_batches": 0, "optimizer_steps": 0}
+    acc = {"metrics": [], "seq_lens": [], "scored": 0, "grad_norm": [], "micro_batches": 0, "optimizer_steps": 0}
     for _ in range(L.epochs_per_batch):
         order = torch.randperm(len(batch)).tolist()
         for part in np.array_split(np.array(order, dtype=np.int64), minibatches):
             self._optimizer_step(batch, part.tolist(), acc)
-    if self.spec.device == "cuda": torch.cuda.synchronize()
+    acc.update(_metric_sums(acc.pop("metrics")))   # waits for the GPU: the step is done
+    acc["grad_norm"] = [float("nan") if g is None else float(g) for g in acc["grad_norm"]]
     self.step = self.step + 1 if step is None else step
     acc.update(time_s=time.perf_counter() - t0, lr=float(self.engine.get_lr()[0]), step=self.step,
                flops=self._flops(acc.pop("seq_lens"), acc.pop("scored")),
@@ -1357,6 +1367,24 @@ class LearnerGroup:
         return (f"LearnerGroup({self.world_size} × {i['device']}, ZeRO-{i['zero_stage']}, {i['dtype']}, {i['params'] / 1e6:.2f}M params, "
                 f"attention {i['attention']}, step {self.step_count})")
 
+# %% [markdown]
+# Every call goes to all ranks at once (`each`): Ray calls for actors; for the single in-process learner
+# (`local=True`) a plain call on this thread — a pool thread would give torch a fresh set of OpenMP
+# threads on every call, which on a small CPU costs more than the step.
+
+# %%
+#| export
+def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
+         method:str, # the method to call on every rank
+         *args, # the same arguments for every rank ...
+         per_rank:Sequence|None=None, # ... or one tuple of arguments per rank
+         timeout_s:float|None=None, # give up after this many seconds
+        ) -> list: # results, rank 0 first
+    "Call `method` on every learner rank concurrently; return their results."
+    argv = list(per_rank) if per_rank is not None else [args] * len(actors)
+    if len(actors) == 1 and isinstance(actors[0], LearnerWorker): return [getattr(actors[0], method)(*argv[0])]
+    return gather([submit(a, method, *av) for a, av in zip(actors, argv)], timeout_s)
+
 # %%
 #| export
 def create_learner_group(spec:LearnerSpec, # what every rank builds
@@ -1386,8 +1414,8 @@ def create_learner_group(spec:LearnerSpec, # what every rank builds
                         **(dict(actor_options[r]) if actor_options else {})}
             actors.append(Actor.options(**opts).remote(r, world_size))
     try:
-        addr, port = call(actors[0], "address")
-        info = gather([submit(a, "setup", spec, addr, port) for a in actors], timeout_s)
+        addr, port = each(actors[:1], "address")[0]
+        info = each(actors, "setup", spec, addr, port, timeout_s=timeout_s)
     except BaseException:
         if not local:
             import ray
@@ -1412,7 +1440,7 @@ def step(self:LearnerGroup,
     check_batch(batch)
     shards = shard_batch([len(s) for s in batch.input_ids], self.world_size)
     mini = self.minibatches(len(batch))
-    parts = gather([submit(a, "train_step", batch.select(idx), mini, self.step_count + 1) for a, idx in zip(self.actors, shards)], timeout_s)
+    parts = each(self.actors, "train_step", per_rank=[(batch.select(idx), mini, self.step_count + 1) for idx in shards], timeout_s=timeout_s)
     self.step_count += 1
     return combine_metrics(parts, self.spec.peak_flops)
 
@@ -1433,7 +1461,7 @@ def save(self:LearnerGroup,
         try: verify_checkpoint(final, full=False); return final
         except CheckpointError: pass
     tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-    gather([submit(a, "save", str(tmp), str(final), step, data_state, keep_last) for a in self.actors])
+    each(self.actors, "save", str(tmp), str(final), step, data_state, keep_last)
     return final
 
 @patch
@@ -1442,7 +1470,7 @@ def load(self:LearnerGroup,
         ) -> dict: # its trainer.json: step, data_state, ...
     "Verify a checkpoint (raise `CheckpointError` if it is partial or corrupted), then restore every rank from it."
     verify_checkpoint(path)
-    metas = gather([submit(a, "load", str(path)) for a in self.actors])
+    metas = each(self.actors, "load", str(path))
     self.step_count = int(metas[0]["step"])
     return metas[0]
 
@@ -1463,7 +1491,7 @@ def export(self:LearnerGroup,
     "Write the policy as a HF safetensors directory, atomically (temporary name, then rename)."
     out = Path(out_dir); out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".tmp-{out.name}-{uuid.uuid4().hex[:8]}")
-    gather([submit(a, "export", str(tmp), shard_bytes) for a in self.actors])
+    each(self.actors, "export", str(tmp), shard_bytes)
     if out.exists(): shutil.rmtree(out)
     os.rename(tmp, out)
     return out
@@ -1471,7 +1499,7 @@ def export(self:LearnerGroup,
 @patch
 def digests(self:LearnerGroup) -> list[dict]:
     "Every rank's `state_digest` (bit-exact fingerprints of parameters, optimizer, schedule, RNG)."
-    return gather([submit(a, "state_digest") for a in self.actors])
+    return each(self.actors, "state_digest")
 
 @patch
 def shutdown(self:LearnerGroup,
@@ -1479,7 +1507,7 @@ def shutdown(self:LearnerGroup,
             ) -> None:
     "Stop every rank."
     if not kill:
-        try: gather([submit(a, "close") for a in self.actors], timeout_s=60)
+        try: each(self.actors, "close", timeout_s=60)
         except Exception as e: logger.warning("learner close failed (%s); killing", e)
     if not isinstance(self.actors[0], LearnerWorker):
         import ray

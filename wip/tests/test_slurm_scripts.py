@@ -126,7 +126,8 @@ def test_a_foreground_trainer_would_not_get_the_signal_in_time(tmp_path):
     p = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True)
     time.sleep(0.3); os.kill(p.pid, signal.SIGUSR1)
     out, _ = p.communicate(timeout=10)
-    assert "trapped at 1" in out or "trapped at 2" in out, out  # only after the 1.5 s command finished
+    trapped = int(re.search(r"trapped at (\d+)", out).group(1))
+    assert trapped >= 1 and out.index("trapped") < out.index("done"), out  # only once the 1.5 s command had finished
 
 
 # ---- ray_node_setup.sh with a fake `ray` --------------------------------------------------------------
@@ -204,11 +205,10 @@ def test_node_setup_refuses_a_taken_port(tmp_path):
     with socket.socket() as taken:
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); taken.bind(("127.0.0.1", base + 4)); taken.listen()
         env = dict(os.environ, SLURM_JOB_ID="78", RAY_PORT=str(base + 300), RAY_NODE_PORT_BASE=str(base), RAY_TMPDIR_BASE=str(tmp_path))
-        t0 = time.time()
         r = subprocess.run(["bash", str(SBATCH / "ray_node_setup.sh"), "head", "0", "n1", "127.0.0.1", "0", "1"],
-                           env=env, capture_output=True, text=True, timeout=30)
+                           env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and f"port {base + 4} on 127.0.0.1 is taken" in r.stdout and "RAY_NODE_PORT_BASE" in r.stdout, r.stdout
-    assert time.time() - t0 < 10
+    assert "ray start" not in r.stdout  # refused before starting anything
 
 
 def test_job_env_refuses_a_mismatched_allocation(tmp_path, capsys):
