@@ -37,7 +37,7 @@ nbtest: venv
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/nbdev_test --n_workers 2 --timing
 
 pytest: venv
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q tests
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q --durations=20 tests
 
 docs: venv
 	PATH=$(abspath $(BIN)):$$PATH bash tools/build_site.sh

@@ -70,7 +70,8 @@ def predict(cfg:dict, smoke:bool) -> dict:
     knobs = ZeroKnobs(**cfg["knobs"]) if cfg.get("knobs") else ZeroKnobs()
     m = learner_memory(model, learners=cfg["learners"], zero=cfg["zero"], micro_batch=cfg["micro_batch"], seq_len=cfg["seq_len"],
                        grad_ckpt=cfg["grad_ckpt"], attn=cfg["attn"], logits=cfg["logits"], logprob_chunk=cfg["logprob_chunk"],
-                       knobs=knobs, overheads=Overheads(fixed_bytes=0) if smoke else Overheads())
+                       knobs=knobs, overheads=Overheads(fixed_bytes=0) if smoke else Overheads(),
+                       adam="single-tensor" if smoke else "fused")  # the learner's config asks for fused AdamW on CUDA only
     return {"predicted_bytes": m.peak_bytes, "predicted_phase": m.peak_phase, "terms": {k: getattr(m, k) for k in TERMS},
             "phases_predicted": {k: sum(v.values()) for k, v in m.phases.items()}, "phase_terms": m.phases}
 
@@ -104,6 +105,41 @@ class CpuMemory:
         return out
 
 
+def replica_ds_config(zero_stage, dtype, device, lr, overrides=None):
+    "What grpo_nb.learner.ds_config returns for bf16 without offload (used when grpo_nb.learner cannot be imported)."
+    params = {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "torch_adam": True, **({"fused": True} if device == "cuda" else {})}
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10**9, "wall_clock_breakdown": False,
+           "zero_allow_untested_optimizer": True, "gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage},
+           "optimizer": {"type": "AdamW", "params": params}, "bf16": {"enabled": dtype == "bfloat16"}, "fp16": {"enabled": False}}
+    if dtype == "bfloat16" and zero_stage == 1: cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+    for k, v in (overrides or {}).items():
+        cfg[k] = {**cfg[k], **v} if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+    return cfg
+
+
+def _replica_policy_class():
+    import torch
+    from grpo_nb.loss import token_logprobs
+
+    class LogProbHead(torch.nn.Linear):
+        def forward(self, hidden, targets=None, chunk=1024):
+            if targets is None: return super().forward(hidden)
+            return token_logprobs(hidden, self.weight, targets, chunk), None
+
+    class PolicyLogProbs(torch.nn.Module):
+        "grpo_nb.learner.PolicyLogProbs without varlen attention: log-probs of the scored tokens of a packed row."
+        def __init__(self, policy):
+            super().__init__(); policy.get_output_embeddings().__class__ = LogProbHead; self.policy = policy
+        def forward(self, input_ids, position_ids, score_idx, targets, chunk=1024):
+            h = self.policy.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state  # [1, L, h]
+            return self.policy.get_output_embeddings()(h[0, score_idx], targets, chunk)
+    return PolicyLogProbs
+
+
+def ReplicaPolicyLogProbs(policy):
+    return _replica_policy_class()(policy)
+
+
 def child(cfg:dict, result_path:str, smoke:bool):
     import torch, torch.distributed as dist
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -133,44 +169,49 @@ def child(cfg:dict, result_path:str, smoke:bool):
     if cfg["grad_ckpt"]: lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lm.train()
 
-    class Chunked(torch.nn.Module):
-        "Mean negative log-prob of the next tokens through grpo_nb.loss.token_logprobs (the trainer's path)."
-        def __init__(self, lm, chunk):
-            super().__init__(); self.lm, self.chunk = lm, chunk
-        def forward(self, input_ids):
-            from grpo_nb.loss import token_logprobs
-            h = self.lm.model(input_ids=input_ids).last_hidden_state  # [B, T, h]
-            nxt = torch.cat([input_ids[:, 1:], torch.full_like(input_ids[:, :1], -1)], 1)  # next-token ids, -1 at the end
-            logp = token_logprobs(h, self.lm.lm_head.weight, nxt, chunk=self.chunk)
-            return -logp.sum() / (nxt >= 0).sum()
-
-    module = Chunked(lm, cfg["logprob_chunk"]) if cfg["logits"] == "chunked" else lm
-    zc = {"stage": cfg["zero"], "reduce_bucket_size": knobs.reduce_bucket_size, "allgather_bucket_size": knobs.allreduce_bucket_size}
+    # the project's learner module and DeepSpeed config when importable (grpo_nb.learner needs fastcore), else replicas of them
+    try:
+        from grpo_nb.learner import PolicyLogProbs, ds_config
+        code = "grpo_nb.learner"
+    except ImportError:
+        PolicyLogProbs, ds_config, code = ReplicaPolicyLogProbs, replica_ds_config, "bench replica of grpo_nb.learner"
+    T, B = cfg["seq_len"], cfg["micro_batch"]
+    if cfg["logits"] == "chunked":
+        module = PolicyLogProbs(lm)  # the output projection becomes a LogProbHead (chunked log-probs inside the module)
+        # B sequences in one row [1, B·T]. Positions run on through the row: restarting them would make HF build an explicit
+        # [L, L] packed-sequence mask, which sends sdpa to repeat_kv + a masked kernel; the learner's varlen flash path does not.
+        pos = torch.arange(B * T, device=dev)[None]
+        score = torch.tensor([i for i in range(B * T) if i % T != T - 1], device=dev)  # every position but each sequence's last
+    else:
+        module = lm
+    overrides = {"zero_optimization": {"reduce_bucket_size": knobs.reduce_bucket_size, "allgather_bucket_size": knobs.allreduce_bucket_size}}
     if cfg["zero"] == 3:
-        zc.update(stage3_prefetch_bucket_size=knobs.stage3_prefetch_bucket_size, stage3_max_live_parameters=knobs.stage3_max_live_parameters,
-                  stage3_max_reuse_distance=knobs.stage3_max_reuse_distance,
-                  stage3_param_persistence_threshold=knobs.stage3_param_persistence_threshold, sub_group_size=knobs.sub_group_size)
-    ds = {"train_micro_batch_size_per_gpu": cfg["micro_batch"], "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
-          "bf16": {"enabled": True}, "zero_optimization": zc, "steps_per_print": 10**9, "wall_clock_breakdown": False,
-          "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "torch_adam": True, "fused": True}}}
-    if cfg["zero"] == 0 and world > 1: ds["allreduce_bucket_size"] = knobs.allreduce_bucket_size
+        overrides["zero_optimization"].update(
+            stage3_prefetch_bucket_size=knobs.stage3_prefetch_bucket_size, stage3_max_live_parameters=knobs.stage3_max_live_parameters,
+            stage3_max_reuse_distance=knobs.stage3_max_reuse_distance,
+            stage3_param_persistence_threshold=knobs.stage3_param_persistence_threshold, sub_group_size=knobs.sub_group_size)
+    if cfg["zero"] <= 1 and world > 1: overrides["allreduce_bucket_size"] = knobs.allreduce_bucket_size
+    ds = ds_config(cfg["zero"], "bfloat16", "cuda" if cuda else "cpu", lr=1e-5, overrides=overrides)
     engine, *_ = deepspeed.initialize(model=module, config=ds, model_parameters=[p for p in module.parameters() if p.requires_grad])
-    if cfg["zero"] == 3 and cfg["logits"] == "chunked":
-        deepspeed.zero.register_external_parameter(engine.module, engine.module.lm.lm_head.weight)
     if cuda: torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
     mark("init")
     rec = {"init_allocated_bytes": torch.cuda.memory_allocated() if cuda else None, "steps": []}
     g = torch.Generator(device="cpu").manual_seed(1 + rank)
     t0 = time.time()
     for k in range(cfg["steps"]):
-        x = torch.randint(0, shape.vocab, (cfg["micro_batch"], cfg["seq_len"]), generator=g).to(dev)
+        x = torch.randint(0, shape.vocab, (B, T), generator=g).to(dev)
         mark(f"s{k}")
-        loss = engine(x) if cfg["logits"] == "chunked" else engine(input_ids=x, labels=x).loss
+        if cfg["logits"] == "chunked":
+            row = x.reshape(1, -1)
+            logp, _ = engine(row, pos, score, row[0, score + 1], chunk=cfg["logprob_chunk"])
+            loss = -logp.mean()
+        else:
+            loss = engine(input_ids=x, labels=x).loss
         engine.backward(loss)
         if cuda: torch.cuda.synchronize(); fb = torch.cuda.max_memory_allocated(); torch.cuda.reset_peak_memory_stats()
         mark(f"b{k}")
         engine.step()
-        if cuda: torch.cuda.synchronize(); st = torch.cuda.max_memory_allocated()
+        if cuda: torch.cuda.synchronize(); st = torch.cuda.max_memory_allocated(); torch.cuda.reset_peak_memory_stats()
         mark(f"e{k}")
         if cuda: rec["steps"].append({"loss": float(loss), "fwd_bwd_peak": fb, "step_peak": st, "allocated_after": torch.cuda.memory_allocated()})
         else: rec["steps"].append({"loss": float(loss)})
@@ -188,6 +229,7 @@ def child(cfg:dict, result_path:str, smoke:bool):
     rec["measured_bytes"] = int(max(t.item() for t in allr))  # the fullest GPU
     rec["measured_bytes_per_rank"] = [int(t.item()) for t in allr]
     rec["device"] = torch.cuda.get_device_name(dev) if cuda else f"cpu ({platform.processor() or platform.machine()})"
+    rec["learner_code"] = code
     rec["versions"] = {"torch": torch.__version__, "deepspeed": deepspeed.__version__, "transformers": __import__("transformers").__version__}
     if rank == 0: Path(result_path).write_text(json.dumps(rec))
     dist.barrier(); dist.destroy_process_group()

@@ -18,6 +18,7 @@ COMMANDS:dict[str, tuple[str, str]] = {
     "demo":      ("grpo_nb.trainer:demo_cli|grpo_nb.tiny:demo_fallback_cli", "the tiny CPU GRPO run of `make demo`"),
     "sbatch":    ("grpo_nb.slurm:sbatch_cli",      "write an sbatch script for your cluster from a config"),
     "preflight": ("grpo_nb.slurm:preflight_cli",   "check a config against the cluster before submitting"),
+    "code-server": ("grpo_nb.rewards:serve_cli",   "run the sandboxed code-execution service that code rewards call"),
 }
 "Subcommand -> (`module:function`, one-line help). The function takes argv and returns an exit code; `a|b` tries `a` first."
 
@@ -64,3 +65,5 @@ def main(argv:list[str]|None=None) -> int:
 def console() -> None:
     "Console-script wrapper: exit with `main`'s code."
     sys.exit(main())
+
+if __name__ == "__main__" and "__file__" in globals(): console()   # `python -m grpo_nb.cli ...` (not when a notebook runs this cell)

@@ -43,6 +43,7 @@ class DataConfig:
     template:Literal["plain","chat"]="plain" # prompts as-is, or through the tokenizer's chat template
     max_prompt_tokens:int=512 # longer prompts are dropped (and counted) at load time
     shuffle_seed:int=0 # seed of the epoch-wise shuffle; the data position is checkpointed
+    eval_limit:int=256 # evaluate on at most this many held-out prompts (0: all of them)
 
 # %% ../nbs/00_config.ipynb 11
 @dataclass
@@ -61,6 +62,7 @@ class RolloutConfig:
     enforce_eager:bool=False # disable CUDA graphs (required on CPU)
     mode:Literal["sync","one-step-off"]="sync" # generate then train, or generate step t+1 while the learner trains on step t
     max_staleness:int=1 # one-step-off: how many policy versions a batch may lag
+    kv_cache_mib:int=0 # vLLM KV-cache size in MiB (0: from gpu_memory_utilization); set it on CPU, where the fraction is of free system memory
 
 # %% ../nbs/00_config.ipynb 12
 @dataclass
@@ -103,6 +105,8 @@ class ClusterConfig:
     learners_per_node:list[int]=field(default_factory=lambda: [4]) # learner GPUs on each node that holds learners
     gpu_mem_gib:float=80.0 # memory of one GPU, for the planner
     ray_address:str="local" # "local" starts Ray here, "auto" joins the cluster the sbatch script started, or host:port
+    cpus_per_learner:float=1.0 # CPUs Ray reserves for each learner process (placement bundles)
+    cpus_per_engine_worker:float=1.0 # CPUs Ray reserves for each engine TP worker (placement bundles)
 
 # %% ../nbs/00_config.ipynb 14
 @dataclass
@@ -112,6 +116,10 @@ class RewardConfig:
     code_service_url:str="" # code-execution service (http://host:port); empty: run tests in-process in the sandbox
     code_timeout_s:float=10.0 # wall-clock limit per program
     allow_unisolated:bool=False # run code without a network namespace when none can be made (unsafe)
+    math_timeout_s:float=5.0 # CPU seconds of one math-verify comparison
+    code_workers:int=8 # programs scored at once (threads in-process, or the service's workers)
+    code_memory_mb:int=1024 # address space of each sandboxed program
+    code_nproc:int=32 # processes + threads of one sandboxed program
 
 # %% ../nbs/00_config.ipynb 15
 @dataclass
@@ -297,12 +305,17 @@ def validate(cfg:TrainConfig) -> TrainConfig:
                      ("rollout.max_new_tokens", R.max_new_tokens), ("learner.micro_batch_size", L.micro_batch_size),
                      ("learner.gradient_accumulation_steps", L.gradient_accumulation_steps), ("learner.epochs_per_batch", L.epochs_per_batch),
                      ("learner.logprob_chunk", L.logprob_chunk), ("cluster.nodes", C.nodes), ("data.max_prompt_tokens", D.max_prompt_tokens),
-                     ("logging.log_every", cfg.logging.log_every), ("checkpoint.keep_last", cfg.checkpoint.keep_last)]:
+                     ("logging.log_every", cfg.logging.log_every), ("checkpoint.keep_last", cfg.checkpoint.keep_last),
+                     ("reward.code_workers", cfg.reward.code_workers), ("reward.code_memory_mb", cfg.reward.code_memory_mb),
+                     ("reward.code_nproc", cfg.reward.code_nproc)]:
         _check(v >= 1, where, f"must be at least 1 (got {v}).", f"--{where}=1")
     for where, v in [("eval_every", cfg.eval_every), ("checkpoint.every_steps", cfg.checkpoint.every_steps),
                      ("learner.pack_length", L.pack_length), ("learner.warmup_steps", L.warmup_steps),
                      ("learner.kl_beta", L.kl_beta), ("learner.max_grad_norm", L.max_grad_norm),
                      ("learner.weight_decay", L.weight_decay), ("cluster.cpus_per_node", C.cpus_per_node),
+                     ("data.eval_limit", D.eval_limit), ("rollout.kv_cache_mib", R.kv_cache_mib),
+                     ("reward.math_timeout_s", cfg.reward.math_timeout_s), ("cluster.cpus_per_learner", C.cpus_per_learner),
+                     ("cluster.cpus_per_engine_worker", C.cpus_per_engine_worker),
                      ("cluster.gpus_per_node", C.gpus_per_node), ("learner.entropy_coef", L.entropy_coef)]:
         _check(v >= 0, where, f"must not be negative (got {v}).", f"--{where}=0")
     _check(R.num_samples_per_prompt >= 2, "rollout.num_samples_per_prompt",
@@ -358,14 +371,16 @@ def validate(cfg:TrainConfig) -> TrainConfig:
 PRESETS:dict[str, dict] = {
     "default": {},
     "demo": {  # a tiny policy learning arithmetic on a 2-core CPU with a real vLLM engine, DeepSpeed and Ray
-        "total_steps": 40, "eval_every": 10,
-        "model": {"name_or_path": "tiny-arith", "dtype": "float32", "gradient_checkpointing": False},
-        "rollout": {"prompts_per_step": 16, "num_samples_per_prompt": 8, "max_new_tokens": 8,
-                    "enforce_eager": True, "gpu_memory_utilization": 0.5},
-        "learner": {"learning_rate": 3e-4, "zero_stage": 0, "micro_batch_size": 64, "logprob_chunk": 256},
+        "total_steps": 300, "eval_every": 20,
+        "model": {"name_or_path": "tiny-arith@100", "dtype": "float32", "gradient_checkpointing": False},
+        "data": {"train_path": "builtin:arithmetic", "eval_path": "builtin:arithmetic-eval", "max_prompt_tokens": 16},
+        "rollout": {"prompts_per_step": 32, "num_samples_per_prompt": 8, "max_new_tokens": 4,
+                    "enforce_eager": True, "gpu_memory_utilization": 0.5, "kv_cache_mib": 64},
+        "learner": {"learning_rate": 2e-4, "zero_stage": 0, "micro_batch_size": 64, "logprob_chunk": 256},
         "cluster": {"device": "cpu", "gpus_per_node": 0, "learners_per_node": [1]},
+        "reward": {"functions": {"arith": 1.0}},
         "logging": {"output_dir": "runs/demo"},
-        "checkpoint": {"every_steps": 20},
+        "checkpoint": {"every_steps": 20, "export_hf": False},
     },
 }
 

@@ -204,8 +204,9 @@ def grads_bytes(n_params:int, # `P`
                 learners:int, # `N`
                 offload:str="none", # gradient partitions go to CPU with the optimizer (ZeRO-2/3)
                ) -> int: # bytes per GPU once backward has finished
-    "bf16 gradients held on one learner GPU at the end of backward."
-    if zero <= 1: return 2 * n_params
+    "Gradients held on one learner GPU at the end of backward (bf16; ZeRO-1 adds its fp32 accumulator)."
+    if zero == 0: return 2 * n_params
+    if zero == 1: return 2 * n_params + 4 * n_params
     return 0 if offload != "none" else 2 * math.ceil(n_params / learners)
 
 def buffers_bytes(n_params:int, # `P`
@@ -213,8 +214,8 @@ def buffers_bytes(n_params:int, # `P`
                   learners:int, # `N`
                   knobs:ZeroKnobs=ZeroKnobs(), # DeepSpeed bucket sizes
                  ) -> int: # bytes per GPU
-    "DeepSpeed's gradient communication buffers (bf16)."
-    if zero == 0: return 2 * min(n_params, knobs.allreduce_bucket_size) if learners > 1 else 0
+    "DeepSpeed's gradient communication buffers."
+    if zero <= 1: return (2 if zero == 0 else 4) * min(n_params, knobs.allreduce_bucket_size) if learners > 1 else 0
     return 2 * knobs.reduce_bucket_size * (2 if knobs.overlap(zero) else 1)
 
 # %% ../nbs/01_memory.ipynb 31
@@ -234,13 +235,21 @@ def step_transient_bytes(n_params:int, # `P`
                          learners:int, # `N`
                          offload:str="none", # no GPU transient when the optimizer is on CPU
                          knobs:ZeroKnobs=ZeroKnobs(), # sub_group_size bounds ZeRO-3's fp32 gradient
+                         adam:str="fused", # torch AdamW implementation: "fused" | "foreach" | "single-tensor"
+                         largest:int=0, # elements of the largest parameter (ZeRO-0's optimizer sees parameters one by one)
                         ) -> int: # bytes per GPU, alive only during `step()`
-    "fp32 gradient copies built by DeepSpeed's optimizer step."
+    "fp32 gradient copies built by DeepSpeed's optimizer step, and AdamW's own temporaries."
+    if adam not in ("fused", "foreach", "single-tensor"): raise ValueError(f"adam must be fused, foreach or single-tensor (got {adam!r}).")
     if offload != "none": return 0
-    if zero == 0: return 4 * n_params
-    own = math.ceil(n_params / learners)
+    own = n_params if zero == 0 else math.ceil(n_params / learners)
     if zero == 3: own = min(own, knobs.sub_group_size)
-    return 2 * own + 4 * own  # a flat bf16 copy of the partition, then its fp32 copy
+    tensor = largest if zero == 0 else own  # ZeRO-1/2/3 hand Adam one flat tensor (per ZeRO-3 sub-group)
+    tmp = {"fused": 0, "foreach": 4 * own, "single-tensor": 8 * tensor}[adam]  # sqrt(v), and (single-tensor) sqrt(v)/c
+    if zero == 1: return tmp  # BF16_Optimizer steps on its fp32 accumulator
+    if zero == 0: return 4 * own + tmp  # fp32 copies of every .grad, alive through the update
+    convert = 6 * own  # a flat bf16 copy of the partition, then its fp32 copy
+    update = 4 * own + tmp - (2 * own if zero == 2 else 0)  # the fp32 copy during Adam (ZeRO-2 has freed its bf16 partition)
+    return max(convert, update)
 
 # %% ../nbs/01_memory.ipynb 37
 Attn = Literal["sdpa", "flash_attention_2", "eager"]
@@ -291,27 +300,23 @@ def logits_bytes(tokens:int, # B·T tokens in the micro-batch
     raise ValueError(f"logits mode must be 'chunked' or 'full' (got {mode!r}).")
 
 # %% ../nbs/01_memory.ipynb 46
-def _trace(s:ModelShape, grad_ckpt:bool, threshold:int, chunked:bool) -> list[tuple[str, int, int]]:
+def _trace(s:ModelShape, grad_ckpt:bool, threshold:int) -> list[tuple[str, int, int]]:
     "(module, partitioned elements, its largest parameter) in the order a step uses them."
     mods = layer_modules(s)
     layer_n, layer_big = sum(n for n in mods.values() if n >= threshold), max(mods.values())
     embed = ("embed", s.vocab * s.hidden, s.vocab * s.hidden)
+    head = embed if s.tie_word_embeddings else ("head", s.vocab * s.hidden, s.vocab * s.hidden)
     L = [(f"layer{l}", layer_n, layer_big) for l in range(s.layers)]
     back = [x for l in reversed(L) for x in ([l, l] if grad_ckpt else [l])]
-    if chunked: return [embed, *L, *back, embed]  # the head never runs as a module (its weight is held, below)
-    head = embed if s.tie_word_embeddings else ("head", s.vocab * s.hidden, s.vocab * s.hidden)
     return [embed, *L, head, head, *back, embed]
 
 @functools.lru_cache(maxsize=256)
 def zero3_gathered(s:ModelShape, # the model
                    grad_ckpt:bool=True, # checkpointing re-gathers each layer in backward
                    knobs:ZeroKnobs=ZeroKnobs(), # reuse distance, prefetch bucket, persistence threshold
-                   chunked:bool=False, # chunked log-probs: the output weight is an external parameter, gathered all step
-                  ) -> dict[str, int]: # elements gathered at the loss, at the start and end of backward, at the step; peak
+                  ) -> dict[str, int]: # elements gathered at the loss, at the start and end of backward; peak
     "Elements ZeRO-3 holds gathered (full size, on every GPU) at each moment of a steady-state step."
-    tr = _trace(s, grad_ckpt, knobs.stage3_param_persistence_threshold, chunked)
-    always = s.vocab * s.hidden if chunked else 0
-    held_names = {"embed"} if chunked and s.tie_word_embeddings else set()
+    tr = _trace(s, grad_ckpt, knobs.stage3_param_persistence_threshold)
     until = {}  # trace position -> last position up to which this use keeps the module gathered
     for pos, (name, n, _) in enumerate(tr):
         seen, keep = 0, pos
@@ -320,23 +325,20 @@ def zero3_gathered(s:ModelShape, # the model
             if tr[r][0] == name: keep = r; break
             seen += tr[r][1]
         until[pos] = keep
-    def live(t, running=True):  # during position t (running) or just before it
-        kept = {tr[p][0]: tr[p][1] for p in range(t) if until[p] >= t and tr[p][0] not in held_names}
+    def live(t):
+        kept = {tr[p][0]: tr[p][1] for p in range(t) if until[p] >= t}
         name = tr[t][0]
-        cur = 0 if not running or name in held_names else (tr[t][1] if name in kept else tr[t][2])  # kept: whole layer
+        cur = tr[t][1] if name in kept else tr[t][2]  # a kept layer is whole; otherwise its largest module
         kept.pop(name, None)
         held = sum(kept.values())
-        nxt = [(n, big) for nm, n, big in tr[t + (1 if running else 0):t + 3] if nm not in kept and nm != name and nm not in held_names]
+        nxt = [(n, big) for nm, n, big in tr[t + 1:t + 3] if nm not in kept and nm != name]
         bucket = knobs.stage3_prefetch_bucket_size
         fetch = 0 if not bucket else min(sum(n for n, _ in nxt), bucket + max((b for _, b in nxt), default=0),
                                          max(0, knobs.stage3_max_live_parameters - held))  # stops once the bucket is full (+ one parameter)
-        return always + held + cur + fetch
+        return held + cur + fetch
     L = s.layers
     at = [live(t) for t in range(len(tr))]
-    first_back = L + 1 if chunked else L + 3
-    loss = live(first_back, running=False) if chunked else at[L + 2]  # chunked: between the last layer and backward
-    return {"loss": loss, "backward_start": at[first_back], "backward_end": at[len(tr) - 2], "step": always,
-            "peak": max(at + [loss])}
+    return {"loss": at[L + 2], "backward_start": at[L + 3], "backward_end": at[len(tr) - 2], "peak": max(at)}
 
 def persistent_params(s:ModelShape, # the model
                       threshold:int=100_000, # stage3_param_persistence_threshold
@@ -403,6 +405,7 @@ def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or
                    optimizer:str="adamw", # "adamw" | "adamw-8bit"
                    ref_policy:str="none", # "none" | "gpu" | "cpu"
                    keep_logits:bool=False, # logits="full": the caller holds the output logits through backward
+                   adam:str="fused", # torch AdamW implementation: "fused" (grpo-nb on GPU) | "foreach" | "single-tensor" (CPU)
                    knobs:ZeroKnobs=ZeroKnobs(), # DeepSpeed buckets and ZeRO-3 settings
                    overheads:Overheads=Overheads(), # fixed and outside-the-allocator memory
                   ) -> LearnerMemory:
@@ -414,24 +417,25 @@ def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or
     w = weights_bytes(P, zero, learners, offload, pers)
     opt = optimizer_bytes(P, zero, learners, offload, optimizer)
     g_end = grads_bytes(P, zero, learners, offload)
-    g_start = g_end if zero == 3 else 0  # ZeRO-3's partition buffer exists from start-up
+    g_start = {1: 4 * P, 3: g_end}.get(zero, 0)  # ZeRO-1's fp32 accumulator and ZeRO-3's partition buffer exist from start-up
     buf = buffers_bytes(P, zero, learners, knobs)
-    buf_fwd = buf if zero == 3 else 0  # ZeRO-1/2 allocate their bucket at the first gradient, ZeRO-0 after backward
+    buf_fwd = buf if zero == 3 else 0  # ZeRO-2 allocates its bucket at the first gradient
+    buf_bwd = buf if zero >= 2 else 0  # ZeRO-0/1 all-reduce after backward
     act = activations_bytes(s, tokens, seq_len, grad_ckpt, attn)
     head = logits_bytes(tokens, s.vocab, s.hidden, logits, logprob_chunk, keep_logits)
-    gath = {k: 2 * v for k, v in zero3_gathered(s, grad_ckpt, knobs, logits == "chunked").items()} if zero == 3 else {}
+    gath = {k: 2 * v for k, v in zero3_gathered(s, grad_ckpt, knobs).items()} if zero == 3 else {}
     ref = ref_policy_bytes(P, ref_policy, zero, learners)
     base = dict(params_bytes=w, optimizer_bytes=opt, ref_policy_bytes=ref, fixed_bytes=overheads.fixed_bytes)
     zero_terms = dict.fromkeys(TERMS, 0)
     phases = {
         "loss": {**zero_terms, **base, "grads_bytes": g_start, "buffers_bytes": buf_fwd, "activations_bytes": act["saved"],
                  "logits_bytes": head, "gathered_params_bytes": gath.get("loss", 0)},
-        "backward_start": {**zero_terms, **base, "grads_bytes": g_start + embedding_grad_bytes(s, zero, "backward_start"), "buffers_bytes": buf,
+        "backward_start": {**zero_terms, **base, "grads_bytes": g_start + embedding_grad_bytes(s, zero, "backward_start"), "buffers_bytes": buf_bwd,
                            "activations_bytes": act["saved"] + act["working"], "gathered_params_bytes": gath.get("backward_start", 0)},
         "backward_end": {**zero_terms, **base, "grads_bytes": g_end + embedding_grad_bytes(s, zero, "backward_end"), "buffers_bytes": buf,
                          "activations_bytes": act["working"], "gathered_params_bytes": gath.get("backward_end", 0)},
         "step": {**zero_terms, **base, "grads_bytes": g_end, "buffers_bytes": buf if zero == 3 else 0,
-                 "gathered_params_bytes": gath.get("step", 0), "step_transient_bytes": step_transient_bytes(P, zero, learners, offload, knobs)},
+                 "step_transient_bytes": step_transient_bytes(P, zero, learners, offload, knobs, adam, s.vocab * s.hidden)},
     }
     totals = {k: sum(v.values()) for k, v in phases.items()}
     phase = max(totals, key=totals.get)

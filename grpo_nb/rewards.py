@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable
 from fastcore.basics import patch
-from .sandbox import Limits, SandboxError, isolation_status, resolve_isolation, run_tests
+from . import sandbox
+from .sandbox import Limits, SandboxError, isolation_status, resolve_isolation
 
 # %% auto 0
 __all__ = ['MV_WORKER', 'RewardFn', 'REWARDS', 'extract_boxed', 'extract_hash', 'extract_last_number', 'extract_answer',
@@ -319,7 +320,7 @@ def _run_code(ctx:RewardContext, jobs:list[dict]) -> list[dict]:
         if ctx.code_service_url:
             with CodeClient(ctx.code_service_url, timeout_s=ctx.code_timeout_s) as c: res = c.run_batch(pending)
         else:
-            res = ctx.map(lambda j: run_tests(j["program"], j["tests"], ctx.code_timeout_s, ctx.limits,
+            res = ctx.map(lambda j: sandbox.run_tests(j["program"], j["tests"], ctx.code_timeout_s, ctx.limits,
                                               allow_unisolated=ctx.allow_unisolated, setup=j.get("setup", "")), pending)
         ctx._code_cache.update({key(j): r for j, r in zip(pending, res)})
     return [ctx._code_cache[key(j)] for j in jobs]
@@ -442,7 +443,7 @@ def make_app(workers:int=4, # sandboxes running at once
 
     def work(job:dict) -> dict:
         count(queued=-1, running=1)
-        try: r = run_tests(job["program"], job["tests"], job["timeout_s"], limits, mode, allow_unisolated, job["setup"])
+        try: r = sandbox.run_tests(job["program"], job["tests"], job["timeout_s"], limits, mode, allow_unisolated, job["setup"])
         except Exception as e:
             count(errors=1)
             r = {"passed": 0, "total": len(job["tests"]), "wall_s": 0.0,

@@ -117,6 +117,15 @@ def _no_progress_bars():
         if was: hf_logging.enable_progress_bar()
 
 @contextlib.contextmanager
+def _torch_threads(n:int):
+    "Use `n` torch threads for the block, then the caller's number again."
+    import torch
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try: yield
+    finally: torch.set_num_threads(old)
+
+@contextlib.contextmanager
 def _torch_seed(seed:int):
     "Seed torch's CPU generator for the block and restore the caller's generator state afterwards."
     import torch
@@ -233,6 +242,7 @@ def warm_start(model_dir:str|Path, # starting policy (a HF directory)
                seed:int=0, # sampling and torch seed
                eval_rows:list[dict]|None=None, # held-out problems for `greedy_accuracy`; None: no evaluation
                eval_every:int=0, # steps between evaluations (0: only at the end, when eval_rows is given)
+               threads:int=1, # torch threads while training (1: on a shared 2-core machine extra threads spin and waste CPU)
               ) -> list[dict]:
     "Supervised steps on prompt -> answer + <eos> (loss on the answer only); saves to `out_dir` (history in warm_start.json)."
     import torch
@@ -241,7 +251,7 @@ def warm_start(model_dir:str|Path, # starting policy (a HF directory)
     with _no_progress_bars(): model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng, history = random.Random(seed), []
-    with _torch_seed(seed):
+    with _torch_seed(seed), _torch_threads(threads):
         for step in range(1, steps + 1):
             batch = [rng.choice(rows) for _ in range(batch_size)]
             p = [tok(r["prompt"]).input_ids for r in batch]
@@ -322,7 +332,7 @@ def vllm_generate(model_dir:str|Path, # HF model directory (e.g. from `tiny_mode
                   n:int=1, # samples per prompt (G)
                   max_tokens:int=8, # generation limit
                   temperature:float=1.0, # sampling temperature (0: greedy)
-                  seed:int=0, # sampling seed
+                  seed:int=0, # sampling seed (prompt i uses seed + i)
                   kv_cache_mib:int=64, # KV-cache size (tiny-arith needs 1 KiB a token)
                   log_level:str="ERROR", # vLLM's logging level in this process
                  ) -> list[dict]:
@@ -332,8 +342,9 @@ def vllm_generate(model_dir:str|Path, # HF model directory (e.g. from `tiny_mode
         llm = LLM(str(model_dir), dtype="float32", enforce_eager=True, seed=seed, max_num_seqs=max(8, n * len(prompts)),
                   kv_cache_memory_bytes=kv_cache_mib << 20, gpu_memory_utilization=0.05)
         try:
-            outs = llm.generate(prompts, SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=0),
-                                use_tqdm=False)
+            params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, seed=seed + i, logprobs=0)
+                      for i in range(len(prompts))]  # one seed per prompt: a shared seed gives every prompt the same random stream
+            outs = llm.generate(prompts, params, use_tqdm=False)
             return [{"prompt": o.prompt, "prompt_ids": list(o.prompt_token_ids),
                      "samples": [{"token_ids": list(c.token_ids), "text": c.text, "finish_reason": c.finish_reason,
                                   "logprobs": [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]} for c in o.outputs]}
@@ -459,7 +470,7 @@ def demo_fallback_cli(argv:list[str]|None=None) -> int:
         print(f"         {r['prompt']:<7} want {r['answer']:<3} got {[s['text'] for s in g['samples']]}")
     adv = _group_advantages(rewards, args.samples)
     batch = pack_rows([g["prompt_ids"] for g in gen for _ in g["samples"]], [s["token_ids"] for g in gen for s in g["samples"]], adv)
-    res, = spawn_call([(zero3_step, dict(rank=0, world_size=1, port=free_port(), model_dir=model_dir, batch=batch, threads=2))])
+    res, = spawn_call([(zero3_step, dict(rank=0, world_size=1, port=free_port(), model_dir=model_dir, batch=batch))])
     changed = res["digest_before"] != res["digest_after"]
     say(f"DeepSpeed ZeRO-3 step (1 rank, gloo): stub loss {res['loss']:+.4f}; {res['params_total']:,} parameters "
         + ("updated" if changed else "unchanged (every group had equal rewards, so every advantage was 0)"))

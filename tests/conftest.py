@@ -13,3 +13,17 @@ def tiny_model():
     "Factory `tiny_model(name='tiny-arith', seed=0, warm_steps=0) -> Path`: a built, cached tiny Qwen2 directory (grpo_nb.tiny)."
     from grpo_nb.tiny import tiny_model_dir
     return tiny_model_dir
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: longer than CI's budget allows; runs only with GRPO_NB_SLOW_TESTS=1")
+
+
+def pytest_collection_modifyitems(config, items):
+    "`make test` skips tests marked slow; GRPO_NB_SLOW_TESTS=1 runs them too."
+    if os.environ.get("GRPO_NB_SLOW_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: set GRPO_NB_SLOW_TESTS=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

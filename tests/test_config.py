@@ -48,3 +48,18 @@ def test_cli_exit_codes():
     assert bad.returncode == 2 and "Fix: --learner.zero_stage=3" in bad.stderr
     helped = subprocess.run([sys.executable, "-c", "from grpo_nb.cli import main; main(['--help'])"], capture_output=True, text=True)
     assert "plan" in helped.stdout and "sbatch" in helped.stdout
+
+def test_reward_and_cluster_fields_match_their_modules():
+    "The config's defaults for rewards and the sandbox are the ones those modules use when called directly."
+    from grpo_nb.rewards import RewardContext
+    from grpo_nb.sandbox import Limits
+    r, c = load_config("default").reward, load_config("default").cluster
+    assert (r.math_timeout_s, r.code_workers, r.code_timeout_s) == (RewardContext.math_timeout_s, RewardContext.max_workers, RewardContext.code_timeout_s)
+    assert (r.code_memory_mb, r.code_nproc) == (Limits.memory_mb, Limits.nproc)
+    assert (c.cpus_per_learner, c.cpus_per_engine_worker) == (1.0, 1.0)
+    with pytest.raises(ConfigError, match="--reward.code_workers=1"): load_config("default", ["--reward.code_workers=0"])
+
+def test_demo_preset_is_valid_and_small():
+    cfg = load_config("demo")
+    assert cfg.cluster.device == "cpu" and cfg.reward.functions == {"arith": 1.0} and cfg.rollout.kv_cache_mib > 0
+    assert derive(cfg).optimizer_steps_per_step >= 1

@@ -121,3 +121,12 @@ def test_math_equal_fast_path_needs_no_worker():
     pool = VerifyPool(workers=1, python="/nonexistent/python")
     assert math_equal("1,000", "1000.0", pool=pool) and not math_equal("3", "4", pool=pool)
     assert math_equal("\\frac{1}{2}", "0.5", pool=pool) and not pool._live
+
+
+def test_code_reward_in_process_through_the_module():
+    "The exported module scores code without a service (a `@patch`ed method once shadowed the sandbox's `run_tests`)."
+    from grpo_nb.rewards import RewardContext, compute_rewards
+    ctx = RewardContext(code_timeout_s=5.0)
+    comps = ["```python\ndef add(a, b):\n    return a + b\n```", "```python\ndef add(a, b):\n    return a - b\n```"]
+    b = compute_rewards(comps, [["assert add(1, 2) == 3", "assert add(0, 0) == 0"]] * 2, {"code": 1.0}, ctx)
+    assert b.per_function["code"] == [1.0, 0.5], b.per_function

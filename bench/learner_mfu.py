@@ -1,0 +1,434 @@
+#!/usr/bin/env python3
+"""Learner throughput and MFU on H100/H200: the learner's own step (packed micro-batches, varlen or per-sequence
+attention, chunked log-probs, the GRPO loss, DeepSpeed) on random-init Qwen2.5-0.5B / 1.5B shapes, one GPU
+(ZeRO-1: bf16 weights, fp32 master weights and gradients, fused AdamW) and two GPUs (ZeRO-3).
+
+MFU = model FLOPs / step time / (989 TFLOP/s dense bf16 × GPUs), with model FLOPs per optimizer step
+    6·N_body·T + 6·V·H·T_scored + 6·layers·H·Σ s²
+(N_body: parameters except the embedding and the output projection; T: tokens trained on; T_scored:
+completion tokens, the only ones whose log-prob is computed; s: each sequence's length — causal attention).
+For a tied model that scores every token this is the usual (6·N + 6·layers·H·s)·T. Recomputation
+(gradient checkpointing, the log-prob backward's logits) is not counted.
+
+Beside each measurement: the memory planner's prediction (grpo_nb.memory.learner_memory, for the longest
+packed row of the step) of the peak that torch.cuda.max_memory_allocated reports during the step.
+
+On the GPU machine (PYTHONPATH = the repo + the carried DeepSpeed/Ray wheels, see /work/shared/gpu/README.md):
+    python bench/learner_mfu.py --part 1gpu --out bench/results/learner_mfu.json    # one GPU, about 5 min
+    python bench/learner_mfu.py --part 2gpu --out bench/results/learner_mfu.json    # two GPUs, about 4 min
+On this CPU machine: python bench/learner_mfu.py --smoke    (tiny model, fp32, gloo; writes /tmp/learner_mfu_smoke.json)
+
+Every variant runs in its own process group with a time limit (a crash, an OOM or a hang costs that record
+only); the results file is rewritten after every variant, records of other parts and variants are kept.
+Variants run most important first; those that no longer fit into --budget-s are recorded as skipped.
+"""
+import argparse, json, os, signal, subprocess, sys, time, traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+PEAK = 989e12  # H100/H200 SXM dense bf16 FLOP/s
+FORMULA = "MFU = (6·N_body·T + 6·V·H·T_scored + 6·layers·H·Σs²) / step_s / (989e12 · gpus)"
+GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+           "TORCH_CUDA_ARCH_LIST": "9.0", "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "RAY_agent_register_timeout_ms": "120000"}  # the raylet's wait for its runtime-env agent (30 s by default)
+SMOKE_CFG = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "vocab_size": 512, "tie_word_embeddings": True, "max_position_embeddings": 4096}
+
+
+def hf_config(name:str) -> dict:
+    "A Qwen2 config dict with the shape of a published model (random init), or the smoke model's."
+    if name == "tiny": return dict(SMOKE_CFG)
+    from grpo_nb.memory import ARCHS
+    s = ARCHS[name]
+    return {"model_type": "qwen2", "hidden_size": s.hidden, "intermediate_size": s.intermediate, "num_hidden_layers": s.layers,
+            "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "vocab_size": s.vocab,
+            "tie_word_embeddings": s.tie_word_embeddings, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+            "rms_norm_eps": 1e-6, "use_sliding_window": False}
+
+
+def make_batch(step:int, tokens:int, vocab:int, prompt:int, lo:int, hi:int):
+    "GRPO-like sequences: a `prompt`-token prompt, completions of lo..hi tokens, about `tokens` tokens in all."
+    import torch
+    from grpo_nb.learner import TrainBatch
+    g = torch.Generator().manual_seed(step)
+    ids, plen, total = [], [], 0
+    while total < tokens:
+        n = prompt + int(torch.randint(lo, hi + 1, (1,), generator=g))
+        if total + n > tokens: n = max(prompt + 1, tokens - total)
+        ids.append(torch.randint(4, vocab, (n,), generator=g).tolist()); plen.append(prompt); total += n
+    adv = torch.randn(len(ids), generator=g).tolist()
+    roll = [(-torch.rand(len(s) - p, generator=g)).tolist() for s, p in zip(ids, plen)]
+    return TrainBatch(ids, plen, adv, rollout_logprobs=roll)
+
+
+def longest_row(batch, gpus:int, pack:int) -> int:
+    "Tokens of the longest packed micro-batch any rank runs (what the activations are sized by)."
+    from grpo_nb.learner import pack_sequences, shard_batch
+    lens = [len(s) for s in batch.input_ids]
+    return max(sum(lens[idx[i]] for i in p) for idx in shard_batch(lens, gpus) for p in pack_sequences([lens[i] for i in idx], pack))
+
+
+def predicted(v:dict, seq_len:int) -> int|None:
+    "The planner's peak (bytes) for this variant with micro-batches of `seq_len` tokens."
+    try:
+        from grpo_nb.memory import learner_memory, shape_from_hf
+        model = shape_from_hf(hf_config("tiny")) if v["model"] == "tiny" else v["model"]
+        # varlen and per-sequence sdpa keep what flash attention keeps (no [L, L] scores)
+        return int(learner_memory(model, learners=v["gpus"], zero=v["zero"], micro_batch=1, seq_len=seq_len, grad_ckpt=v["ckpt"],
+                                  attn="flash_attention_2", logits="chunked", logprob_chunk=v["chunk"], adam="fused").peak_bytes)
+    except Exception as e:
+        print(f"planner: {type(e).__name__}: {e}", flush=True); return None
+
+
+def pick_pack(v:dict, gpu_bytes:int) -> int:
+    "The longest pack length (≤ 16384) whose predicted peak leaves 20% of the GPU free."
+    for pack in (16384, 12288, 8192, 4096):
+        p = predicted(v, pack)
+        if p is not None and p < 0.8 * gpu_bytes: return pack
+    return 4096
+
+
+def spec_for(v:dict, device:str):
+    from grpo_nb.config import LearnerConfig
+    from grpo_nb.learner import LearnerSpec
+    L = LearnerConfig(learning_rate=1e-6, zero_stage=v["zero"], micro_batch_size=100_000, gradient_accumulation_steps=1,
+                      pack_length=v["pack"], logprob_chunk=v["chunk"], max_grad_norm=1.0)
+    return LearnerSpec(model=hf_config(v["model"]), learner=L, device=device, gradient_checkpointing=v["ckpt"],
+                       compile=v["compile"], temperature=1.0, norm_len=v["hi"], peak_flops=None if device == "cpu" else PEAK)
+
+
+def measure(step_fn, v:dict, t_start:float) -> dict:
+    "Warm-up steps, then timed steps; tokens/s, MFU and peak memory from the learner's own metrics."
+    vocab = hf_config(v["model"])["vocab_size"]
+    ms, rows, first_s = [], [], None
+    for s in range(v["warmup"] + v["steps"]):
+        b = make_batch(s, v["tokens"], vocab, v["prompt"], v["lo"], v["hi"])
+        t = time.perf_counter()
+        m = step_fn(b)
+        if first_s is None: first_s = time.perf_counter() - t
+        if not v.get("quiet"):
+            print(f"  step {s}: {time.perf_counter() - t:.2f} s, {m['micro_batches']} micro-batches, loss {m['loss']:.4f}, "
+                  f"peak {m['peak_bytes'] / 2**30:.1f} GiB" + (f", MFU {m['mfu']:.3f}" if "mfu" in m else ""), flush=True)
+        if s >= v["warmup"]: ms.append(m); rows.append(longest_row(b, v["gpus"], v["pack"]))
+    prof = None
+    if v.get("profile"):
+        try: prof = time_breakdown(step_fn, make_batch(10**6, v["tokens"], vocab, v["prompt"], v["lo"], v["hi"]), v["model"] != "tiny")
+        except Exception as e: prof = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        print(f"  profiled step: {prof}", flush=True)
+    T, F = sum(m["time_s"] for m in ms), sum(m["flops"] for m in ms)
+    peak = max(m["peak_bytes"] for m in ms)
+    row = max(rows)
+    return {"tokens_per_s": sum(m["train_tokens"] for m in ms) / T, "mfu": F / T / (PEAK * v["gpus"]),
+            "measured_bytes": peak or None, "predicted_bytes": predicted(v, row), "predicted_bytes_at_pack": predicted(v, v["pack"]),
+            "longest_row": row, "step_s": T / len(ms), "first_step_s": first_s, "tokens_per_step": ms[0]["train_tokens"],
+            "micro_batches": ms[0]["micro_batches"], "losses": [m["loss"] for m in ms], "grad_norm": ms[-1]["grad_norm"],
+            "setup_s": t_start, "time_breakdown": prof}
+
+
+KERNEL_KINDS = {"attention": ("flash", "fmha", "attention", "attn", "sdpa"), "optimizer": ("adam", "multi_tensor", "foreach"),
+                "communication": ("nccl", "allreduce", "all_gather", "reduce_scatter"),
+                "matmul": ("gemm", "cutlass", "xmma", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm")}
+
+
+def time_breakdown(step_fn, batch, cuda:bool) -> dict:
+    """One more step under torch.profiler: seconds of GPU kernels by kind (matmul, attention, optimizer, communication,
+    other = elementwise ops and reductions) and the share of the step's wall time the GPU was idle. It says what
+    limits MFU (idle: the CPU feeds the GPU too slowly; other: memory-bound kernels; matmul: the matmuls themselves)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        t = time.perf_counter(); step_fn(batch)
+        if cuda: torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    out = dict.fromkeys([*KERNEL_KINDS, "other"], 0.0)
+    for e in prof.key_averages():
+        on_gpu = e.device_type == torch.autograd.DeviceType.CUDA
+        if cuda != on_gpu or (not cuda and not e.key.startswith("aten::")): continue
+        sec = (getattr(e, "self_device_time_total", 0) if cuda else e.self_cpu_time_total) / 1e6
+        name = e.key.lower()
+        out[next((k for k, keys in KERNEL_KINDS.items() if any(x in name for x in keys)), "other")] += sec
+    busy = sum(out.values())
+    return {"wall_s": wall, "busy_s": busy, "idle_frac": max(0.0, 1 - busy / wall) if cuda else None,
+            **{f"{k}_s": v for k, v in out.items()}}
+
+
+def record(v:dict, device_name:str, info:dict|None, res:dict|None, err:str|None) -> dict:
+    r = {"model": v["model"], "gpus": v["gpus"], "zero": v["zero"], "tokens_per_s": None, "mfu": None, "measured_bytes": None,
+         "predicted_bytes": None, "device": device_name, "variant": v["variant"], "pack_length": v["pack"],
+         "grad_ckpt": v["ckpt"], "compile": v["compile"], "attention": (info or {}).get("attention_kernel"),
+         "launcher": v.get("launcher")}
+    if res: r.update(res)
+    if r.get("measured_bytes") and r.get("predicted_bytes"): r["predicted_over_measured"] = r["predicted_bytes"] / r["measured_bytes"]
+    if err: r["error"] = err
+    return r
+
+
+def versions() -> dict:
+    "Installed versions (read from package metadata: nothing is imported)."
+    from importlib.metadata import version, PackageNotFoundError
+    out = {}
+    for m in ("torch", "deepspeed", "transformers", "ray"):
+        try: out[m] = version(m)
+        except PackageNotFoundError: out[m] = None
+    return out
+
+
+# ---- one variant, in its own process ---------------------------------------------------------------------
+
+def run_local(v:dict) -> dict:
+    "One GPU (or the CPU smoke): the learner group with one in-process rank."
+    import torch
+    from grpo_nb.learner import create_learner_group
+    device = "cpu" if v["model"] == "tiny" else "cuda"
+    name = "cpu (smoke)" if device == "cpu" else torch.cuda.get_device_name(0)
+    info, t0 = None, time.perf_counter()
+    try:
+        g = create_learner_group(spec_for(v, device), 1, local=True)
+        info = g.info[0]
+        print(f"{v['variant']}: {g} ({info['attention_kernel']}), set up in {time.perf_counter() - t0:.1f} s", flush=True)
+        res = measure(g.step, v, time.perf_counter() - t0)
+        g.shutdown()
+        return record(v, name, info, res, None)
+    except Exception as e:
+        traceback.print_exc()
+        return record(v, name, info, None, f"{type(e).__name__}: {str(e)[:300]}")
+
+
+def start_ray_node(num_cpus:int, num_gpus:int, object_store_bytes:int):
+    """A one-node Ray cluster that comes up on a busy machine too (returns the `Cluster`).
+
+    The raylet gives its dashboard agent about 15 s to write its port files and aborts otherwise; the agent (a
+    Python process that also probes the GPUs) can need longer, and its default port (52365) may be taken by
+    another Ray. So every agent port is chosen here and handed to the raylet as well, which then waits for nothing."""
+    import ray._private.services as svc
+    from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
+    ports = {k: free_port() for k in ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port", "runtime_env_agent_port")}
+    start = svc.start_ray_process
+    def with_agent_port(command, process_type, *a, **kw):
+        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+            command = [*command, f"--dashboard_agent_listen_port={ports['dashboard_agent_listen_port']}"]
+        return start(command, process_type, *a, **kw)
+    svc.start_ray_process = with_agent_port
+    c = Cluster(initialize_head=False)
+    try: c.add_node(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, object_store_memory=object_store_bytes, **ports)
+    except Exception:
+        c.shutdown(); raise
+    finally: svc.start_ray_process = start
+    return c
+
+
+def run_ray(v:dict) -> dict:
+    "Two GPUs through the learner group itself: two Ray actors, one NCCL world, ZeRO-3 (spawned processes if Ray will not start)."
+    import ray, torch
+    from grpo_nb.learner import create_learner_group
+    smoke = v["model"] == "tiny"
+    name = "cpu (smoke)" if smoke else f"{v['gpus']} × {torch.cuda.get_device_name(0)}"
+    env = {k: os.environ[k] for k in ("PYTHONPATH", *GPU_ENV) if k in os.environ}
+    try:
+        cluster = start_ray_node(2 * v["gpus"] if smoke else 8, 0 if smoke else v["gpus"], int((0.2 if smoke else 2) * 2**30))
+        ray.init(address=cluster.address, log_to_driver=True, runtime_env={"env_vars": env})
+    except Exception as e:
+        print(f"Ray did not start ({type(e).__name__}: {str(e)[:200]}): spawned processes instead", flush=True)
+        return {**run_mp(v), "launcher": f"mp (Ray did not start: {type(e).__name__})"}
+    info, g, t0 = None, None, time.perf_counter()
+    try:
+        g = create_learner_group(spec_for(v, "cpu" if smoke else "cuda"), v["gpus"], actor_options=[{"num_cpus": 1}] * v["gpus"], timeout_s=300)
+        info = g.info[0]
+        print(f"{v['variant']}: {g} ({info['attention_kernel']}), set up in {time.perf_counter() - t0:.1f} s", flush=True)
+        return record(v, name, info, measure(g.step, v, time.perf_counter() - t0), None)
+    except Exception as e:
+        traceback.print_exc()
+        return record(v, name, info, None, f"{type(e).__name__}: {str(e)[:300]}")
+    finally:
+        if g is not None and g.actors: g.shutdown()
+        ray.shutdown(); cluster.shutdown()
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+
+def _mp_rank(rank:int, v:dict, port:int, q) -> None:
+    "One rank of the Ray-free launcher: a `LearnerWorker` in a spawned process; rank 0 reports the record."
+    import warnings
+    warnings.filterwarnings("ignore", message=".*is deprecated. Please use `torch.distributed")
+    smoke = v["model"] == "tiny"
+    if not smoke:  # before CUDA starts: each rank sees its own GPU as device 0
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        os.environ["CUDA_VISIBLE_DEVICES"] = (visible.split(",") if visible else [str(i) for i in range(v["gpus"])])[rank]
+    import torch
+    from grpo_nb.learner import LearnerWorker, combine_metrics, shard_batch
+    W, t0, v = v["gpus"], time.perf_counter(), {**v, "quiet": rank != 0}
+    w = LearnerWorker(rank, W)
+    try:
+        info = w.setup(spec_for(v, "cpu" if smoke else "cuda"), "127.0.0.1", port)
+        def step(batch):  # what LearnerGroup.step does, with the other ranks' sums gathered over torch.distributed
+            mine = w.train_step(batch.select(shard_batch([len(s) for s in batch.input_ids], W)[rank]), 1)
+            parts = [None] * W
+            torch.distributed.all_gather_object(parts, mine)
+            return combine_metrics(parts, None if smoke else PEAK)
+        name = "cpu (smoke)" if smoke else f"{W} × {torch.cuda.get_device_name(0)}"
+        res = measure(step, v, time.perf_counter() - t0)
+        if rank == 0: q.put(record(v, name, info, res, None))
+    except Exception as e:
+        traceback.print_exc()
+        if rank == 0: q.put(record(v, "?", None, None, f"{type(e).__name__}: {str(e)[:300]}"))
+    finally:
+        try: w.close()
+        except Exception: pass
+
+
+def run_mp(v:dict) -> dict:
+    "Two GPUs without Ray: the same `LearnerWorker`s in two spawned processes (when Ray is not installed)."
+    import torch.multiprocessing as mp
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_mp_rank, args=(r, v, port, q)) for r in range(v["gpus"])]
+    for p in ps: p.start()
+    rec = None
+    while rec is None and any(p.is_alive() for p in ps):  # read before joining (a process with queued data does not exit)
+        try: rec = q.get(timeout=1)
+        except Exception: pass
+    if rec is None:
+        try: rec = q.get(timeout=5)
+        except Exception: rec = record(v, "?", None, None, f"ranks exited with {[p.exitcode for p in ps]}")
+    for p in ps: p.join(timeout=60)
+    return rec
+
+
+def run_variant(v:dict) -> dict:
+    import warnings
+    warnings.filterwarnings("ignore", message=".*is deprecated. Please use `torch.distributed")  # DeepSpeed's calls, not ours
+    if v["gpus"] == 1: return run_local(v)
+    if v["launcher"] == "ray": return run_ray(v)
+    return run_mp(v)
+
+
+# ---- the plan and the driver -----------------------------------------------------------------------------
+
+def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smoke_compile:bool) -> list:
+    "The measurements of a part, most important first."
+    out = []
+    if part in ("1gpu", "all"):
+        if smoke:
+            out += [dict(model="tiny", gpus=1, zero=1, ckpt=False, compile=c) for c in ([False, True] if smoke_compile else [False])]
+        else:  # the target (1.5B) first, eager then compiled; then the 0.5B shape; a checkpointed run checks the planner there
+            big, small = models[-1], models[0]
+            out += [dict(model=big, gpus=1, zero=1, ckpt=False, compile=False), dict(model=big, gpus=1, zero=1, ckpt=False, compile=True)]
+            if small != big:
+                out += [dict(model=small, gpus=1, zero=1, ckpt=False, compile=False), dict(model=small, gpus=1, zero=1, ckpt=False, compile=True)]
+            out += [dict(model=big, gpus=1, zero=1, ckpt=True, compile=False)]
+    if part in ("2gpu", "all"):
+        for name in (["tiny"] if smoke else list(reversed(models))):
+            out.append(dict(model=name, gpus=2, zero=3, ckpt=False, compile=False))
+    for v in out:
+        v.update(chunk=256 if smoke else 2048, launcher=launcher if v["gpus"] > 1 else "local", profile=v["gpus"] == 1)
+        v["pack"] = 256 if smoke else pick_pack(v, gpu_bytes)
+        v.update(variant=f"{v['model']} {v['gpus']}gpu zero{v['zero']}" + (" compiled" if v["compile"] else "") + (" ckpt" if v["ckpt"] else ""),
+                 warmup=2 if v["compile"] else 1, steps=1 if smoke else 3, tokens=4 * v["pack"] * v["gpus"],
+                 prompt=16 if smoke else 256, lo=8 if smoke else 256, hi=64 if smoke else 1792)
+    return out
+
+
+def merge(path:Path, new:list) -> dict:
+    "The results file with `new` replacing records of the same variant (records of other variants are kept)."
+    old = json.loads(path.read_text()).get("records", []) if path.exists() else []
+    key = lambda r: (r["model"], r["gpus"], r["zero"], r.get("variant"))
+    keep = [r for r in old if key(r) not in {key(n) for n in new}]
+    return {"formula": FORMULA, "peak_flops": PEAK, "records": keep + new}
+
+
+def run_isolated(v:dict, limit_s:float) -> dict:
+    "Run one variant in a new process group; kill the whole group (Ray included) when it exceeds `limit_s`."
+    env = dict(os.environ)
+    if v["gpus"] == 1 and v["model"] != "tiny": env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    p = subprocess.Popen([sys.executable, __file__, "--one", json.dumps(v)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    rec, lines, t0 = None, [], time.time()
+    try:
+        out, _ = p.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        rec = record(v, "?", None, None, f"timeout: killed after {limit_s:.0f} s")
+    for l in out.splitlines():
+        if l.startswith("RECORD "): rec = rec or json.loads(l[7:])
+        else: lines.append(l)
+    try: os.killpg(p.pid, signal.SIGKILL)  # leftovers (Ray's raylet, spawned ranks) of a variant that exited
+    except ProcessLookupError: pass
+    sys.stdout.write("\n".join(lines[-40:] if rec and not rec.get("error") else lines[-150:]) + "\n")
+    rec = rec or record(v, "?", None, None, f"exit {p.returncode}: " + " | ".join(lines[-3:])[-300:])
+    rec["wall_s"] = round(time.time() - t0, 1)
+    return rec
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--part", choices=["1gpu", "2gpu", "all"], default="all", help="which measurements (default: all)")
+    p.add_argument("--models", default="Qwen2.5-0.5B,Qwen2.5-1.5B", help="comma-separated shapes from grpo_nb.memory.ARCHS, smallest first")
+    p.add_argument("--out", default=None, help="results JSON (default bench/results/learner_mfu.json; smoke: /tmp/learner_mfu_smoke.json)")
+    p.add_argument("--budget-s", type=float, default=420, help="wall-clock budget of each part; variants that no longer fit are skipped")
+    p.add_argument("--variant-limit-s", type=float, default=240, help="kill a variant after this many seconds")
+    p.add_argument("--launcher", choices=["auto", "ray", "mp"], default="auto", help="2-GPU part: Ray actors (the learner group) or spawned processes; auto: Ray when installed")
+    p.add_argument("--smoke", action="store_true", help="tiny model on CPU (fp32, gloo): checks the script here")
+    p.add_argument("--smoke-compile", action="store_true", help="smoke: also a torch.compile variant (slow on a small CPU)")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one variant (JSON) and print its record
+    a = p.parse_args(argv)
+    for k, val in GPU_ENV.items(): os.environ.setdefault(k, val)
+    if a.smoke: os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if a.one:
+        print("RECORD " + json.dumps(run_variant(json.loads(a.one))), flush=True); return 0
+    t0 = time.time()
+    out = Path(a.out or ("/tmp/learner_mfu_smoke.json" if a.smoke else ROOT / "bench/results/learner_mfu.json"))
+    launcher = a.launcher
+    if launcher == "auto":
+        try: import ray  # noqa: F401
+        except ImportError: launcher = "mp"
+        else: launcher = "ray"
+    # the GPUs, asked in a child process: this one holds no CUDA context while the variants run
+    facts = subprocess.run([sys.executable, "-c", "import torch; c = torch.cuda.is_available(); "
+                            "print(torch.cuda.device_count() if c else 0, torch.cuda.get_device_properties(0).total_memory if c else 0)"],
+                           capture_output=True, text=True)
+    n_gpus, gpu_bytes = (int(x) for x in facts.stdout.split()[-2:]) if facts.returncode == 0 else (0, 0)
+    gpu_bytes = gpu_bytes or 80 * 2**30
+    if not a.smoke and not n_gpus: print(f"no GPU visible: use --smoke on a CPU machine {facts.stderr[-300:]}", file=sys.stderr); return 2
+    part = a.part
+    if not a.smoke and part != "1gpu" and n_gpus < 2:
+        if part == "2gpu": print(f"the 2-GPU part needs 2 visible GPUs (found {n_gpus}): use --part 1gpu", file=sys.stderr); return 2
+        print("one GPU visible: the 2-GPU part is left out", flush=True); part = "1gpu"
+    vs = variants(part, a.smoke, ["tiny"] if a.smoke else a.models.split(","), gpu_bytes, launcher, a.smoke_compile)
+    meta = {"versions": versions(), "command": " ".join(sys.argv)}
+    records, starts = [], {}
+    for v in vs:
+        part = "1gpu" if v["gpus"] == 1 else "2gpu"
+        starts.setdefault(part, time.time())
+        left = a.budget_s - (time.time() - starts[part])
+        need = 120 if v["compile"] and not a.smoke else 45
+        if left < need:
+            print(f"== skip {v['variant']}: {left:.0f} s left of the {part} budget", flush=True)
+            rec = record(v, "?", None, None, f"skipped: {left:.0f} s of the {a.budget_s:.0f} s budget left")
+        else:
+            print(f"== [{time.time() - t0:.0f} s] {v['variant']} (pack {v['pack']}, {v['tokens']} tokens/step, {v['launcher']})", flush=True)
+            rec = run_isolated(v, min(a.variant_limit_s, left))
+        rec.update(meta)
+        records.append(rec)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(merge(out, records), indent=1))  # after every variant: a later crash loses nothing
+    print(f"\n{'variant':<36} {'tok/s':>9} {'MFU':>6} {'measured GiB':>13} {'predicted GiB':>14}  attention")
+    for r in records:
+        g = lambda b: f"{b / 2**30:.1f}" if b else "-"
+        print(f"{r['variant']:<36} {r['tokens_per_s'] or 0:>9,.0f} {r['mfu'] or 0:>6.3f} {g(r['measured_bytes']):>13} "
+              f"{g(r['predicted_bytes']):>14}  {r.get('attention')}" + (f"  ERROR {r['error'][:100]}" if r.get("error") else ""))
+    print(f"wrote {out} in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

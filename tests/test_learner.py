@@ -1,0 +1,225 @@
+"""The learner group on CPU: two DeepSpeed ZeRO-3 ranks in Ray actors over gloo, training a tiny Qwen2.
+
+One Ray cluster serves the module. The main test trains N steps (saving at step K and N), kills the
+actors, corrupts the newest checkpoint and leaves a partial one beside it, then resumes in new actors:
+the broken checkpoints are skipped with a warning, the step-K one is loaded, and steps K+1…N reproduce
+the first run bit for bit (losses, every rank's parameters, optimizer state, schedule and RNG state).
+Its first step is checked against a single-process plain-torch computation of the same loss (the global
+token denominator × W under DeepSpeed's averaging), and the exported HF directory against the learners.
+"""
+import logging, os, shutil, sys, tempfile, time
+from pathlib import Path
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from grpo_nb.config import LearnerConfig
+from grpo_nb.learner import (CheckpointError, LearnerSpec, PolicyLogProbs, TrainBatch, checkpoint_files, commit_checkpoint,
+                             create_learner_group, file_digest, latest_checkpoint, make_micro_batch, micro_batch_loss,
+                             pack_sequences, shard_batch, step_counts, verify_checkpoint)
+from grpo_nb.loss import loss_kwargs
+
+N, K = 4, 2  # steps of the first run; the checkpoint resumed from
+
+
+def tiny_dir(tmp:Path) -> str:
+    "The project's tiny policy (tied embeddings, 2 KV heads), or an equivalent built here."
+    try:
+        from grpo_nb.tiny import tiny_model_dir
+        return str(tiny_model_dir("tiny-arith"))
+    except ImportError:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        torch.manual_seed(0)
+        cfg = Qwen2Config(vocab_size=128, hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
+        Qwen2ForCausalLM(cfg).float().save_pretrained(tmp / "tiny")
+        return str(tmp / "tiny")
+
+
+def batch_for(step:int, n:int) -> TrainBatch:
+    "A deterministic batch: prompts of 2-5 tokens, completions of 0-12, engine log-probs a little off the learner's."
+    g = torch.Generator().manual_seed(1000 + step)
+    ids, plen, roll = [], [], []
+    for _ in range(n):
+        p, c = int(torch.randint(2, 6, (1,), generator=g)), int(torch.randint(0, 13, (1,), generator=g))
+        ids.append([1] + torch.randint(4, 60, (p + c - 1,), generator=g).tolist()); plen.append(p)
+        roll.append((-torch.rand(c, generator=g) * 6).tolist())
+    return TrainBatch(ids, plen, (torch.randn(n, generator=g)).tolist(), rollout_logprobs=roll)
+
+
+LCFG = LearnerConfig(learning_rate=3e-3, zero_stage=3, micro_batch_size=2, gradient_accumulation_steps=2, pack_length=24,
+                     kl_beta=0.05, ref_policy="gpu", entropy_coef=0.01, max_grad_norm=1.0, seed=7)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("", 0)); return s.getsockname()[1]
+
+
+def start_cluster(temp_dir:Path):
+    """A one-node Ray cluster that comes up on a saturated machine too.
+
+    The raylet waits only ~15 s for its dashboard agent to write port files and aborts otherwise, while the
+    agent (a Python process) can take 30 s to import under load; and the default agent port (52365) is taken
+    by any other Ray on the machine. Every agent port is therefore chosen here and handed to the raylet too
+    (`--dashboard_agent_listen_port` is not passed by Ray's Python side), so the raylet waits for nothing; and
+    the raylet's wait for the runtime-env agent to answer is raised from 30 s to 120 s (RAY_agent_register_timeout_ms)."""
+    import ray._private.services as svc
+    from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
+    ports = {k: free_port() for k in ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port", "runtime_env_agent_port")}
+    start = svc.start_ray_process
+    def with_agent_port(command, process_type, *a, **kw):
+        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+            command = [*command, f"--dashboard_agent_listen_port={ports['dashboard_agent_listen_port']}"]
+        return start(command, process_type, *a, **kw)
+    svc.start_ray_process = with_agent_port
+    had = os.environ.get("RAY_agent_register_timeout_ms")
+    os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")  # the raylet's wait for its runtime-env agent (30 s by default)
+    c = Cluster(initialize_head=False)
+    try: c.add_node(num_cpus=4, object_store_memory=150 * 2**20, include_dashboard=False, temp_dir=str(temp_dir), **ports)
+    except Exception:
+        c.shutdown(); raise
+    finally:
+        svc.start_ray_process = start
+        if had is None: os.environ.pop("RAY_agent_register_timeout_ms", None)  # the raylet has read it
+    return c
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("deepspeed")
+    tmp = Path(tempfile.mkdtemp(prefix="learner"))
+    for attempt in range(2):
+        try:
+            c = start_cluster(tmp / f"ray{attempt}")
+            ray.init(address=c.address, log_to_driver=False, logging_level="ERROR")
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 1: raise
+            time.sleep(3)
+    try: yield {"tmp": tmp, "model": tiny_dir(tmp)}
+    finally:
+        ray.shutdown(); c.shutdown(); shutil.rmtree(tmp, ignore_errors=True)
+
+
+def make_group(model:str):
+    spec = LearnerSpec(model=model, learner=LCFG, device="cpu", temperature=0.9, norm_len=12, seed=LCFG.seed,
+                       ds_overrides={"zero_optimization": {"stage3_param_persistence_threshold": 0}})  # partition every tensor
+    return create_learner_group(spec, 2, actor_options=[{"num_cpus": 1}] * 2, timeout_s=600)
+
+
+def reference_step1(model:str, batch:TrainBatch) -> dict:
+    "Loss and gradient norm of step 1 in one process, plain torch, one micro-batch holding every sequence."
+    from transformers import AutoModelForCausalLM
+    m = PolicyLogProbs(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32))
+    mb = make_micro_batch(batch, list(range(len(batch))))
+    mb.ref_logp = None
+    lp, ent = m(mb.input_ids, mb.position_ids, mb.score_idx, mb.targets, temperature=0.9, with_entropy=True)
+    mb.ref_logp = lp.detach()  # the reference policy is the initial policy
+    loss, _ = micro_batch_loss(lp, ent, mb, step_counts([mb]), loss_kwargs(LCFG), norm_len=12)
+    loss.backward()
+    return {"loss": float(loss.detach()), "grad_norm": float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in m.parameters())))}
+
+
+def flip_byte(path:Path, at:int=100):
+    raw = bytearray(path.read_bytes()); raw[at] ^= 0xFF; path.write_bytes(bytes(raw))
+
+
+def test_zero3_kill_resume_is_bit_exact(cluster, caplog):
+    model, ck = cluster["model"], cluster["tmp"] / "ckpt"
+    sizes = {s: 8 if s == 1 else 16 for s in range(1, N + 1)}  # step 1: one optimizer step; later: two, with a π_old pass
+    # ---- run A: N uninterrupted steps, checkpoints at K and N --------------------------------------
+    g = make_group(model)
+    assert [i["attention"] for i in g.info] == ["sdpa"] * 2 and g.info[0]["zero_stage"] == 3
+    first = {}
+    for s in range(1, N + 1):
+        first[s] = g.step(batch_for(s, sizes[s]))
+        if s in (K, N): g.save(ck, data_state={"next_prompt": 16 * s}, keep_last=3)
+    digests = g.digests()
+    exported = g.export(cluster["tmp"] / "export")
+    probe = [[1, 5, 9, 13, 17, 21], [1, 30, 31, 32]]
+    learner_lp = ray_call_all(g, "ws_logprobs", probe, [2, 1])
+    g.shutdown(kill=True)  # as a crash would: no clean exit
+    # step 1 against one plain-torch process: global denominators × W under DeepSpeed's averaging
+    ref = reference_step1(model, batch_for(1, 8))
+    assert abs(first[1]["loss"] - ref["loss"]) < 1e-5 * max(1, abs(ref["loss"])), (first[1], ref)
+    assert abs(first[1]["grad_norm"] - ref["grad_norm"]) < 1e-4 * ref["grad_norm"], (first[1], ref)
+    assert first[1]["kl"] == 0.0 and first[N]["kl"] > 0 and first[N]["optimizer_steps"] == 2
+    assert digests[0]["rng"] != digests[1]["rng"]  # ranks have their own generators
+    # the export is an ordinary HF directory computing what the learners computed
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
+    from grpo_nb.weight_sync import sequence_logprobs
+    assert torch.allclose(torch.tensor(sum(sequence_logprobs(hf, probe, [2, 1]), [])), torch.tensor(sum(learner_lp, [])), atol=1e-5)
+    # ---- break things: corrupt step N, leave a killed save and a manifest-less directory ------------
+    good, newest = ck / f"step_{K:08d}", ck / f"step_{N:08d}"
+    flip_byte(max((newest / "deepspeed").rglob("*optim_states.pt"), key=lambda p: p.stat().st_size))
+    (ck / f".tmp-step_{N + 1:08d}-dead" / "deepspeed").mkdir(parents=True)
+    shutil.copytree(good, ck / f"step_{N + 2:08d}"); (ck / f"step_{N + 2:08d}" / "COMPLETE").unlink()
+    with caplog.at_level(logging.WARNING, logger="grpo_nb.learner"):
+        assert latest_checkpoint(ck) == good
+    assert "interrupted" in caplog.text and "SHA-256" in caplog.text
+    # ---- run B: new actors, resume, finish --------------------------------------------------------
+    g2 = make_group(model)
+    try:
+        with pytest.raises(CheckpointError, match="SHA-256"): g2.load(newest)
+        meta = g2.resume(ck)
+        assert meta["path"] == str(good) and meta["step"] == K and meta["data_state"] == {"next_prompt": 16 * K}
+        second = {s: g2.step(batch_for(s, sizes[s])) for s in range(K + 1, N + 1)}
+        for s in second:
+            for key in ("loss", "pg_loss", "grad_norm", "kl", "entropy", "clip_frac", "lr", "ratio_max"):
+                assert second[s][key] == first[s][key], (s, key, first[s][key], second[s][key])
+        assert g2.digests() == digests  # parameters, optimizer, schedule, RNG of both ranks: bit for bit
+    finally:
+        g2.shutdown()
+
+
+def ray_call_all(group, method, *args):
+    "Call a method on every rank (ZeRO-3 gathers are collective); rank 0's result."
+    from grpo_nb.rollout import gather, submit
+    return gather([submit(a, method, *args) for a in group.actors])[0]
+
+
+# ---- fast checks of the pure pieces -------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=40), st.integers(50, 120))
+def test_packing_keeps_every_sequence_once_within_the_limit(lengths, pack_length):
+    packs = pack_sequences(lengths, pack_length)
+    assert sorted(i for p in packs for i in p) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in p) <= pack_length for p in packs)
+    assert sum(1 for p in packs if sum(lengths[i] for i in p) <= pack_length // 2) <= 1  # first-fit: at most one half-empty row
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=30), st.integers(1, 4))
+def test_shards_cover_the_batch_with_balanced_counts(lengths, world):
+    sh = shard_batch(lengths, world)
+    assert sorted(i for s in sh for i in s) == list(range(len(lengths)))
+    assert max(map(len, sh)) - min(map(len, sh)) <= 1
+
+
+def test_micro_batch_scores_completion_tokens_only():
+    b = TrainBatch([[1, 2, 3, 4], [1, 7, 8]], [3, 1], [0.5, -1.0], rollout_logprobs=[[-0.1], [-0.2, -0.3]])
+    mb = make_micro_batch(b, [0, 1])
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2]]
+    assert mb.targets_row().tolist() == [[-100, -100, 4, -100, 7, 8, -100]]
+    assert mb.rollout_logp.tolist() == pytest.approx([-0.1, -0.2, -0.3]) and mb.advantages.tolist() == [0.5, -1.0, -1.0]
+
+
+def test_partial_and_corrupted_checkpoints_are_never_loaded(tmp_path, caplog):
+    def save(step, payload):
+        t = tmp_path / f".tmp-{step}"; t.mkdir(); (t / "state.pt").write_bytes(payload)
+        return commit_checkpoint(t, tmp_path / f"step_{step:08d}", {r: file_digest(t / r) for r in checkpoint_files(t)})
+    a, b = save(1, b"x" * 64), save(2, b"y" * 64)
+    assert latest_checkpoint(tmp_path) == b
+    (b / "state.pt").write_bytes(b"y" * 63)                       # truncated
+    with pytest.raises(CheckpointError, match="truncated"): verify_checkpoint(b)
+    flip = tmp_path / "step_00000003"; shutil.copytree(a, flip); flip_byte(flip / "state.pt", 5)
+    with caplog.at_level(logging.WARNING, logger="grpo_nb.learner"):
+        assert latest_checkpoint(tmp_path) == a
+    assert caplog.text.count("skipping checkpoint") == 2

@@ -1,0 +1,141 @@
+"""The GRPO trainer end to end, as users run it: `grpo_nb train` in a subprocess with a real Ray cluster,
+a real vLLM engine (CPU build) and a DeepSpeed learner on a tiny Qwen2 policy.
+
+- a bad config, a missing dataset, an unwritable directory fail at once (exit 2) with the fix;
+- sync mode: the loop runs and logs every metric; SIGKILL in the middle, then `--resume auto`: every step
+  appears exactly once in metrics.jsonl and each step's data position follows the previous one;
+- one-step off-policy mode: SIGUSR1 -> checkpoint at the next step boundary, `latest`, exit 0; resuming
+  continues at the next step with the next prompts.
+"""
+import json, os, signal, subprocess, sys, tempfile, time
+from pathlib import Path
+import pytest
+
+pytest.importorskip("ray"); pytest.importorskip("vllm"); pytest.importorskip("deepspeed")
+
+ROOT = Path(__file__).resolve().parents[1]
+P, G = 4, 4   # prompts per step, samples per prompt
+SMALL = ["--model.name_or_path=tiny-arith", f"--rollout.prompts_per_step={P}", f"--rollout.num_samples_per_prompt={G}",
+         "--rollout.max_new_tokens=4", f"--learner.micro_batch_size={P * G}", "--eval_every=2", "--data.eval_limit=8",
+         "--checkpoint.every_steps=2", "--logging.progress_bar=false"]
+KEYS = {"step", "reward_mean", "reward_std", "reward/arith", "response_len_mean", "clip_frac", "entropy", "rollout_kl", "loss",
+        "grad_norm", "lr", "tokens_per_s", "time/generation", "time/reward", "time/learner", "time/sync", "time/step",
+        "peak_gpu_mem_gib", "data_start", "data_end", "staleness"}
+
+
+def _env(tmp:Path) -> dict:
+    return {**os.environ, "RAY_TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
+
+
+def _start(out:Path, *args:str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "grpo_nb.cli", "train", "demo", f"--logging.output_dir={out}", *SMALL, *args]
+    log = open(out.parent / f"{out.name}-{int(time.time() * 1000)}.log", "w")
+    return subprocess.Popen(cmd, cwd=ROOT, env=_env(out.parent), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _records(out:Path) -> list[dict]:
+    p = out / "metrics.jsonl"
+    if not p.exists(): return []
+    recs = []
+    for line in p.read_text().splitlines():
+        try: recs.append(json.loads(line))
+        except json.JSONDecodeError: pass
+    return recs
+
+
+def _wait_step(proc, out:Path, step:int, timeout:float=400):
+    "Block until metrics.jsonl has a record of `step` (or the process ends)."
+    t = time.monotonic()
+    while time.monotonic() - t < timeout:
+        if any(r.get("step", 0) >= step and "reward_mean" in r for r in _records(out)): return
+        if proc.poll() is not None: raise AssertionError(f"trainer exited with {proc.returncode} before step {step}:\n{_log_tail(out)}")
+        time.sleep(0.5)
+    raise AssertionError(f"no step {step} within {timeout} s:\n{_log_tail(out)}")
+
+
+def _log_tail(out:Path) -> str:
+    logs = sorted(out.parent.glob(f"{out.name}-*.log"))
+    return logs[-1].read_text()[-3000:] if logs else ""
+
+
+def _kill_tree(proc):
+    "SIGKILL the trainer and everything it started (Ray's processes included), as a node failure would."
+    import psutil
+    try: procs = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess: procs = []
+    for p in procs:
+        try: p.kill()
+        except psutil.NoSuchProcess: pass
+    proc.wait(30)
+    psutil.wait_procs(procs, timeout=30)
+
+
+def _finish(proc, out:Path, timeout:float=400) -> int:
+    try: return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc); raise AssertionError(f"trainer did not finish within {timeout} s:\n{_log_tail(out)}")
+
+
+def _check_continuity(recs:list[dict], last:int):
+    steps = [r["step"] for r in recs if "reward_mean" in r]
+    assert steps == list(range(1, last + 1)), steps                       # every step once, none skipped
+    by = {r["step"]: r for r in recs if "reward_mean" in r}
+    for s in range(1, last + 1):
+        assert by[s]["data_start"] == (s - 1) * P and by[s]["data_end"] == s * P, by[s]   # the data position follows
+
+
+def test_bad_config_fails_fast(tmp_path):
+    from grpo_nb.trainer import train_cli
+    import contextlib, io
+    for args, fix in [(["demo", "--learner.micro_batch_size=5"], "micro_batch_size from"),
+                      (["demo", f"--data.train_path={tmp_path}/nope.jsonl", f"--logging.output_dir={tmp_path}/a"], "Fix: --data.train_path="),
+                      (["demo", "--logging.output_dir=/proc/grpo-nb-cannot-write"], "--logging.output_dir=<a writable directory>"),
+                      (["demo", "--reward.functions={arithm: 1.0}", f"--logging.output_dir={tmp_path}/b"], "arith"),
+                      (["nope.yaml"], "no such file")]:
+        err = io.StringIO()
+        t = time.monotonic()
+        with contextlib.redirect_stderr(err): rc = train_cli(args)
+        assert rc == 2 and fix in err.getvalue(), (args, err.getvalue())
+        assert time.monotonic() - t < 20                                   # nothing was started
+    assert not (tmp_path / "a" / "checkpoints").exists() or not any((tmp_path / "a" / "checkpoints").iterdir())
+
+
+def test_sync_loop_kill_and_resume():
+    tmp = Path(tempfile.mkdtemp(prefix="trk", dir="/tmp"))
+    out = tmp / "run"
+    proc = _start(out, "--total_steps=5")
+    try: _wait_step(proc, out, 3)              # checkpoint at 2 is complete; step 3 is logged but not checkpointed
+    finally: _kill_tree(proc)
+    ck = out / "checkpoints"
+    assert (ck / "latest").read_text().strip().endswith("2"), (ck / "latest").read_text()
+    proc = _start(out, "--total_steps=5", "--resume", "auto")
+    assert _finish(proc, out) == 0, _log_tail(out)
+    recs = _records(out)
+    _check_continuity(recs, 5)
+    train = [r for r in recs if "reward_mean" in r]
+    missing = KEYS - set(train[-1]); assert not missing, missing             # every metric, every step
+    assert any("eval/reward_mean" in r for r in recs if r["step"] == 0)      # the starting policy was evaluated
+    assert (out / "metrics.rolled_back.jsonl").exists()                      # step 3's first attempt moved aside, not lost
+    assert (ck / "latest").read_text().strip().endswith("5")
+    assert list((out / "tb").glob("events.out.tfevents.*"))                  # TensorBoard
+
+
+def test_one_step_off_sigusr1_and_resume():
+    tmp = Path(tempfile.mkdtemp(prefix="tru", dir="/tmp"))
+    out = tmp / "run"
+    off = ["--rollout.mode=one-step-off", "--checkpoint.every_steps=0"]
+    proc = _start(out, "--total_steps=50", *off)
+    try:
+        _wait_step(proc, out, 2)
+        os.kill(proc.pid, signal.SIGUSR1)
+        rc = _finish(proc, out, 200)
+    finally:
+        if proc.poll() is None: _kill_tree(proc)
+    assert rc == 0, _log_tail(out)
+    recs = _records(out)
+    stopped = max(r["step"] for r in recs)
+    assert stopped < 50 and (out / "checkpoints" / "latest").read_text().strip().endswith(str(stopped))
+    assert all(r["staleness"] == 1 for r in recs if "reward_mean" in r and r["step"] > 1)   # the next batch was made while the learner trained
+    proc = _start(out, f"--total_steps={stopped + 2}", *off, "--resume", "auto")
+    assert _finish(proc, out) == 0, _log_tail(out)
+    _check_continuity(_records(out), stopped + 2)
