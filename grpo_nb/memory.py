@@ -814,8 +814,9 @@ def accuracy_table(path:str|Path="bench/results/memory_accuracy.json", # the ben
             f"{'phase (pred)':<14} {'fwd+bwd':>8} {'step':>8}"]
     for r in recs:
         meas = r.get("measured_bytes")
-        fb = max((s["fwd_bwd_peak"] for s in r.get("steps", [])), default=None)
-        st = max((s["step_peak"] for s in r.get("steps", [])), default=None)
+        steps = r.get("steps") if isinstance(r.get("steps"), list) else []  # a skipped configuration has only its step count
+        fb = max((s["fwd_bwd_peak"] for s in steps), default=None)
+        st = max((s["step_peak"] for s in steps), default=None)
         f = lambda b: f"{b / GiB:8.2f}" if b else f"{'-':>8}"
         err = f"{100 * r['error']:+6.1f}%" if r.get("error") is not None else r.get("status", "")[:7]
         rows.append(f"{r['name']:<34} {r['learners']:>2} {r['zero']:>1} {str(r['micro_batch']) + '×' + str(r['seq_len']):>8} "
