@@ -88,7 +88,7 @@ def _blocked_ancestor(path:str) -> str|None:
     return None
 
 def _expose(paths:list[str]) -> list[str]:
-    "Make `paths` reachable for other users by hiding their blocked ancestor behind a tmpfs with only them bound in."
+    "Make `paths` reachable for other users by hiding their blocked ancestor behind a read-only tmpfs with only them bound in."
     plan:dict[str, list[str]] = {}
     for p in sorted(set(paths)):
         b = _blocked_ancestor(p)
@@ -101,6 +101,8 @@ def _expose(paths:list[str]) -> list[str]:
             os.makedirs(p, mode=0o755, exist_ok=True)
             _mount(f"/proc/self/fd/{fd}", p, None, _MS_BIND | _MS_REC)
             os.close(fd); done.append(p)
+        # read-only, or a program whose uid owns this tmpfs (userns mode) could write beside the paths it needs
+        _mount(None, blocked, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
     return done
 
 # %% ../nbs/04a_sandbox.ipynb 16
@@ -257,10 +259,16 @@ def _setup_namespace_fs(spec:dict) -> dict:
     # an interpreter or virtualenv that lives under /tmp (a CI checkout, say) must survive the private /tmp
     keep = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in spec["expose"] if p.startswith("/tmp/") and os.path.isdir(p)]
     _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={L['tmpfs_mb']}m,mode=1777")
+    tops = []  # /tmp/<top> above a kept path: a read-only tmpfs, or (userns mode) the program would own and could write it
     for p, fd in keep:
+        top = "/tmp/" + p[len("/tmp/"):].split("/")[0]
+        if top != p and top not in tops:
+            os.makedirs(top, mode=0o755, exist_ok=True)
+            _mount("tmpfs", top, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755"); tops.append(top)
         os.makedirs(p, mode=0o755, exist_ok=True)
         _mount(f"/proc/self/fd/{fd}", p, None, _MS_BIND | _MS_REC)
         os.close(fd)
+    for top in tops: _mount(None, top, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
     if keep: info["exposed_tmp"] = [p for p, _ in keep]
     for path, opts in [("/dev/shm", "size=16m,mode=1777"), ("/run", "size=1m,mode=755")]:  # /run: host daemons' sockets
         try: _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, opts)

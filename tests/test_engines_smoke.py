@@ -44,6 +44,7 @@ def _start_cluster(tmp:str, nodes:int, gpus:int, attempts:int=3):
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow  # CI budget: the real multi-node cluster of tests/test_placement.py covers it
 def test_ray_two_nodes_strict_spread_with_logical_gpus():
     ray = pytest.importorskip("ray")
     from ray.util.placement_group import placement_group, remove_placement_group
@@ -114,6 +115,7 @@ def test_deepspeed_zero3_two_ranks_gloo():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # CI budget: tests/test_weight_sync_vllm.py checks vLLM log-probs against transformers too
 def test_vllm_engine_logprobs_match_transformers():
     pytest.importorskip("vllm")
     model_dir = tiny_model_dir("tiny-arith")

@@ -7,9 +7,11 @@ it deletes `$RAY_TMPDIR/ray/ray_current_cluster` (`/tmp/ray/...` when RAY_TMPDIR
 The scenario runs as `python tests/test_ray_bootstrap.py bootstrap OUT.json` in its own PID namespace (see test_placement).
 """
 import json, os, signal, socket, subprocess, sys, time
+import pytest
 from pathlib import Path
 from test_placement import run_isolated, processes_mentioning, ray_tmp  # noqa: F401  (ray_tmp is a fixture)
 
+@pytest.mark.slow  # CI budget: tests/test_slurm_cluster.py bootstraps Ray across two SLURM nodes with `ray start`
 def test_two_node_bootstrap_on_loopback(ray_tmp):
     out = Path(ray_tmp) / "bootstrap.json"
     p = run_isolated(__file__, ["bootstrap", str(out)], ray_tmp, timeout=240)

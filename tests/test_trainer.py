@@ -7,7 +7,7 @@ a real vLLM engine (CPU build) and a DeepSpeed learner on a tiny Qwen2 policy.
 - one-step off-policy mode: SIGUSR1 -> checkpoint at the next step boundary, `latest`, exit 0; resuming
   continues at the next step with the next prompts.
 """
-import json, os, signal, subprocess, sys, tempfile, time
+import json, os, re, signal, subprocess, sys, tempfile, time
 from pathlib import Path
 import pytest
 
@@ -102,21 +102,23 @@ def test_bad_config_fails_fast(tmp_path):
 
 def test_sync_loop_kill_and_resume():
     tmp = Path(tempfile.mkdtemp(prefix="trk", dir="/tmp"))
-    out = tmp / "run"
-    proc = _start(out, "--total_steps=5")
-    try: _wait_step(proc, out, 3)              # checkpoint at 2 is complete; step 3 is logged but not checkpointed
+    out, N = tmp / "run", 12
+    proc = _start(out, f"--total_steps={N}")
+    try: _wait_step(proc, out, 3)              # a checkpoint (every 2 steps) is complete; later steps may be logged, not saved
     finally: _kill_tree(proc)
     ck = out / "checkpoints"
-    assert (ck / "latest").read_text().strip().endswith("2"), (ck / "latest").read_text()
-    proc = _start(out, "--total_steps=5", "--resume", "auto")
+    saved = int(re.findall(r"\d+", (ck / "latest").read_text())[-1])
+    logged = max(r["step"] for r in _records(out) if "reward_mean" in r)
+    assert 2 <= saved < N and saved % 2 == 0 and logged >= saved, (saved, logged)   # killed mid-run, on an idle box too
+    proc = _start(out, f"--total_steps={N}", "--resume", "auto")
     assert _finish(proc, out) == 0, _log_tail(out)
     recs = _records(out)
-    _check_continuity(recs, 5)
+    _check_continuity(recs, N)
     train = [r for r in recs if "reward_mean" in r]
     missing = KEYS - set(train[-1]); assert not missing, missing             # every metric, every step
     assert any("eval/reward_mean" in r for r in recs if r["step"] == 0)      # the starting policy was evaluated
-    assert (out / "metrics.rolled_back.jsonl").exists()                      # step 3's first attempt moved aside, not lost
-    assert (ck / "latest").read_text().strip().endswith("5")
+    if logged > saved: assert (out / "metrics.rolled_back.jsonl").exists()  # steps logged after the checkpoint: moved aside, not lost
+    assert (ck / "latest").read_text().strip().endswith(str(N))
     assert list((out / "tb").glob("events.out.tfevents.*"))                  # TensorBoard
 
 
