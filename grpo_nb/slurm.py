@@ -184,9 +184,9 @@ FUNCTIONS_HEAD = r'''log() { echo "[grpo.sbatch $(date +%T)] $*"; }
 job_field() {  # job_field NAME: one field of `scontrol show job -o $SLURM_JOB_ID` (read once into JOB_INFO)
   sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<"$JOB_INFO"
 }
-latest_step() {  # step of the newest complete checkpoint: the number ending $CKPT_DIR/latest, or -1
-  local s; s=$(grep -o '[0-9][0-9]*[[:space:]]*$' "$CKPT_DIR/latest" 2>/dev/null | tr -d '[:space:]')
-  echo "${s:--1}"
+latest_step() {  # step of the newest complete checkpoint: the last number in $CKPT_DIR/latest (any lines before it), or -1
+  local s; s=$(grep -o '[0-9][0-9]*' "$CKPT_DIR/latest" 2>/dev/null | tail -n 1)
+  if [ -n "$s" ]; then echo $((10#$s)); else echo -1; fi
 }
 on_stop() {  # the trap: SIGUSR1 (walltime near) or SIGTERM (scancel, walltime): checkpoint and stop
   STOP_REQUESTED=1

@@ -166,3 +166,39 @@ def test_teardown_by_pid_leaves_nothing(cluster, run):
     out = cluster.stop()
     assert out["remaining"] == 0 and cluster.our_pids() == [], out
     print({k: round(v, 1) for k, v in cluster.timings.items() if k != "t0"}, f"total {time.time() - cluster.timings['t0']:.0f} s")
+
+
+@pytest.mark.slow  # the real trainer (Ray + vLLM + DeepSpeed) under SLURM: minutes on 2 cores, beyond CI's budget
+def test_the_real_trainer_runs_and_resumes_under_the_exported_script(cluster):
+    """`grpo_nb train` itself (not the stand-in) under sbatch/grpo.sbatch on the two emulated nodes: the Ray cluster the
+    script starts is joined with ray_address=auto, the tiny demo policy trains with a real vLLM engine and a DeepSpeed
+    learner, checkpoints, and a second submission resumes with `--resume auto` and continues without repeating a step."""
+    import yaml
+    from grpo_nb.config import PRESETS
+    s = cluster
+    r = s.root / "real"
+    (r / "logs").mkdir(parents=True)
+    cfg = json.loads(json.dumps(PRESETS["demo"]))
+    cfg.update(total_steps=3, eval_every=0)
+    cfg["cluster"].update(nodes=2, gpus_per_node=4, learners_per_node=[1])
+    cfg["rollout"].update(prompts_per_step=4, num_samples_per_prompt=4)
+    cfg["learner"].update(micro_batch_size=16)
+    cfg["logging"].update(output_dir=f"{r}/run", progress_bar=False)
+    cfg["checkpoint"].update(dir=f"{r}/run/ckpt", every_steps=1)
+    path = r / "run.yaml"; path.write_text(yaml.safe_dump(cfg))
+    env = s.env(TRAIN_CMD=f"{sys.executable} -m grpo_nb.cli train", MAX_JOB_CHAINS=1, SBATCH_OUTPUT=f"{r}/logs/%x-%j.out",
+                RAY_TMPDIR_BASE=str(r), RAY_OBJECT_STORE_MEMORY=200_000_000, RAY_HEAD_POLL_S=1, RAY_WAIT_S=300, RAY_STOP_S=20,
+                SBATCH_SIGNAL="B:USR1@30")  # the production header signals 600 s early: more than this 10-minute job
+    logs = []
+    for total in (2, 3):  # the first job stops at step 2, the second resumes and runs step 3
+        path.write_text(yaml.safe_dump({**cfg, "total_steps": total}))
+        job = s.sbatch("--time=10", str(ROOT / "sbatch" / "grpo.sbatch"), str(path), env=env, cwd=str(ROOT))
+        info = s.wait_done([job], timeout=600, every=1)[0]
+        logs.append((r / "logs" / f"grpo-{job}.out").read_text())
+        assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, logs[-1][-8000:])
+        assert re.search(r"Ray cluster ready in [\d.]+ s: 2 node\(s\)", logs[-1]), logs[-1][-8000:]
+    recs = [json.loads(l) for l in (r / "run" / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    steps = [x["step"] for x in recs if "reward_mean" in x]
+    assert steps == [1, 2, 3], steps  # none repeated, none skipped
+    assert "checkpoint step -1 -> 2" in logs[0] and "checkpoint step 2 -> 3" in logs[1], logs  # the script reads `latest`
+    assert (r / "run" / "ckpt" / "latest").read_text().strip().endswith("3")
