@@ -14,7 +14,8 @@ from fastcore.docments import docments
 # %% auto 0
 __all__ = ['PRESETS', 'ConfigError', 'ModelConfig', 'DataConfig', 'RolloutConfig', 'LearnerConfig', 'ClusterConfig',
            'RewardConfig', 'LoggingConfig', 'CheckpointConfig', 'TrainConfig', 'field_docs', 'from_dict',
-           'parse_overrides', 'Derived', 'derive', 'validate', 'load_config', 'to_dict', 'to_yaml', 'config_cli']
+           'parse_overrides', 'Derived', 'derive', 'validate', 'config_data', 'load_config', 'to_dict', 'to_yaml',
+           'config_cli']
 
 # %% ../nbs/00_config.ipynb 6
 class ConfigError(ValueError):
@@ -384,21 +385,28 @@ PRESETS:dict[str, dict] = {
     },
 }
 
-def load_config(source:str|Path|dict|None=None, overrides:list[str]|dict|None=None) -> TrainConfig:
-    "Load a config from a YAML path, a preset name or a dict (None: the `default` preset), apply overrides, validate."
-    if source is None: data = {}
-    elif isinstance(source, dict): data = source
-    elif str(source) in PRESETS: data = PRESETS[str(source)]
+def config_data(source:str|Path|dict, # a dict, a preset name or a YAML path
+                presets:dict|None=None, # name -> plain data (None: `PRESETS`)
+               ) -> dict:
+    "Plain nested data of a config source, before overrides and validation."
+    presets = PRESETS if presets is None else presets
+    if isinstance(source, dict): data = source
+    elif str(source) in presets: data = presets[str(source)]
     else:
         p = Path(source)
         if not p.exists():
             raise ConfigError("config", f"no such file {str(p)!r} and no preset of that name.",
-                              f"give a YAML path or one of the presets {sorted(PRESETS)}")
+                              f"give a YAML path or one of the presets {sorted(presets)}")
         try: data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e: raise ConfigError(str(p), f"is not valid YAML ({e}).") from None
     if not isinstance(data, dict):
         raise ConfigError(str(source), f"expected a mapping of sections at the top level (got {type(data).__name__}).",
                           "start the file with sections such as `learner:` and `rollout:`")
+    return data
+
+def load_config(source:str|Path|dict|None=None, overrides:list[str]|dict|None=None) -> TrainConfig:
+    "Load a config from a YAML path, a preset name or a dict (None: the `default` preset), apply overrides, validate."
+    data = {} if source is None else config_data(source)
     if isinstance(overrides, (list, tuple)): overrides = parse_overrides(list(overrides))
     return validate(from_dict(TrainConfig, _merge(data, overrides or {})))
 

@@ -14,7 +14,7 @@ from typing import Callable, Literal
 import yaml
 import torch
 from torch import nn, Tensor
-from .config import TrainConfig, ConfigError, load_config, parse_overrides, derive, from_dict, to_dict, PRESETS
+from .config import TrainConfig, ConfigError, load_config, parse_overrides, derive, from_dict, to_dict, PRESETS, config_data
 from .loss import group_advantages, policy_loss, loss_kwargs, token_logprobs, agg_counts
 from .learner import (CheckpointError, checkpoint_name, checkpoint_files, commit_checkpoint, file_digest, latest_checkpoint,
                              prune_checkpoints, verify_checkpoint, lr_factor, rng_state, set_rng_state, seed_everything, tree_digest)
@@ -55,18 +55,8 @@ DDP_PRESETS:dict[str, dict] = {
 }
 
 def _source_data(source) -> dict:
-    "Plain data of a config source: a dict, a preset name (this module's or grpo_nb.config's) or a YAML path."
-    if isinstance(source, dict): return json.loads(json.dumps(source))  # a deep copy
-    if str(source) in DDP_PRESETS: return _source_data(DDP_PRESETS[str(source)])
-    if str(source) in PRESETS: return _source_data(PRESETS[str(source)])
-    p = Path(source)
-    if not p.exists():
-        raise ConfigError("config", f"no such file {str(p)!r} and no preset of that name.",
-                          f"give a YAML path or one of the presets {sorted(DDP_PRESETS) + sorted(PRESETS)}")
-    try: data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e: raise ConfigError(str(p), f"is not valid YAML ({e}).") from None
-    if not isinstance(data, dict): raise ConfigError(str(p), "expected a mapping of sections at the top level.")
-    return data
+    "Plain data of a config source: a dict, a preset name (this module's or grpo_nb.config's) or a YAML path (a deep copy)."
+    return json.loads(json.dumps(config_data(source, {**PRESETS, **DDP_PRESETS})))
 
 # %% ../nbs/10_ddp.ipynb 9
 def load_run(source:str|Path|dict="ddp-tiny", # YAML path, preset name (`DDP_PRESETS` or `grpo_nb.config.PRESETS`) or plain data
