@@ -64,6 +64,9 @@ class RolloutConfig:
     mode:Literal["sync","one-step-off"]="sync" # generate then train, or generate step t+1 while the learner trains on step t
     max_staleness:int=1 # one-step-off: how many policy versions a batch may lag
     kv_cache_mib:int=0 # vLLM KV-cache size in MiB (0: from gpu_memory_utilization); set it on CPU, where the fraction is of free system memory
+    placement:Literal["split","colocated"]="split" # engines on GPUs of their own, or engine i on learner i's GPU, asleep while the learner steps
+    hf_cache:Literal["dynamic","static"]="dynamic" # transformers backend: KV cache grown per token, or allocated once per generation (faster on GPU)
+    sleep_level:int=1 # colocated: 1 offloads the engine's weights to CPU and frees its KV cache while the learner steps; 2 frees the weights too (the sync refills them); 0 keeps both
 
 # %% ../nbs/00_config.ipynb 12
 @dataclass
@@ -293,6 +296,27 @@ def derive(cfg:TrainConfig) -> Derived:
                    cfg.checkpoint.dir or str(Path(cfg.logging.output_dir) / "checkpoints"))
 
 # %% ../nbs/00_config.ipynb 35
+def _check_colocated(cfg:TrainConfig):
+    "A colocated layout: engine i shares learner i's GPU, so the two counts match and generation cannot overlap training."
+    R, C = cfg.rollout, cfg.cluster
+    n = sum(C.learners_per_node)
+    _check(R.mode == "sync", "rollout.mode", "a colocated engine sleeps while its learner steps, so it cannot sample the next batch meanwhile.",
+           "--rollout.mode=sync, or --rollout.placement=split to overlap generation with learning")
+    _check(R.tensor_parallel_size == 1, "rollout.tensor_parallel_size",
+           f"colocated engines run with TP=1 (one engine per learner GPU; got TP={R.tensor_parallel_size}).",
+           "--rollout.tensor_parallel_size=1, or --rollout.placement=split")
+    _check(R.num_engines == n, "rollout.num_engines", f"colocated placement puts one engine on each of the {n} learner GPUs (got {R.num_engines} engines).",
+           f"--rollout.num_engines={n}")
+    _check(len(C.learners_per_node) == 1, "cluster.learners_per_node",
+           f"colocated placement is implemented for learners on one node (got {len(C.learners_per_node)} learner nodes).",
+           "--rollout.placement=split for multi-node runs")
+    _check(R.sleep_level in (0, 1, 2), "rollout.sleep_level", f"must be 0, 1 or 2 (got {R.sleep_level}).", "--rollout.sleep_level=1")
+    _check(R.gpu_memory_utilization <= 0.7 or R.kv_cache_mib > 0, "rollout.gpu_memory_utilization",
+           f"a colocated engine asking for {R.gpu_memory_utilization:.0%} of the GPU leaves its learner too little room.",
+           "--rollout.gpu_memory_utilization=0.3 (or size the KV cache with --rollout.kv_cache_mib)")
+
+
+# %% ../nbs/00_config.ipynb 36
 def _check(ok:bool, where:str, problem:str, fix:str=""):
     if not ok: raise ConfigError(where, problem, fix)
 
@@ -340,6 +364,7 @@ def validate(cfg:TrainConfig) -> TrainConfig:
     _check(0 < R.top_p <= 1, "rollout.top_p", f"must be in (0, 1] (got {R.top_p}).", "--rollout.top_p=1.0")
     _check(0 < R.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
            f"must be in (0, 1] (got {R.gpu_memory_utilization}).", "--rollout.gpu_memory_utilization=0.9")
+    if R.placement == "colocated": _check_colocated(cfg)
     _check(R.max_staleness >= 1, "rollout.max_staleness", f"must be at least 1 (got {R.max_staleness}).", "--rollout.max_staleness=1")
     _check(C.gpu_mem_gib > 0, "cluster.gpu_mem_gib", f"must be > 0 (got {C.gpu_mem_gib}).", "--cluster.gpu_mem_gib=80")
     _check(len(C.learners_per_node) >= 1 and all(n >= 1 for n in C.learners_per_node), "cluster.learners_per_node",
@@ -368,7 +393,7 @@ def validate(cfg:TrainConfig) -> TrainConfig:
             f"a micro_batch_size from {ok[:6]}" if ok else "change prompts_per_step so that B is a multiple of accumulation × learners")
     return cfg
 
-# %% ../nbs/00_config.ipynb 38
+# %% ../nbs/00_config.ipynb 39
 PRESETS:dict[str, dict] = {
     "default": {},
     "demo": {  # a tiny policy learning arithmetic on a 2-core CPU with a real vLLM engine, DeepSpeed and Ray
@@ -418,7 +443,7 @@ def to_yaml(cfg) -> str:
     "The config as YAML, every section in declaration order."
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
-# %% ../nbs/00_config.ipynb 43
+# %% ../nbs/00_config.ipynb 44
 def config_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb config [CONFIG] [--section.field=value ...] [--json]`: print the resolved config and derived values."
     import argparse

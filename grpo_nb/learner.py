@@ -16,7 +16,7 @@ import torch
 from torch import nn, Tensor
 from fastcore.basics import patch
 from .loss import policy_loss, token_logprobs, agg_counts, loss_kwargs
-from .rollout import submit, gather, call, GPU_SAFETY_ENV
+from .actors import submit, gather, call, GPU_SAFETY_ENV
 from .weight_sync import WeightSyncSource, make_plan, full_numel
 
 # %% auto 0

@@ -9,10 +9,10 @@ from dataclasses import dataclass, asdict
 from typing import Any, Callable, Literal
 
 # %% auto 0
-__all__ = ['SEED_LAYOUTS', 'PlacementError', 'sync_rank', 'LearnerSlot', 'EngineSlot', 'Layout', 'plan_layout', 'layout_table',
-           'learner_env', 'ray_start_args', 'cluster_nodes', 'nodes_text', 'wait_for_nodes', 'check_cluster',
-           'wait_for_group', 'PlacementGroups', 'create_placement_groups', 'placed_actor_options', 'placement_report',
-           'probe_placement', 'check_placement', 'reports_table', 'layout_cli']
+__all__ = ['SEED_LAYOUTS', 'PlacementError', 'sync_rank', 'LearnerSlot', 'EngineSlot', 'Layout', 'plan_layout', 'plan_colocated',
+           'layout_table', 'learner_env', 'ray_start_args', 'cluster_nodes', 'nodes_text', 'wait_for_nodes',
+           'check_cluster', 'wait_for_group', 'PlacementGroups', 'create_placement_groups', 'placed_actor_options',
+           'placement_report', 'probe_placement', 'check_placement', 'reports_table', 'layout_cli']
 
 # %% ../nbs/02_placement.ipynb 6
 class PlacementError(ValueError):
@@ -64,14 +64,15 @@ class Layout:
     engine_bundles:tuple # one resource dict per engine
     learners:tuple # `LearnerSlot` per learner rank
     engines:tuple # `EngineSlot` per engine
-    node_roles:tuple # per planned node, one label per GPU ("L3", "E2.1", "-"), or per process on CPU
+    node_roles:tuple # per planned node, one label per GPU ("L3", "E2.1", "L0+E0", "-"), or per process on CPU
+    placement:str="split" # "split": engines on GPUs of their own; "colocated": engine i shares learner i's GPU (bundle i)
 
     @property
     def learner_world_size(self) -> int: return sum(self.learners_per_node)
     @property
     def sync_world_size(self) -> int: return self.num_engines * self.tp + 1
     @property
-    def engine_gpus(self) -> int: return self.num_engines * self.tp if self.device == "cuda" else 0
+    def engine_gpus(self) -> int: return self.num_engines * self.tp if self.device == "cuda" and self.placement == "split" else 0
     @property
     def idle_gpus(self) -> int:
         return self.nodes * self.gpus_per_node - self.learner_world_size - self.engine_gpus if self.device == "cuda" else 0
@@ -219,8 +220,12 @@ def plan_layout(nodes:int, # nodes in the Ray cluster
                 device:Literal["cuda","cpu"]="cuda", # "cpu": bundles reserve CPUs only (CI and `make demo`)
                 cpus_per_learner:float=1, # CPUs reserved per learner process (modest: 10 per GPU hangs SLURM jobs)
                 cpus_per_engine_worker:float=1, # CPUs reserved per engine TP worker
+                placement:Literal["split","colocated"]="split", # "colocated": engine i on learner i's GPU (see `plan_colocated`)
                ) -> Layout:
     "Place learners and engines on nodes, or raise `PlacementError` with the numbers and the fix."
+    if placement == "colocated":
+        return plan_colocated(nodes, gpus_per_node, learners_per_node, num_engines, tp, device, cpus_per_learner, cpus_per_engine_worker)
+    if placement != "split": raise PlacementError(f"placement must be \"split\" or \"colocated\" (got {placement!r}).", "--rollout.placement=split")
     lpn = [int(n) for n in learners_per_node]
     _check_args(nodes, gpus_per_node, lpn, num_engines, tp, cpus_per_node, device, cpus_per_learner, cpus_per_engine_worker)
     if device == "cuda": units, unit, per_l, per_w = gpus_per_node, "GPU", 1, 1
@@ -235,7 +240,38 @@ def plan_layout(nodes:int, # nodes in the Ray cluster
                   _num(cpus_per_learner), _num(cpus_per_engine_worker), "STRICT_SPREAD" if len(lpn) > 1 else "PACK", lb, "PACK", eb,
                   learners, engines, roles)
 
-# %% ../nbs/02_placement.ipynb 35
+# %% ../nbs/02_placement.ipynb 33
+def plan_colocated(nodes:int, # nodes in the Ray cluster
+                   gpus_per_node:int, # GPUs on each node (ignored with device="cpu")
+                   learners_per_node:list[int], # one entry: learner processes on the single learner node
+                   num_engines:int, # must equal the number of learners
+                   tp:int=1, # must be 1
+                   device:Literal["cuda","cpu"]="cuda", # "cpu": bundles of CPUs only
+                   cpus_per_learner:float=1, # CPUs reserved per learner process
+                   cpus_per_engine_worker:float=1, # CPUs reserved per engine
+                  ) -> Layout:
+    "A colocated layout: one bundle per learner GPU, holding learner i and engine i."
+    lpn = [int(n) for n in learners_per_node]
+    if len(lpn) != 1: raise PlacementError(f"colocated placement holds learners on one node (got {len(lpn)} learner nodes).",
+                                           "--rollout.placement=split for several learner nodes, or --cluster.learners_per_node=[N]")
+    n = lpn[0]
+    if tp != 1: raise PlacementError(f"colocated engines run with TP=1 (got TP={tp}).", "--rollout.tensor_parallel_size=1, or --rollout.placement=split")
+    if num_engines != n: raise PlacementError(f"colocated placement puts one engine on each of the {n} learner GPUs (got {num_engines} engines).",
+                                              f"--rollout.num_engines={n}")
+    if device == "cuda" and n > gpus_per_node:
+        raise PlacementError(f"{n} colocated learners need {n} GPUs on one node; nodes have {gpus_per_node}.", f"--cluster.learners_per_node=[{gpus_per_node}]")
+    gpu = {"GPU": 1} if device == "cuda" else {}
+    cpus = cpus_per_learner + cpus_per_engine_worker
+    bundles = tuple({**gpu, "CPU": _num(cpus)} if cpus else dict(gpu) for _ in range(n))
+    learners = tuple(LearnerSlot(r, r, r, 0) for r in range(n))
+    engines = tuple(EngineSlot(i, 0, (sync_rank(i, 0, 1),)) for i in range(n))
+    roles = [f"L{i}+E{i}" for i in range(n)]
+    if device == "cuda": roles += ["-"] * (gpus_per_node - n)
+    return Layout(device, nodes, gpus_per_node if device == "cuda" else 0, 0, (n,), n, 1, _num(cpus_per_learner), _num(cpus_per_engine_worker),
+                  "PACK", bundles, "PACK", (), learners, engines, (tuple(roles),) + tuple(("-",) * gpus_per_node if device == "cuda" else () for _ in range(nodes - 1)), "colocated")
+
+
+# %% ../nbs/02_placement.ipynb 38
 def _bundles_text(bundles) -> str:
     "`[{GPU:2},{GPU:2},{GPU:4}]` -> '2 × {GPU: 2}, 1 × {GPU: 4}'."
     out, prev, k = [], None, 0
@@ -254,7 +290,8 @@ def layout_table(lay:Layout) -> str:
            (f", {lay.cpus_per_node} CPUs" if lay.cpus_per_node else "")
     lines = [f"layout: {head}",
              f"learners: {lay.learner_world_size} in {len(lay.learner_bundles)} bundle(s) [{_bundles_text(lay.learner_bundles)}], {lay.learner_strategy}",
-             f"engines:  {lay.num_engines} × TP {lay.tp} in bundles [{_bundles_text(lay.engine_bundles)}], {lay.engine_strategy}",
+             (f"engines:  {lay.num_engines} × TP {lay.tp}, engine i in learner bundle i (colocated)" if lay.placement == "colocated" else
+              f"engines:  {lay.num_engines} × TP {lay.tp} in bundles [{_bundles_text(lay.engine_bundles)}], {lay.engine_strategy}"),
              f"weight-sync world: {lay.sync_world_size} (learner rank 0 + {lay.num_engines} × {lay.tp} engine workers)"
              + (f"; idle GPUs: {lay.idle_gpus}" if lay.device == "cuda" else ""), ""]
     width = max([len(l) for r in lay.node_roles for l in r] + [4])
@@ -272,7 +309,7 @@ def layout_table(lay:Layout) -> str:
     lines.append(f"\n  L<rank> learner, E<engine>[.<tp rank>] engine worker (sync rank = 1 + engine·TP + tp rank)" + (", - idle" if lay.device == "cuda" else ""))
     return "\n".join(lines)
 
-# %% ../nbs/02_placement.ipynb 38
+# %% ../nbs/02_placement.ipynb 41
 def _to_dict(self:Layout) -> dict:
     "Plain data of the layout (what `grpo_nb layout --json` prints)."
     d = asdict(self)
@@ -285,7 +322,7 @@ def _to_dict(self:Layout) -> dict:
 
 Layout.to_dict = _to_dict
 
-# %% ../nbs/02_placement.ipynb 41
+# %% ../nbs/02_placement.ipynb 44
 def _from_config(cls, cfg, # a `grpo_nb.config.TrainConfig`
                 cpus_per_learner:float=1, # CPUs reserved per learner process
                 cpus_per_engine_worker:float=1, # CPUs reserved per engine TP worker
@@ -294,11 +331,11 @@ def _from_config(cls, cfg, # a `grpo_nb.config.TrainConfig`
     C, R = cfg.cluster, cfg.rollout
     device = C.device if C.device != "auto" else ("cuda" if C.gpus_per_node > 0 else "cpu")
     return plan_layout(C.nodes, C.gpus_per_node, list(C.learners_per_node), R.num_engines, R.tensor_parallel_size,
-                       C.cpus_per_node, device, cpus_per_learner, cpus_per_engine_worker)
+                       C.cpus_per_node, device, cpus_per_learner, cpus_per_engine_worker, getattr(R, "placement", "split"))
 
 Layout.from_config = classmethod(_from_config)
 
-# %% ../nbs/02_placement.ipynb 44
+# %% ../nbs/02_placement.ipynb 47
 SEED_LAYOUTS:dict[str, dict] = {
     "7B on 5 × 8 GPUs (open-instruct)": dict(nodes=5, gpus_per_node=8, learners_per_node=[8], num_engines=32, tp=1),
     "7B on 10 × 4 GPUs (seeds' port)": dict(nodes=10, gpus_per_node=4, learners_per_node=[2] * 10, num_engines=20, tp=1),
@@ -310,7 +347,7 @@ SEED_LAYOUTS:dict[str, dict] = {
 }
 "Named example layouts from the seeds (and their mistakes), used by the notebook and the tests."
 
-# %% ../nbs/02_placement.ipynb 51
+# %% ../nbs/02_placement.ipynb 54
 def learner_env(lay:Layout, # the layout
                 rank:int, # learner rank
                 master_addr:str, # IP of learner rank 0's node (the rendezvous)
@@ -322,7 +359,7 @@ def learner_env(lay:Layout, # the layout
             "MASTER_PORT": str(master_port), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
             "GRPO_NODE_LOCAL_RANK": str(s.local_rank), "GRPO_LEARNER_BUNDLE": str(s.bundle)}
 
-# %% ../nbs/02_placement.ipynb 54
+# %% ../nbs/02_placement.ipynb 57
 def ray_start_args(role:Literal["head","worker"], # "head" starts the cluster, "worker" joins it
                    head_ip:str, # IP address of the head node
                    port:int=6379, # GCS port of the head
@@ -344,7 +381,7 @@ def ray_start_args(role:Literal["head","worker"], # "head" starts the cluster, "
     a += [f"--{k}={v}" for k, v in (options or {}).items()] + ["--disable-usage-stats"]
     return a + (["--block"] if block else [])
 
-# %% ../nbs/02_placement.ipynb 57
+# %% ../nbs/02_placement.ipynb 60
 def cluster_nodes() -> list[dict]:
     "Live nodes of the connected Ray cluster: id, IP, GPUs and CPUs (total and free now), sorted by IP."
     import ray
@@ -367,7 +404,7 @@ def nodes_text(rows:list[dict], # `cluster_nodes()`
     return "; ".join(f"{r['ip']} ({r['node_id'][:6]}): {r['gpus']} GPU{f(r, 'gpus')}, {r['cpus']} CPU{f(r, 'cpus')}"
                      for r in rows) or "no live node"
 
-# %% ../nbs/02_placement.ipynb 59
+# %% ../nbs/02_placement.ipynb 62
 def wait_for_nodes(n_nodes:int, # nodes that must be alive
                    n_gpus:int=0, # GPUs they must offer in total
                    timeout_s:float=300, # give up after this many seconds
@@ -393,7 +430,7 @@ def wait_for_nodes(n_nodes:int, # nodes that must be alive
         "look at `ray start --address=...` on the missing nodes (its log: <temp-dir>/session_latest/logs/raylet.err): "
         "the same RAY_AUTH_MODE (or token) on head, workers and driver, the head's port reachable, --num-gpus declared")
 
-# %% ../nbs/02_placement.ipynb 61
+# %% ../nbs/02_placement.ipynb 64
 def check_cluster(lay:Layout, # the plan
                   rows:list[dict], # `cluster_nodes()` of the live cluster
                  ) -> None:
@@ -417,7 +454,7 @@ def check_cluster(lay:Layout, # the plan
         raise PlacementError(f"the layout needs {_num(total)} {unit}s ({lay.num_engines} engines of {_num(eng)}); the cluster has "
                              f"{_num(sum(caps))}: {nt}.", fix)
 
-# %% ../nbs/02_placement.ipynb 63
+# %% ../nbs/02_placement.ipynb 66
 def wait_for_group(pg, # a ray PlacementGroup
                    what:str, # how to name it in errors ("learner", "engine")
                    timeout_s:float=60, # give up after this many seconds
@@ -438,7 +475,7 @@ def wait_for_group(pg, # a ray PlacementGroup
                                  f"{nodes_text(cluster_nodes())}.",
                                  "stop what holds them (ray list actors / placement-groups), or lower the engine count")
 
-# %% ../nbs/02_placement.ipynb 64
+# %% ../nbs/02_placement.ipynb 67
 @dataclass
 class PlacementGroups:
     "The placement groups realising a `Layout` on a live cluster (made by `create_placement_groups`)."
@@ -458,7 +495,7 @@ class PlacementGroups:
         for pg in (self.engines, self.learners):
             if pg is not None: remove_placement_group(pg)
 
-# %% ../nbs/02_placement.ipynb 65
+# %% ../nbs/02_placement.ipynb 68
 def create_placement_groups(lay:Layout, # the plan
                             timeout_s:float=60, # per group: refuse if not placed by then
                             poll_s:int=1, # seconds per slice of waiting
@@ -480,7 +517,7 @@ def create_placement_groups(lay:Layout, # the plan
         for pg in made: remove_placement_group(pg)
         raise
 
-# %% ../nbs/02_placement.ipynb 67
+# %% ../nbs/02_placement.ipynb 70
 def placed_actor_options(groups:PlacementGroups, # the live placement groups
                          role:Literal["learner","engine"], # which kind of actor
                          index:int, # learner rank, or engine index
@@ -494,13 +531,15 @@ def placed_actor_options(groups:PlacementGroups, # the live placement groups
         pg, bundle, gpus, cpus = groups.learners, lay.learners[index].bundle, 1 if gpu else 0, lay.cpus_per_learner
     elif role == "engine":
         pg, bundle, gpus, cpus = groups.engines, lay.engines[index].engine, lay.tp if gpu else 0, lay.tp * lay.cpus_per_engine_worker
+        if lay.placement == "colocated": pg = groups.learners   # engine i lives in learner i's bundle
     else: raise PlacementError(f"role must be 'learner' or 'engine' (got {role!r}).", "placed_actor_options(groups, 'learner', rank)")
+    if lay.placement == "colocated" and gpu: gpus = 0.5   # two actors on one GPU: Ray gives both the same device
     opts = {"num_gpus": gpus, "num_cpus": _num(cpus),
             "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)}
     if env_vars: opts["runtime_env"] = {"env_vars": dict(env_vars)}
     return opts
 
-# %% ../nbs/02_placement.ipynb 69
+# %% ../nbs/02_placement.ipynb 72
 def placement_report() -> dict:
     "Where the calling Ray actor runs: node id, IP, host, pid, CUDA_VISIBLE_DEVICES and Ray's GPU ids."
     import ray
@@ -515,7 +554,7 @@ class _Probe:
         if extra is not None: r.update(extra())
         return r
 
-# %% ../nbs/02_placement.ipynb 70
+# %% ../nbs/02_placement.ipynb 73
 def probe_placement(groups:PlacementGroups, # the live placement groups
                     extra:Callable[[], dict]|None=None, # run inside every probe; its dict is merged into the report
                     env_vars:dict[str, str]|None=None, # environment of the probe actors
@@ -533,7 +572,7 @@ def probe_placement(groups:PlacementGroups, # the live placement groups
         for a in actors: ray.kill(a)
     return [{"role": role, **info, **r} for (role, _, info), r in zip(slots, reports)]
 
-# %% ../nbs/02_placement.ipynb 72
+# %% ../nbs/02_placement.ipynb 75
 def check_placement(lay:Layout, # the plan
                     reports:list[dict], # `probe_placement` rows (or the same keys from real actors)
                    ) -> str:
@@ -561,7 +600,7 @@ def check_placement(lay:Layout, # the plan
                 owners[g] = f"{r['role']} {r['rank']}"
     return next(r["ip"] for r in L if r["rank"] == 0)
 
-# %% ../nbs/02_placement.ipynb 75
+# %% ../nbs/02_placement.ipynb 78
 def reports_table(reports:list[dict]) -> str:
     "One line per placed actor: role, rank, bundle, node, IP, CUDA_VISIBLE_DEVICES, sync ranks (and GPU UUID if reported)."
     lines = [f"{'role':<8} {'rank':>4} {'bundle':>6}  {'node':<8} {'ip':<15} {'CUDA_VISIBLE_DEVICES':<20} sync ranks"]
@@ -570,7 +609,7 @@ def reports_table(reports:list[dict]) -> str:
                      f"{str(r.get('cuda_visible_devices')):<20} {r.get('sync_ranks')}" + (f"  {r['gpu_uuids']}" if r.get("gpu_uuids") else ""))
     return "\n".join(lines)
 
-# %% ../nbs/02_placement.ipynb 79
+# %% ../nbs/02_placement.ipynb 82
 def layout_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb layout --nodes N --gpus-per-node G --learners-per-node A B ... --engines E --tp TP [--json]`: the layout, or why not."
     p = argparse.ArgumentParser(prog="grpo_nb layout", description=layout_cli.__doc__)

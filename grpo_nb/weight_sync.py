@@ -12,7 +12,9 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 import torch
 from torch import nn, Tensor
-from .rollout import SamplingSpec, submit, gather, call
+from .actors import submit, gather, call
+from .rollout import SamplingSpec
+from .colocate import IpcGroup
 
 # %% auto 0
 __all__ = ['ALIGN', 'DEFAULT_BUCKET_BYTES', 'DEFAULT_VERIFY_PROMPTS', 'sync_unit', 'plan_buckets', 'TensorSpec', 'SyncPlan',
@@ -153,7 +155,7 @@ def join_group(host:str, # rank 0's address
                port:int, # rank 0's store port
                rank:int, # this member's rank
                world_size:int, # 1 + engines × TP
-               backend:Literal["gloo","nccl"]="gloo", # gloo on CPU, nccl on GPU
+               backend:Literal["gloo","nccl","ipc"]="gloo", # gloo on CPU, nccl on GPU, ipc: shared memory for members on one host (colocated)
                device:torch.device|str|None=None, # buffers live here (cpu for gloo; this process's GPU for nccl)
                store=None, # rank 0: the store from `open_store`
                timeout_s:float=600, # collective timeout
@@ -162,6 +164,10 @@ def join_group(host:str, # rank 0's address
     from torch.distributed import PrefixStore, TCPStore
     to = timedelta(seconds=timeout_s)
     if store is None: store = TCPStore(host, port, None, False, to)
+    if backend == "ipc":   # colocated members: shared memory instead of a process group (see grpo_nb.colocate)
+        dev = torch.device(device) if device is not None else (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+        if dev.type == "cuda" and dev.index is None: dev = torch.device("cuda", torch.cuda.current_device())
+        return IpcGroup(store, rank, world_size, dev, timeout_s)
     ps = PrefixStore("grpo_nb/weight_sync", store)
     if backend == "gloo":
         from torch.distributed import ProcessGroupGloo

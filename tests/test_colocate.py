@@ -1,0 +1,68 @@
+"""Colocated learner and engine (`rollout.placement="colocated"`), as the trainer runs it on a real Ray cluster:
+
+- the transformers engine shares learner 0's bundle, sleeps while the learner steps and wakes for the sync; the
+  weights cross through shared memory (`grpo_nb.colocate.IpcGroup`), and afterwards the engine computes exactly
+  what the learner computes;
+- a real vLLM engine (CPU build, so no sleep mode: `sleep_level=0`) receives the same shared-memory sync through
+  its worker extension (`reload_weights`), verified the same way;
+- what cannot work is refused before Ray starts, with the fix.
+"""
+import os, tempfile
+from pathlib import Path
+import pytest
+
+pytest.importorskip("ray"); pytest.importorskip("deepspeed")
+
+BASE = ["--model.name_or_path=tiny-arith", "--rollout.placement=colocated", "--rollout.prompts_per_step=4",
+        "--rollout.num_samples_per_prompt=4", "--rollout.max_new_tokens=4", "--learner.micro_batch_size=16", "--eval_every=0",
+        "--data.eval_path=", "--checkpoint.every_steps=0", "--checkpoint.export_hf=false", "--logging.progress_bar=false",
+        "--logging.tensorboard=false", "--total_steps=2", "--rollout.gpu_memory_utilization=0.5"]
+
+
+def _run(tmp:Path, *extra:str) -> tuple[list[dict], dict]:
+    "Train in-process, then check the engines against the learner before closing (the public pieces of `train`)."
+    from grpo_nb.config import load_config, validate
+    from grpo_nb.trainer import Run, read_metrics, resolve_model, preflight_run
+    from grpo_nb.weight_sync import verify_weight_sync
+    cfg = validate(load_config("demo", [*BASE, f"--logging.output_dir={tmp / 'run'}", *extra]))
+    preflight_run(cfg)
+    cfg.model.name_or_path = resolve_model(cfg.model.name_or_path)
+    run = Run(cfg); run.load_data(); run.last_ckpt = None
+    try:
+        run.start(None, tempfile.mkdtemp(prefix="ray", dir="/tmp"))   # Ray's socket paths must stay short
+        test_layout = run.layout
+        run.loop()
+        where = [e for e in __import__("ray").get([h.info.remote() for h in run.actors.engines])]
+        check = verify_weight_sync(run.actors.learner.actors, run.actors.engines, atol=1e-4, checksums=False)
+    finally: run.close()
+    return [r for r in read_metrics(tmp / "run") if "reward_mean" in r], {"layout": test_layout, "check": check, "engines": where}
+
+
+def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tmp_path):
+    recs, info = _run(tmp_path, "--rollout.backend=transformers", "--rollout.sleep_level=1")
+    assert [r["step"] for r in recs] == [1, 2]
+    assert info["layout"].placement == "colocated" and info["layout"].engine_bundles == ()
+    for r in recs:
+        assert r["time/sleep"] >= 0 and r["time/wake"] >= 0 and r["time/wait_rollout"] >= 0 and r["staleness"] == 0
+    assert info["check"]["max_abs_logprob_diff"] <= 1e-4
+
+
+def test_colocated_vllm_engine_reloads_through_shared_memory(tmp_path):
+    pytest.importorskip("vllm")
+    recs, info = _run(tmp_path, "--rollout.backend=vllm", "--rollout.sleep_level=0", "--rollout.kv_cache_mib=64")
+    assert [r["step"] for r in recs] == [1, 2]
+    assert "time/sleep" not in recs[0]   # level 0: the engine keeps its memory
+    assert info["check"]["max_abs_logprob_diff"] <= 1e-4
+
+
+def test_colocated_refusals():
+    from grpo_nb.config import ConfigError, load_config, validate
+    with pytest.raises(ConfigError, match="rollout.mode=sync"):
+        validate(load_config("demo", [*BASE, "--rollout.mode=one-step-off"]))
+    with pytest.raises(ConfigError, match="num_engines=1"):
+        validate(load_config("demo", [*BASE, "--rollout.num_engines=2"]))
+    with pytest.raises(ConfigError, match="gpu_memory_utilization=0.3"):
+        validate(load_config("demo", [*BASE, "--rollout.gpu_memory_utilization=0.9", "--rollout.kv_cache_mib=0"]))
+    from grpo_nb.colocate import check_sleep_mode
+    with pytest.raises(ConfigError, match="sleep_level=0"):
+        check_sleep_mode("vllm", "cpu", 1)
