@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 VENV  := .venv
 BIN   := $(VENV)/bin
-# Environment every run here needs (see nbs/guides and FIELD_NOTES): Ray without auth tokens on loopback,
+# Environment every run here needs (see nbs/guides): Ray without auth tokens on loopback,
 # vLLM's CPU engine on loopback with a small KV cache, DeepSpeed without prebuilt ops.
 export RAY_AUTH_MODE := disabled
 export VLLM_HOST_IP := 127.0.0.1
@@ -32,12 +32,13 @@ sync-check: venv
 	tools/check_unchanged.sh $(BIN)/nbdev_clean
 	tools/check_unchanged.sh $(BIN)/python tools/render_scripts.py
 	PATH=$(abspath $(BIN)):$$PATH tools/check_unchanged.sh $(BIN)/python tools/site/render.py --readme-only
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python tools/check_outputs.py nbs/index.ipynb nbs/13_cli.ipynb
 
 nbtest: venv
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/nbdev_test --n_workers 2 --timing
 
 pytest: venv
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q --durations=20 tests
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q --durations=25 -n 2 --dist loadfile tests
 
 docs: venv
 	PATH=$(abspath $(BIN)):$$PATH bash tools/build_site.sh
@@ -45,7 +46,8 @@ docs: venv
 docs-test: docs
 	PATH=$(abspath $(BIN)):$$PATH bash tools/browser_test.sh
 
-test: venv sync-check nbtest docs-test pytest
+test: venv sync-check
+	PATH=$(abspath $(BIN)):$$PATH bash tools/ci_test.sh
 
 lock:
 	$(BIN)/uv pip compile --python-version 3.11 --find-links /opt/wheels requirements/cpu.in -o requirements/cpu.lock --no-header --quiet

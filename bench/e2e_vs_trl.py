@@ -2,6 +2,7 @@
 GRPOTrainer with its own vLLM integration, on the same GPUs, the same random-init model and the same work.
 
 Each run is one subprocess with its own time limit and writes one JSON file; `--merge` pairs them into records.
+The committed run files are in bench/results/e2e_runs/ (`--merge bench/results/e2e_runs` rebuilds e2e_vs_trl.json).
 
   ours:<layout>:<mode>:<shape>   `python -m grpo_nb.cli train default ...` (Ray, DeepSpeed learner, vLLM engine)
       layout  colocated (1 GPU: learner and engine share it, the engine sleeps while the learner steps)
@@ -124,15 +125,21 @@ def _serve_trl(model_dir:Path, port:int, tmp:Path) -> subprocess.Popen:
     code = ("from trl.scripts.vllm_serve import ScriptArguments, main; "
             f"main(ScriptArguments(model={str(model_dir)!r}, port={port}, host='127.0.0.1', gpu_memory_utilization=0.85, "
             "enable_prefix_caching=True))")
-    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=open(tmp / "trl_server.log", "w"), stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=open(tmp / "trl_server.log", "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
+    _SERVER_LOG[proc.pid] = tmp / "trl_server.log"
+    return proc
 
+
+_SERVER_LOG:dict = {}
+def _tail(p, n:int=2500) -> str: return "\n".join(l for l in Path(p).read_text().splitlines() if "Warning" not in l)[-n:] if p and Path(p).exists() else ""
 
 def _wait_health(port:int, proc, timeout:float):
     import urllib.request
     t = time.monotonic()
     while time.monotonic() - t < timeout:
-        if proc.poll() is not None: raise RuntimeError(f"the TRL vLLM server exited {proc.returncode}")
+        if proc.poll() is not None:
+            raise RuntimeError(f"the TRL vLLM server exited {proc.returncode}: " + _tail(_SERVER_LOG.get(proc.pid)))
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                 if r.status == 200: return time.monotonic() - t
@@ -204,6 +211,7 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
 
 # ---------------------------------------------------------------- one run in a subprocess
 def child(run:str, smoke:bool, out_json:Path, timeout:float):
+    t_child = time.perf_counter()
     import torch
     side, *rest = run.split(":")
     shape_name = rest[-1]
@@ -217,7 +225,7 @@ def child(run:str, smoke:bool, out_json:Path, timeout:float):
         if side == "ours":
             layout, mode = rest[0], rest[1]
             rec.update(layout=layout, mode=mode, backend="vllm", gpus=GPUS[("ours", layout)])
-            rec.update(run_ours(layout, mode, shape, model, model_dir, tmp, device, timeout))
+            rec.update(run_ours(layout, mode, shape, model, model_dir, tmp, device, timeout - (time.perf_counter() - t_child) - 10))
         else:
             rec.update(backend=rest[0], gpus=GPUS[("trl", rest[0])])
             rec.update(run_trl(rest[0], shape, model, model_dir, tmp, device))
@@ -236,7 +244,7 @@ def merge(run_dir:Path) -> dict:
     for shape in ("bench", "long", "smoke"):
         for layout, mode, trl_backend in pairs:
             o, t = runs.get(f"ours:{layout}:{mode}:{shape}"), runs.get(f"trl:{trl_backend}:{shape}")
-            if o is None and t is None: continue
+            if o is None and t is None and (shape == "smoke" or not runs): continue   # GPU shapes: list what is still unmeasured
             o, t = o or {}, t or {}
             rec = {"layout": layout, "shape": shape, "ours_mode": mode, "ours_backend": "vllm", "trl_backend": trl_backend,
                    "gpus": GPUS[("ours", layout)], "device": o.get("device") or t.get("device"), "config": o.get("config") or t.get("config"),

@@ -42,7 +42,7 @@ run() {  # run NAME SECONDS GPUS CMD...: one benchmark on the given GPUs, its lo
   echo "[$(date +%T)] end $name rc=$? after $((SECONDS - t0))s" | tee -a "$OUT/logs/session.log"
 }
 e2e() {  # e2e RUN SECONDS GPUS: one run of bench/e2e_vs_trl.py into OUT/e2e/
-  run "e2e_${1//:/_}" "$2" "$3" python3 bench/e2e_vs_trl.py --runs "$1" --out-dir "$OUT/e2e" --timeout $(( $2 - 30 ))
+  run "e2e_${1//:/_}" "$2" "$3" python3 bench/e2e_vs_trl.py --runs "$1" --out-dir "$OUT/e2e" --timeout $(( $2 - 45 ))
 }
 
 # 1 GPU each, no Ray on GPU 1 (two local Ray clusters on one host are avoided)
@@ -56,6 +56,13 @@ lane_coloc0b() {   # the colocated runs again (call 4)
   e2e ours:colocated:sync:bench 150 0
   e2e ours:colocated:sync:long 170 0
   e2e trl:vllm-colocate:long 230 0
+}
+lane_coloc_final0() {
+  e2e ours:colocated:sync:bench 250 0
+  e2e ours:colocated:sync:long 280 0
+}
+lane_rt_hf1() {
+  run rollout_throughput_hf 300 1 python3 bench/rollout_throughput.py --engines hf-static,hf-dynamic --budget-s 70 --out "$OUT/rollout_throughput_hf.json"
 }
 lane_c5a() { e2e ours:colocated:sync:bench 270 0; }
 lane_c5b() { e2e ours:colocated:sync:long 270 1; }

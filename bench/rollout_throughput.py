@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
 from e2e_vs_trl import MODEL, SMOKE_MODEL, SAFE_ENV, build_model, stats   # one model builder for both benchmarks
+from grpo_nb.rollout import throughput_table
 
 ENGINES = {"vllm-graphs": ("vllm", dict(enforce_eager=False)), "vllm-eager": ("vllm", dict(enforce_eager=True)),
            "hf-static": ("transformers", dict(cache="static")), "hf-dynamic": ("transformers", dict(cache="dynamic"))}
@@ -66,20 +67,6 @@ def child(name:str, smoke:bool, sizes:list[int], gen:int, prompt_len:int, repeat
     out.write_text(json.dumps(rec, indent=1))
 
 
-def table(path:str|Path="bench/results/rollout_throughput.json") -> str:
-    "Engine × batch size: mean time per `generate` call, tokens/s, start-up."
-    p = Path(path)
-    if not p.exists(): return f"no measurements yet ({p})"
-    d = json.loads(p.read_text())
-    rows = [f"{'engine':<12} {'start-up':>9} {'seqs':>5} {'mean s':>8} {'median s':>9} {'p90 s':>7} {'tokens/s':>9}"]
-    for r in d["records"]:
-        if r.get("error"): rows.append(f"{r['engine']:<12} failed: {r['error'][:80]}"); continue
-        for b in r["batches"]:
-            rows.append(f"{r['engine']:<12} {r['startup_s']:8.1f}s {b['sequences']:>5} {b['mean_s'] or float('nan'):8.2f} "
-                        f"{b['median_s'] or float('nan'):9.2f} {b['p90_s'] or float('nan'):7.2f} {b['tokens_per_s'] or 0:9,.0f}")
-    return "\n".join(rows)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engines", default=",".join(ENGINES), help="which engines")
@@ -107,7 +94,7 @@ def main():
         recs.append(rec)
         out.write_text(json.dumps({"records": recs}, indent=1))
         print(f"[{time.strftime('%H:%M:%S')}] {name}: start-up {rec.get('startup_s')} {[(b['sequences'], b['mean_s']) for b in rec.get('batches', [])]} {rec.get('error', '')[:200]}", flush=True)
-    print(table(out))
+    print(throughput_table(out))
 
 
 if __name__ == "__main__":

@@ -573,6 +573,23 @@ def probe_placement(groups:PlacementGroups, # the live placement groups
     return [{"role": role, **info, **r} for (role, _, info), r in zip(slots, reports)]
 
 # %% ../nbs/02_placement.ipynb 75
+def _check_colocated(lay:Layout, reports:list[dict], L:list[dict]) -> str:
+    "Colocated: learner i and engine i share one GPU of one node; no two learners share a GPU."
+    where = {}
+    for r in reports:
+        if len(r["gpu_ids"]) != 1:
+            raise PlacementError(f"{r['role']} {r['rank']} owns GPUs {r['gpu_ids']}, expected one shared GPU.", "use placed_actor_options (half a GPU each)")
+        where[(r["role"], r["rank"])] = (r["node_id"], r["gpu_ids"][0])
+    gpus = [where[("learner", s.rank)] for s in lay.learners]
+    if len(set(gpus)) != len(gpus): raise PlacementError(f"colocated learners share GPUs: {gpus}.", "one bundle per learner GPU (plan_colocated)")
+    for e in lay.engines:
+        if where[("engine", e.engine)] != where[("learner", e.engine)]:
+            raise PlacementError(f"engine {e.engine} runs on GPU {where[('engine', e.engine)]} but its learner on {where[('learner', e.engine)]}.",
+                                 "place engine i in learner i's bundle (placed_actor_options does this for colocated layouts)")
+    return next(r["ip"] for r in L if r["rank"] == 0)
+
+
+# %% ../nbs/02_placement.ipynb 76
 def check_placement(lay:Layout, # the plan
                     reports:list[dict], # `probe_placement` rows (or the same keys from real actors)
                    ) -> str:
@@ -585,6 +602,7 @@ def check_placement(lay:Layout, # the plan
     nodes = [next(iter(by_bundle[b])) for b in sorted(by_bundle)]
     if lay.learner_strategy == "STRICT_SPREAD" and len(set(nodes)) != len(nodes):
         raise PlacementError(f"learner bundles share nodes ({nodes}) although the group is STRICT_SPREAD.", "check the Ray version")
+    if lay.device == "cuda" and lay.placement == "colocated": return _check_colocated(lay, reports, L)
     if lay.device == "cuda":
         owners = {}
         for r in reports:
@@ -600,7 +618,7 @@ def check_placement(lay:Layout, # the plan
                 owners[g] = f"{r['role']} {r['rank']}"
     return next(r["ip"] for r in L if r["rank"] == 0)
 
-# %% ../nbs/02_placement.ipynb 78
+# %% ../nbs/02_placement.ipynb 79
 def reports_table(reports:list[dict]) -> str:
     "One line per placed actor: role, rank, bundle, node, IP, CUDA_VISIBLE_DEVICES, sync ranks (and GPU UUID if reported)."
     lines = [f"{'role':<8} {'rank':>4} {'bundle':>6}  {'node':<8} {'ip':<15} {'CUDA_VISIBLE_DEVICES':<20} sync ranks"]
@@ -609,7 +627,7 @@ def reports_table(reports:list[dict]) -> str:
                      f"{str(r.get('cuda_visible_devices')):<20} {r.get('sync_ranks')}" + (f"  {r['gpu_uuids']}" if r.get("gpu_uuids") else ""))
     return "\n".join(lines)
 
-# %% ../nbs/02_placement.ipynb 82
+# %% ../nbs/02_placement.ipynb 83
 def layout_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb layout --nodes N --gpus-per-node G --learners-per-node A B ... --engines E --tp TP [--json]`: the layout, or why not."
     p = argparse.ArgumentParser(prog="grpo_nb layout", description=layout_cli.__doc__)

@@ -4,7 +4,8 @@
 
 # %% ../nbs/05_rollout.ipynb 3
 from __future__ import annotations
-import itertools, os, threading, time
+import itertools, json, os, threading, time
+from pathlib import Path
 from dataclasses import dataclass, field, asdict
 from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 import torch
@@ -14,7 +15,7 @@ from .actors import submit, gather, call, wait_ready, GPU_SAFETY_ENV
 # %% auto 0
 __all__ = ['ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask', 'HFEngine', 'VllmEngine', 'engine_env',
            'RolloutEngine', 'register_engine', 'check_backend', 'create_engines', 'shutdown_engines', 'split_evenly',
-           'generate_batched']
+           'generate_batched', 'throughput_table']
 
 # %% ../nbs/05_rollout.ipynb 6
 @dataclass
@@ -509,3 +510,19 @@ def generate_batched(engines:Sequence, # engine objects or actor handles
     "Generate over all engines at once and gather the samples back in prompt order."
     calls = [submit(e, "generate", list(prompts[a:b]), spec, a) for e, (a, b) in zip(engines, split_evenly(len(prompts), len(engines))) if b > a]
     return [s for part in gather(calls, timeout_s) for s in part]
+
+# %% ../nbs/05_rollout.ipynb 55
+def throughput_table(path:str|Path="bench/results/rollout_throughput.json", # written by bench/rollout_throughput.py
+                    ) -> str:
+    "Engine × batch size: seconds per `generate` call (mean / median / p90), tokens per second, start-up."
+    p = Path(path)
+    if not p.exists(): return f"no measurements yet ({p})"
+    rows = ["| engine | device | start-up s | sequences | s/call mean / median / p90 | generated tokens/s |", "|---|---|---|---|---|---|"]
+    for r in json.loads(p.read_text())["records"]:
+        if r.get("error") and not r.get("batches"): rows.append(f"| {r['engine']} | | | | not measured: {r['error'][:60]} | |"); continue
+        for b in r["batches"]:
+            if not b.get("mean_s"): continue
+            rows.append(f"| {r['engine']} | {r['device']} | {r['startup_s']:.1f} | {b['sequences']} | "
+                        f"{b['mean_s']:.2f} / {b['median_s']:.2f} / {b['p90_s']:.2f} | {b['tokens_per_s']:,.0f} |")
+    return "\n".join(rows)
+

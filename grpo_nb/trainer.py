@@ -15,7 +15,7 @@ from .config import ConfigError, TrainConfig, derive, load_config, to_dict, to_y
 __all__ = ['load_rows', 'encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'MetricsLog', 'read_metrics',
            'StopFlag', 'write_latest', 'read_latest', 'preflight_run', 'resolve_model', 'start_ray', 'Actors',
            'start_actors', 'stop_actors', 'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'train',
-           'train_cli', 'plot_curve', 'demo_verdict', 'demo_cli', 'demo_report', 'e2e_table']
+           'train_cli', 'plot_curve', 'demo_verdict', 'demo_cli', 'demo_report', 'e2e_table', 'e2e_split_table']
 
 # %% ../nbs/08_trainer.ipynb 6
 def load_rows(path:str, # jsonl/parquet file, or `builtin:<name>` (see `grpo_nb.tiny.BUILTIN_DATASETS`)
@@ -760,22 +760,44 @@ def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_
             f"Learned: **{d['learned']}**.\n\n| step | held-out reward |\n|---|---|\n{rows}")
 
 # %% ../nbs/08_trainer.ipynb 70
-def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py
+def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
+              layout:str|None=None, # only this layout ("colocated" | "split"); None: all
              ) -> str:
-    "The end-to-end comparison as a markdown table (or a note that it has not been run yet)."
+    "The end-to-end comparison as a markdown table: seconds per step (mean / median / p90), speed-up by mean, target."
     p = Path(path)
-    if not p.exists(): return "_No GPU results yet: run `python bench/e2e_vs_trl.py --part A` on one GPU and `--part B` on two._"
-    recs = [r for r in json.loads(p.read_text())["records"] if not r.get("smoke")]
-    f = lambda x: f"{x:.2f}" if isinstance(x, (int, float)) else "–"
-    lines = ["| part | device | ours s/step | TRL s/step | speed-up | ours: gen / reward / learner / sync s | note |", "|---|---|---|---|---|---|---|"]
-    for r in recs:
-        if r["part"] == "A":
-            sp = r.get("ours_split_s", {})
-            lines.append(f"| A: 1 GPU, colocated | {r.get('device')} | {f(r.get('ours_step_s'))} | {f(r.get('trl_step_s'))} | "
-                         f"{f(r.get('speedup'))}× | {' / '.join(f(sp.get(k)) for k in ('gen', 'reward', 'learner', 'sync'))} | "
-                         f"{(r.get('ours_error') or r.get('trl_error') or '')[:80]} |")
-        else:
-            sp = r.get("ours_2gpu_split_s", {})
-            lines.append(f"| B: 2 GPUs, async | {r.get('device')} ×{r.get('gpus')} | {f(r.get('ours_2gpu_step_s'))} | | | "
-                         f"{' / '.join(f(sp.get(k)) for k in ('generation', 'reward', 'learner', 'sync'))} | {(r.get('ours_2gpu_error') or '')[:80]} |")
+    if not p.exists(): return "_No GPU results yet: see `bench/e2e_vs_trl.py`._"
+    f = lambda x: f"{x:.2f}" if isinstance(x, (int, float)) else ""
+    st = lambda r, s: " / ".join(f(r.get(k)) for k in (f"{s}_step_mean_s", f"{s}_step_s", f"{s}_step_p90_s")) if r.get(f"{s}_step_mean_s") else ""
+    lines = ["| layout | shape | ours | TRL | GPUs | ours s/step mean / median / p90 | TRL s/step mean / median / p90 | speed-up (mean) | target | note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in json.loads(p.read_text())["records"]:
+        if layout is not None and r["layout"] != layout: continue
+        err = (r.get("ours_error") or r.get("trl_error") or "").splitlines()
+        note = ("ours: " if r.get("ours_error") else "TRL: ") + err[0][:70] if err else ""
+        sp = r.get("speedup_mean")
+        lines.append(f"| {r['layout']} | {r['shape']} | {r['ours_mode']} | {r['trl_backend']} | {r['gpus']} | {st(r, 'ours')} | {st(r, 'trl')} | "
+                     f"{f(sp) + '×' if sp else ''} | ≥{r['target_speedup']:g}× {'met' if r.get('target_met') else ('missed' if sp else '')} | {note} |")
     return "\n".join(lines)
+
+
+# %% ../nbs/08_trainer.ipynb 73
+def e2e_split_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
+                   ) -> str:
+    "Per-phase mean seconds of each measured run, ours next to TRL's."
+    p = Path(path)
+    if not p.exists(): return ""
+    runs, lines = {}, ["| run | step | generation | wait for rollout | learner | sync | sleep + wake | reward | rest |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in json.loads(p.read_text())["records"]:
+        for side, name in (("ours", f"ours {r['layout']} {r['ours_mode']}"), ("trl", f"TRL {r['trl_backend']}")):
+            if r.get(f"{side}_split_s") and r.get(f"{side}_step_mean_s"): runs[f"{name}, {r['shape']}"] = (r[f"{side}_step_mean_s"], r[f"{side}_split_s"])
+    f = lambda x: f"{x:.2f}" if x else ""
+    for name, (step, s) in runs.items():
+        if name.startswith("TRL"):
+            gen, learn, sync = s.get("generation"), s.get("learner_and_rest"), s.get("sync")
+            lines.append(f"| {name} | {f(step)} | {f(gen)} | | {f(learn)} | {f(sync)} | | | |")
+        else:
+            parts = [s.get(k, 0.0) for k in ("generation", "wait_rollout", "learner", "sync", "sleep", "wake", "reward")]
+            rest = step - sum(parts)
+            lines.append(f"| {name} | {f(step)} | {f(parts[0])} | {f(parts[1])} | {f(parts[2])} | {f(parts[3])} | {f(parts[4] + parts[5])} | {f(parts[6])} | {f(rest)} |")
+    return "\n".join(lines)
+

@@ -197,6 +197,11 @@ def test_placement_on_a_real_three_node_cluster(ray_tmp):
     assert "4 learner bundles need 4 nodes" in r["precheck"]["error"] and r["precheck"]["seconds"] < 5
     # per-GPU bundles in a PACK group do not honour "two learners a node": the reason for one bundle per learner node
     assert sorted(r["pack_per_gpu_bundles"]) != [2, 2, 2], r["pack_per_gpu_bundles"]
+    # colocated: learner i and engine i on one GPU of one node, the learners on different GPUs
+    c = r["colocated"]
+    assert "error" not in c, c
+    at = {(x["role"], x["rank"]): (x["node_id"], tuple(x["gpu_ids"])) for x in c["reports"]}
+    assert at[("learner", 0)] == at[("engine", 0)] and at[("learner", 1)] == at[("engine", 1)] and at[("learner", 0)] != at[("learner", 1)]
     # a CPU layout (CI, make demo) places actors with CPUs only
     assert all(x["gpu_ids"] == [] for x in r["cpu"]["reports"]) and len(r["cpu"]["reports"]) == 2
     # and with num_gpus=0 Ray leaves CUDA_VISIBLE_DEVICES as it was (all GPUs visible on a GPU node): never 0 GPUs in a GPU bundle
@@ -288,6 +293,15 @@ def scenario_cluster(out:Path):
         four = P.plan_layout(4, 4, [1, 1, 1, 1], 0, cpus_per_learner=0.25)
         _step(res, "precheck", out, lambda: _expect_error(lambda: P.create_placement_groups(four, timeout_s=30)))
         _step(res, "infeasible", out, lambda: _expect_error(lambda: P.create_placement_groups(four, timeout_s=60, check=False)))
+
+        def colocated():   # engine i in learner i's bundle, half a GPU each: Ray must give both the same GPU
+            lay = P.plan_colocated(3, 4, [2], 2, cpus_per_learner=0.25, cpus_per_engine_worker=0.25)
+            g = P.create_placement_groups(lay, timeout_s=30)
+            try:
+                reps = P.probe_placement(g)
+                return {"reports": reps, "master": P.check_placement(lay, reps)}
+            finally: g.remove()
+        _step(res, "colocated", out, colocated)
 
         def cpu():
             lay = P.plan_layout(1, 0, [1], 1, device="cpu", cpus_per_learner=0.25, cpus_per_engine_worker=0.25)
