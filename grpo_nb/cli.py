@@ -5,9 +5,10 @@
 # %% ../nbs/13_cli.ipynb 3
 from __future__ import annotations
 import importlib, sys
+from .stop import catch_early
 
 # %% auto 0
-__all__ = ['COMMANDS', 'main', 'console']
+__all__ = ['COMMANDS', 'STOPPABLE', 'main', 'console']
 
 # %% ../nbs/13_cli.ipynb 5
 COMMANDS:dict[str, tuple[str, str]] = {
@@ -21,6 +22,9 @@ COMMANDS:dict[str, tuple[str, str]] = {
     "code-server": ("grpo_nb.rewards:serve_cli",   "run the sandboxed code-execution service that code rewards call"),
 }
 "Subcommand -> (`module:function`, one-line help). The function takes argv and returns an exit code; `a|b` tries `a` first."
+
+STOPPABLE = ("train", "demo")
+"Subcommands that checkpoint and exit 0 on SIGUSR1/SIGTERM, from their first line on (`grpo_nb.stop`)."
 
 # %% ../nbs/13_cli.ipynb 6
 def _usage() -> str:
@@ -50,6 +54,7 @@ def main(argv:list[str]|None=None) -> int:
     if argv[0] in ("-V", "--version"):
         from grpo_nb import __version__; print(__version__); return 0
     name, rest = argv[0], argv[1:]
+    if name in STOPPABLE: catch_early()   # before the heavy imports: a SIGUSR1/SIGTERM now means "stop cleanly", not death
     if name not in COMMANDS:
         import difflib
         close = difflib.get_close_matches(name, COMMANDS, n=1)

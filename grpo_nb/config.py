@@ -62,7 +62,6 @@ class RolloutConfig:
     seed:int=0 # sampling seed (engine i uses seed + i)
     enforce_eager:bool=False # disable CUDA graphs (required on CPU)
     mode:Literal["sync","one-step-off"]="sync" # generate then train, or generate step t+1 while the learner trains on step t
-    max_staleness:int=1 # one-step-off: how many policy versions a batch may lag
     kv_cache_mib:int=0 # vLLM KV-cache size in MiB (0: from gpu_memory_utilization); set it on CPU, where the fraction is of free system memory
     placement:Literal["split","colocated"]="split" # engines on GPUs of their own, or engine i on learner i's GPU, asleep while the learner steps
     hf_cache:Literal["dynamic","static"]="dynamic" # transformers backend: KV cache grown per token, or allocated once per generation (faster on GPU)
@@ -365,7 +364,6 @@ def validate(cfg:TrainConfig) -> TrainConfig:
     _check(0 < R.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
            f"must be in (0, 1] (got {R.gpu_memory_utilization}).", "--rollout.gpu_memory_utilization=0.9")
     if R.placement == "colocated": _check_colocated(cfg)
-    _check(R.max_staleness >= 1, "rollout.max_staleness", f"must be at least 1 (got {R.max_staleness}).", "--rollout.max_staleness=1")
     _check(C.gpu_mem_gib > 0, "cluster.gpu_mem_gib", f"must be > 0 (got {C.gpu_mem_gib}).", "--cluster.gpu_mem_gib=80")
     _check(len(C.learners_per_node) >= 1 and all(n >= 1 for n in C.learners_per_node), "cluster.learners_per_node",
            f"needs one positive count per learner node (got {C.learners_per_node}).", "--cluster.learners_per_node=[1]")

@@ -529,7 +529,7 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan) -> dic
     lm, tok, policy, opt = _build(cfg, env)
     train_rows = load_rows(cfg.data.train_path)
     eval_rows = load_rows(cfg.data.eval_path)[:cfg.data.eval_limit or None] if (cfg.eval_every and cfg.data.eval_path and env.rank == 0) else []
-    ctx = RewardContext.from_config(cfg.reward, max_workers=cfg.reward.code_workers)
+    ctx = RewardContext.from_config(cfg.reward)
     state = {"position": 0, "opt_steps": 0, "seed": cfg.seed}
     ck = find_resume(cfg.checkpoint.resume, ckpt_root, env.rank, env.world_size)
     step = 0

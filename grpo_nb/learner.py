@@ -20,14 +20,14 @@ from .actors import submit, gather, call, GPU_SAFETY_ENV
 from .weight_sync import WeightSyncSource, make_plan, full_numel
 
 # %% auto 0
-__all__ = ['logger', 'MANIFEST', 'TrainBatch', 'check_batch', 'pack_sequences', 'MicroBatch', 'make_micro_batch', 'LogProbHead',
-           'use_logprob_head', 'PolicyLogProbs', 'per_sequence_sdpa', 'varlen_attention', 'check_varlen',
-           'pick_attention', 'attention_kernel', 'step_counts', 'micro_batch_loss', 'ds_config', 'lr_factor',
-           'seed_everything', 'rng_state', 'set_rng_state', 'tree_digest', 'CheckpointError', 'checkpoint_name',
-           'file_digest', 'checkpoint_files', 'commit_checkpoint', 'verify_checkpoint', 'list_checkpoints',
-           'latest_checkpoint', 'prune_checkpoints', 'LearnerSpec', 'model_source', 'build_policy', 'LearnerWorker',
-           'compile_layers', 'train_flops', 'shard_batch', 'combine_metrics', 'LearnerGroup', 'each',
-           'create_learner_group', 'mfu_records', 'mfu_table']
+__all__ = ['logger', 'MANIFEST', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch', 'pack_sequences', 'MicroBatch',
+           'make_micro_batch', 'LogProbHead', 'use_logprob_head', 'PolicyLogProbs', 'per_sequence_sdpa',
+           'varlen_attention', 'check_varlen', 'pick_attention', 'attention_kernel', 'step_counts', 'micro_batch_loss',
+           'ds_config', 'lr_factor', 'seed_everything', 'rng_state', 'set_rng_state', 'tree_digest', 'CheckpointError',
+           'checkpoint_name', 'file_digest', 'checkpoint_files', 'commit_checkpoint', 'verify_checkpoint',
+           'list_checkpoints', 'latest_checkpoint', 'prune_checkpoints', 'LearnerSpec', 'model_source', 'build_policy',
+           'LearnerWorker', 'compile_layers', 'train_flops', 'shard_batch', 'peak_flops_for', 'combine_metrics',
+           'LearnerGroup', 'each', 'create_learner_group', 'mfu_records', 'mfu_table']
 
 # %% ../nbs/07_learner.ipynb 7
 logger = logging.getLogger("grpo_nb.learner")
@@ -518,7 +518,7 @@ class LearnerSpec:
     total_optimizer_steps:int=0 # for linear/cosine learning-rate decay
     seed:int=0 # rank r seeds its generators with seed + r (and random-init models with `seed`)
     with_entropy:bool=True # compute per-token entropy (a metric; needed when entropy_coef > 0)
-    peak_flops:float|None=None # per-GPU peak for MFU (989e12 for H100/H200 dense bf16); None: no MFU
+    peak_flops:float|None=None # per-GPU peak for MFU; None: each rank looks its GPU up (`peak_flops_for`), no MFU for unknown GPUs
     ds_overrides:dict=field(default_factory=dict) # merged into the DeepSpeed config
     timeout_s:float=1800 # collective timeout
 
@@ -790,6 +790,7 @@ def train_step(self:LearnerWorker,
     acc.update(time_s=time.perf_counter() - t0, lr=float(self.engine.get_lr()[0]), step=self.step,
                flops=self._flops(acc.pop("seq_lens"), acc.pop("scored")),
                peak_bytes=torch.cuda.max_memory_allocated() if self.spec.device == "cuda" else 0,
+               peak_flops=peak_flops_for(torch.cuda.get_device_name()) if self.spec.device == "cuda" else None,
                train_tokens=sum(len(s) for s in batch.input_ids) * L.epochs_per_batch)
     return acc
 
@@ -910,6 +911,19 @@ def shard_batch(lengths:Sequence[int], # tokens of each sequence
     return [sorted(o) for o in out]
 
 # %% ../nbs/07_learner.ipynb 84
+PEAK_BF16_TFLOPS:dict[str, float] = {"GH200": 989.4, "H200": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
+                                     "A100": 312.0, "L40S": 362.1, "V100": 125.0}
+"Dense (no sparsity) bf16 tensor-core peak per GPU, by a substring of `torch.cuda.get_device_name()`, most specific first (V100: fp16)."
+
+def peak_flops_for(device_name:str|None, # e.g. "NVIDIA H100 80GB HBM3"
+                  ) -> float|None: # FLOP/s, or None for a GPU not in the table (then no MFU rather than a wrong one)
+    "The MFU denominator of one GPU, looked up by its name."
+    for key, tf in PEAK_BF16_TFLOPS.items():
+        if device_name and key in device_name: return tf * 1e12
+    return None
+
+
+# %% ../nbs/07_learner.ipynb 86
 def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
                     peak_flops:float|None=None, # per-GPU peak FLOP/s for MFU
                    ) -> dict:
@@ -927,10 +941,11 @@ def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
     for k in _MEAN_KEYS:
         if f"{k}_sum" in r0: out[k] = sum(p.get(f"{k}_sum", 0.0) for p in parts) / max(tok, 1)
     out["tokens_per_s"] = out["train_tokens"] / out["time_s"] if out["time_s"] else 0.0
+    peak_flops = peak_flops or r0.get("peak_flops")   # the ranks look their GPU up by name (`peak_flops_for`)
     if peak_flops: out["mfu"] = out["flops"] / out["time_s"] / (peak_flops * W)
     return out
 
-# %% ../nbs/07_learner.ipynb 85
+# %% ../nbs/07_learner.ipynb 87
 _PASS_ENV = ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "TORCH_EXTENSIONS_DIR", "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "DS_BUILD_OPS",
              "TORCH_CUDA_ARCH_LIST", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "GRPO_NB_CACHE")
 
@@ -950,7 +965,7 @@ class LearnerGroup:
         return (f"LearnerGroup({self.world_size} × {i['device']}, ZeRO-{i['zero_stage']}, {i['dtype']}, {i['params'] / 1e6:.2f}M params, "
                 f"attention {i['attention']}, step {self.step_count})")
 
-# %% ../nbs/07_learner.ipynb 87
+# %% ../nbs/07_learner.ipynb 89
 def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
          method:str, # the method to call on every rank
          *args, # the same arguments for every rank ...
@@ -962,7 +977,7 @@ def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
     if len(actors) == 1 and isinstance(actors[0], LearnerWorker): return [getattr(actors[0], method)(*argv[0])]
     return gather([submit(a, method, *av) for a, av in zip(actors, argv)], timeout_s)
 
-# %% ../nbs/07_learner.ipynb 88
+# %% ../nbs/07_learner.ipynb 90
 def create_learner_group(spec:LearnerSpec, # what every rank builds
                          world_size:int, # learner ranks W
                          groups=None, # `grpo_nb.placement.PlacementGroups`: actors go into the learner bundles
@@ -999,7 +1014,7 @@ def create_learner_group(spec:LearnerSpec, # what every rank builds
         raise
     return LearnerGroup(actors, spec, info)
 
-# %% ../nbs/07_learner.ipynb 89
+# %% ../nbs/07_learner.ipynb 91
 @patch
 def minibatches(self:LearnerGroup, n:int) -> int:
     "Optimizer steps per epoch for a step of `n` sequences: n / (micro_batch_size × gradient_accumulation_steps × W)."
@@ -1019,7 +1034,7 @@ def step(self:LearnerGroup,
     self.step_count += 1
     return combine_metrics(parts, self.spec.peak_flops)
 
-# %% ../nbs/07_learner.ipynb 90
+# %% ../nbs/07_learner.ipynb 92
 @patch
 def save(self:LearnerGroup,
          ckpt_dir:str|Path, # the run's checkpoint directory
@@ -1088,7 +1103,7 @@ def shutdown(self:LearnerGroup,
         for a in self.actors: ray.kill(a, no_restart=True)
     self.actors = []
 
-# %% ../nbs/07_learner.ipynb 99
+# %% ../nbs/07_learner.ipynb 101
 @patch(cls_method=True)
 def from_config(cls:LearnerGroup,
                 cfg, # a `grpo_nb.config.TrainConfig`
@@ -1105,10 +1120,10 @@ def from_config(cls:LearnerGroup,
                        attn_implementation=cfg.model.attn_implementation, gradient_checkpointing=cfg.model.gradient_checkpointing,
                        temperature=cfg.rollout.temperature, norm_len=cfg.rollout.max_new_tokens,
                        total_optimizer_steps=cfg.total_steps * max(1, d.optimizer_steps_per_step), seed=cfg.learner.seed,
-                       peak_flops=989e12 if device == "cuda" else None)
+                       peak_flops=None)   # each rank looks its GPU up by name: an unknown GPU gets no MFU, not a wrong one
     return create_learner_group(spec, d.learner_world_size, groups, **kwargs)
 
-# %% ../nbs/07_learner.ipynb 102
+# %% ../nbs/07_learner.ipynb 104
 def mfu_records(path:str|Path="bench/results/learner_mfu.json", # written by bench/learner_mfu.py
                ) -> list[dict]: # its records ([] when the file is not there yet)
     "The learner benchmark's records."

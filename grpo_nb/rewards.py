@@ -14,12 +14,12 @@ from . import sandbox
 from .sandbox import Limits, SandboxError, isolation_status, resolve_isolation
 
 # %% auto 0
-__all__ = ['MV_WORKER', 'RewardFn', 'REWARDS', 'extract_boxed', 'extract_hash', 'extract_last_number', 'extract_answer',
-           'normalize_answer', 'parse_number', 'VerifyPool', 'default_verify_pool', 'reference_answer', 'math_equal',
-           'math_reward', 'arith_reward', 'format_boxed_reward', 'format_think_reward', 'extract_code', 'register',
-           'check_functions', 'RewardContext', 'math_rewards', 'arith_rewards', 'format_boxed_rewards',
-           'format_think_rewards', 'code_rewards', 'code_all_rewards', 'RewardBatch', 'compute_rewards', 'make_app',
-           'serve_cli', 'main', 'CodeClient', 'start_code_service']
+__all__ = ['MV_WORKER', 'RewardFn', 'REWARDS', 'run_tests', 'extract_boxed', 'extract_hash', 'extract_last_number',
+           'extract_answer', 'normalize_answer', 'parse_number', 'VerifyPool', 'default_verify_pool',
+           'reference_answer', 'math_equal', 'math_reward', 'arith_reward', 'format_boxed_reward',
+           'format_think_reward', 'extract_code', 'register', 'check_functions', 'RewardContext', 'math_rewards',
+           'arith_rewards', 'format_boxed_rewards', 'format_think_rewards', 'code_rewards', 'code_all_rewards',
+           'RewardBatch', 'compute_rewards', 'make_app', 'serve_cli', 'main', 'CodeClient', 'start_code_service']
 
 # %% ../nbs/04_rewards.ipynb 6
 def extract_boxed(text:str, # a completion or a worked solution
@@ -302,9 +302,11 @@ class RewardContext:
 
     @classmethod
     def from_config(cls, reward_cfg, **kw) -> "RewardContext":
-        "From a `RewardConfig` (the `reward` section of a `TrainConfig`)."
-        return cls(code_service_url=reward_cfg.code_service_url, code_timeout_s=reward_cfg.code_timeout_s,
-                   allow_unisolated=reward_cfg.allow_unisolated, **kw)
+        "From a `RewardConfig` (the `reward` section of a `TrainConfig`): every field of it, so no trainer drops one; `kw` overrides."
+        R = reward_cfg
+        base = dict(code_service_url=R.code_service_url, code_timeout_s=R.code_timeout_s, allow_unisolated=R.allow_unisolated,
+                    max_workers=R.code_workers, math_timeout_s=R.math_timeout_s, limits=Limits(memory_mb=R.code_memory_mb, nproc=R.code_nproc))
+        return cls(**{**base, **kw})
 
     def map(self, fn:Callable, *seqs) -> list:
         "`fn` over zipped `seqs` on `max_workers` threads, results in order."
@@ -603,6 +605,8 @@ def run_tests(self:CodeClient, program:str, # the untrusted source code
              ) -> dict:
     "`run_tests` through the service."
     return self.run_batch([{"program": program, "tests": tests, "setup": setup, "timeout_s": timeout_s or self.timeout_s}])[0]
+
+run_tests = sandbox.run_tests   # `@patch` rebinds the module-level name to None: keep `grpo_nb.rewards.run_tests` the in-process runner
 
 # %% ../nbs/04_rewards.ipynb 53
 def start_code_service(workers:int=2, # sandboxes running at once

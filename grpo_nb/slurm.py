@@ -188,10 +188,15 @@ latest_step() {  # step of the newest complete checkpoint: the last number in $C
   local s; s=$(grep -o '[0-9][0-9]*' "$CKPT_DIR/latest" 2>/dev/null | tail -n 1)
   if [ -n "$s" ]; then echo $((10#$s)); else echo -1; fi
 }
+forward_stop() {  # signal the trainer once it can take it: it touches $GRPO_NB_READY_FILE after installing its handlers
+  local i=0   # (a signal in its first milliseconds, before Python runs, would kill it with status 138)
+  while [ ! -e "${GRPO_NB_READY_FILE:-/nonexistent}" ] && kill -0 "$TRAIN_PID" 2>/dev/null && [ "$i" -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+  kill -USR1 "$TRAIN_PID" 2>/dev/null || true
+}
 on_stop() {  # the trap: SIGUSR1 (walltime near) or SIGTERM (scancel, walltime): checkpoint and stop
   STOP_REQUESTED=1
   log "got SIG$1: asking the trainer${TRAIN_PID:+ (pid $TRAIN_PID)} to checkpoint and exit"
-  if [ -n "$TRAIN_PID" ]; then kill -USR1 "$TRAIN_PID" 2>/dev/null; fi
+  if [ -n "$TRAIN_PID" ]; then forward_stop; fi
   return 0
 }'''
 
@@ -329,9 +334,10 @@ if [ "$STOP_REQUESTED" = 1 ]; then
   log "the walltime signal came before training started: not starting the trainer"
 else
   log "training from step $START_STEP: $TRAIN_CMD $CONFIG ${OVERRIDES[*]} ${EXTRA[*]} --resume auto"
+  export GRPO_NB_READY_FILE="${TMPDIR:-/tmp}/grpo_nb_ready.$SLURM_JOB_ID.$$"; rm -f "$GRPO_NB_READY_FILE"
   $TRAIN_CMD "$CONFIG" "${OVERRIDES[@]}" "${EXTRA[@]}" --resume auto &
   TRAIN_PID=$!
-  if [ "$STOP_REQUESTED" = 1 ]; then kill -USR1 "$TRAIN_PID"; fi   # the signal came while it started
+  if [ "$STOP_REQUESTED" = 1 ]; then forward_stop; fi   # the signal came while it started
   wait "$TRAIN_PID"
   while kill -0 "$TRAIN_PID" 2>/dev/null; do wait "$TRAIN_PID"; done   # a trap ends `wait` early: wait again
   wait "$TRAIN_PID"; TRAIN_RC=$?                                         # the trainer's own exit status
@@ -632,7 +638,7 @@ def sbatch_cli(argv:list[str]|None=None) -> int:
     setup.write_text(render_node_setup(spec)); setup.chmod(0o755)
     Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
     print(f"wrote {out} and {setup} ({spec.nodes} node(s) x {spec.gpus_per_node} GPU(s), --time={spec.time}, "
-          f"chain of at most {spec.max_job_chains} jobs)\ncheck:  grpo_nb preflight {a.config} {' '.join(overrides)}\nsubmit: sbatch {out}")
+          f"chain of at most {spec.max_job_chains} jobs)\ncheck:  grpo_nb preflight {a.config} --log-dir {spec.log_dir} {' '.join(overrides)}\nsubmit: sbatch {out}")
     return 0
 
 # %% ../nbs/09_slurm.ipynb 87
@@ -648,10 +654,8 @@ def check_model(name_or_path:str, hf_home:str|None=None) -> Check:
         unreadable = [w.name for w in weights if not os.access(w, os.R_OK)]
         if unreadable: return "FAIL", f"cannot read {unreadable[:3]} in {p}: fix the permissions"
         return "PASS", f"{p}: config.json and {len(weights)} weight file(s), {sum(w.stat().st_size for w in weights) / 2**30:.2f} GiB"
-    try:
-        import grpo_nb.tiny as tiny
-        if name_or_path in getattr(tiny, "TINY_MODELS", {}): return "PASS", f"built-in model {name_or_path!r} (grpo_nb.tiny)"
-    except ImportError: pass
+    from grpo_nb.tiny import builtin_model
+    if builtin_model(name_or_path): return "PASS", f"built-in model {name_or_path!r} (grpo_nb.tiny)"
     if name_or_path == TrainConfig().model.name_or_path: return "PASS", f"built-in model {name_or_path!r}"
     if "/" in name_or_path and not name_or_path.startswith(("/", ".")):
         hub = Path(hf_home or os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "hub" / ("models--" + name_or_path.replace("/", "--"))
@@ -713,24 +717,21 @@ def _run_cli(module:str, func:str, argv:list[str]) -> tuple[int|None, str, str]:
     return int(rc or 0), out.getvalue(), err.getvalue()
 
 def check_memory(cfg:TrainConfig) -> Check:
-    "Whether the memory plan of `cfg` fits the GPUs (`grpo_nb plan --json`)."
+    "Whether the memory plan of `cfg` fits the GPUs: the planner's own `plan_config` (colocated: `colocated_plan`)."
+    from grpo_nb.memory import plan_config, GiB
+    from grpo_nb.tiny import builtin_model
     if cfg.cluster.device == "cpu": return "SKIP", "cluster.device is cpu"
-    if check_model(cfg.model.name_or_path)[1].startswith("built-in"): return "SKIP", "a tiny built-in model fits anywhere"
-    L, R, d = cfg.learner, cfg.rollout, derive(cfg)
-    seq = L.pack_length or cfg.data.max_prompt_tokens + R.max_new_tokens
-    argv = ["--model", cfg.model.name_or_path, "--learner-gpus", str(d.learner_world_size), "--zero", str(L.zero_stage),
-            "--offload", L.offload, "--micro-batch", str(L.micro_batch_size), "--seq-len", str(seq),
-            "--grad-ckpt" if cfg.model.gradient_checkpointing else "--no-grad-ckpt", "--engine-tp", str(R.tensor_parallel_size),
-            "--gpu-memory-utilization", str(R.gpu_memory_utilization), "--gpu-mem-gib", str(cfg.cluster.gpu_mem_gib), "--json"]
-    rc, out, err = _run_cli("grpo_nb.memory", "plan_cli", argv)
-    if rc is None: return "SKIP", f"{err}; check memory by hand (grpo_nb plan)"
-    try: plan = json.loads(out)
-    except ValueError: return "WARN", f"grpo_nb plan gave no JSON (exit {rc}): {(err or out).strip()[:200]}"
-    peak = plan.get("learner", {}).get("peak_bytes")
-    detail = f"learner peak {peak / 2**30:.1f} GiB of {cfg.cluster.gpu_mem_gib:g} GiB" if peak else "plan computed"
-    if plan.get("fits"): return "PASS", detail
-    advice = plan.get("advice") or "see grpo_nb plan"
-    return "FAIL", f"{detail}; fixes: {'; '.join(advice) if isinstance(advice, list) else advice}"
+    if builtin_model(cfg.model.name_or_path): return "SKIP", "a tiny built-in model fits anywhere"
+    try: plan = plan_config(cfg)
+    except ValueError as e: return "WARN", f"no memory plan: {e}"
+    if cfg.rollout.placement == "colocated":
+        from grpo_nb.colocate import colocated_plan
+        cm = colocated_plan(cfg)
+        detail = f"learner + engine on one GPU: peak {cm.peak_bytes / GiB:.1f} GiB ({cm.phase} phase) of {cfg.cluster.gpu_mem_gib:g} GiB"
+        return ("PASS", detail) if cm.fits else ("FAIL", f"{detail}; lower rollout.gpu_memory_utilization, or place engines apart (rollout.placement=split)")
+    detail = f"learner peak {plan.learner.peak_bytes / GiB:.1f} GiB of {cfg.cluster.gpu_mem_gib:g} GiB"
+    if plan.fits: return "PASS", detail
+    return "FAIL", f"{detail}; fixes: {'; '.join(plan.advice) or 'see grpo_nb plan'}"
 
 def check_layout(cfg:TrainConfig) -> Check:
     "Whether learners and engines of `cfg` fit the nodes (`grpo_nb layout --json`)."

@@ -13,8 +13,9 @@ from typing import Any, Callable, Literal, Optional
 # %% auto 0
 __all__ = ['SPECIAL_TOKENS', 'ALPHABET', 'CHAT_TEMPLATE', 'TINY_MODELS', 'TINY_FORMAT', 'Op', 'BUILTIN_DATASETS',
            'build_tokenizer', 'TinySpec', 'tiny_config', 'build_tiny_model', 'default_cache_dir', 'tiny_model_dir',
-           'arithmetic_split', 'make_arithmetic', 'load_builtin', 'greedy_accuracy', 'warm_start', 'spawn_call',
-           'vllm_generate', 'grpo_loss_stub', 'pack_rows', 'free_port', 'zero3_step', 'demo_fallback_cli']
+           'builtin_model', 'resolve_model', 'arithmetic_split', 'make_arithmetic', 'load_builtin', 'greedy_accuracy',
+           'warm_start', 'spawn_call', 'vllm_generate', 'grpo_loss_stub', 'pack_rows', 'free_port', 'zero3_step',
+           'demo_fallback_cli']
 
 # %% ../nbs/14_tiny.ipynb 7
 SPECIAL_TOKENS:dict[str, str] = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "unk": "<unk>"}
@@ -164,6 +165,25 @@ def tiny_model_dir(name:str="tiny-arith", # a key of `TINY_MODELS`
     return final
 
 # %% ../nbs/14_tiny.ipynb 26
+def builtin_model(name:str, # `model.name_or_path`
+                 ) -> tuple[str, int]|None: # (tiny model, warm-start steps), or None for anything else
+    "`('tiny-arith', 100)` for `tiny-arith@100`, `('tiny-arith', 0)` for `tiny-arith`; None when `name` is not a built-in model."
+    base, at, warm = str(name).partition("@")
+    if base in TINY_MODELS and (not at or warm.isdigit()): return base, int(warm or 0)
+    return None
+
+def resolve_model(name:str, # `model.name_or_path`: a HF directory, `tiny-arith`, or `tiny-arith@<warm steps>`
+                 ) -> str:
+    "A local model directory for `name`, building (and caching) a built-in tiny model when asked for one."
+    if Path(name).expanduser().is_dir(): return str(Path(name).expanduser())
+    b = builtin_model(name)
+    if b is not None: return str(tiny_model_dir(b[0], warm_steps=b[1]))
+    from grpo_nb.config import ConfigError
+    raise ConfigError("model.name_or_path", f"{name!r} is neither a local directory nor a built-in tiny model ({sorted(TINY_MODELS)}, optionally @<warm steps>).",
+                      "--model.name_or_path=<local HF directory> (compute nodes usually have no hub access: download first)")
+
+
+# %% ../nbs/14_tiny.ipynb 29
 Op = Literal["+", "-", "*"]
 
 def arithmetic_split(a:int, # left operand
@@ -192,7 +212,7 @@ def make_arithmetic(n:int|None=None, # problems to return (None: every pair of t
         pool = out[:n]
     return [{"prompt": f"{a}{o}{b}=", "answer": str(fns[o](a, b))} for a, o, b in pool]
 
-# %% ../nbs/14_tiny.ipynb 29
+# %% ../nbs/14_tiny.ipynb 32
 BUILTIN_DATASETS:dict[str, dict] = {
     "arithmetic":      dict(split="train", max_operand=19, ops=("+",)),
     "arithmetic-eval": dict(split="eval",  max_operand=19, ops=("+",)),
@@ -209,7 +229,7 @@ def load_builtin(name:str, # `builtin:arithmetic`, `arithmetic-eval`, ... (a key
         raise KeyError(f"no built-in dataset {name!r}; use one of {['builtin:' + k for k in BUILTIN_DATASETS]} or a jsonl/parquet path")
     return make_arithmetic(n, seed=seed, **BUILTIN_DATASETS[key])
 
-# %% ../nbs/14_tiny.ipynb 32
+# %% ../nbs/14_tiny.ipynb 35
 def greedy_accuracy(model, # a causal LM (transformers)
                     tok, # its tokenizer
                     rows:list[dict], # problems {'prompt', 'answer'}
@@ -232,7 +252,7 @@ def greedy_accuracy(model, # a causal LM (transformers)
     model.train(was_training)
     return correct / max(len(rows), 1)
 
-# %% ../nbs/14_tiny.ipynb 33
+# %% ../nbs/14_tiny.ipynb 36
 def warm_start(model_dir:str|Path, # starting policy (a HF directory)
                out_dir:str|Path, # where to write the trained policy (weights + tokenizer)
                rows:list[dict], # training problems {'prompt', 'answer'}
@@ -271,7 +291,7 @@ def warm_start(model_dir:str|Path, # starting policy (a HF directory)
                                                                "history": history}, indent=1))
     return history
 
-# %% ../nbs/14_tiny.ipynb 36
+# %% ../nbs/14_tiny.ipynb 39
 def _spawn_child(i, fn, kwargs, q, log_path):
     if log_path:  # the engine's chatter goes to a file the parent shows only if something fails
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -315,7 +335,7 @@ def spawn_call(calls:list[tuple[Callable, dict]], # (module-level function, keyw
         for log in filter(None, logs): Path(log).unlink(missing_ok=True)
     return [results[i] for i in range(len(procs))]
 
-# %% ../nbs/14_tiny.ipynb 40
+# %% ../nbs/14_tiny.ipynb 43
 @contextlib.contextmanager
 def _env(**kv):
     "Set environment variables for the block, restore them afterwards."
@@ -354,7 +374,7 @@ def vllm_generate(model_dir:str|Path, # HF model directory (e.g. from `tiny_mode
             from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
             cleanup_dist_env_and_memory()
 
-# %% ../nbs/14_tiny.ipynb 42
+# %% ../nbs/14_tiny.ipynb 45
 def grpo_loss_stub(logits, # B, T, V next-token logits
                    input_ids, # B, T token ids
                    completion_mask, # B, T 1 on completion tokens
@@ -367,7 +387,7 @@ def grpo_loss_stub(logits, # B, T, V next-token logits
     ratio = torch.exp(logp - logp.detach())                                                         # B, T-1 (== 1)
     return -(advantages[:, None] * ratio * mask).sum() / mask.sum().clamp(min=1)
 
-# %% ../nbs/14_tiny.ipynb 45
+# %% ../nbs/14_tiny.ipynb 48
 def pack_rows(prompt_ids:list[list[int]], # B prompts, token ids
               completion_ids:list[list[int]], # B completions, token ids
               advantages:list[float], # B advantages
@@ -381,7 +401,7 @@ def pack_rows(prompt_ids:list[list[int]], # B prompts, token ids
             "completion_mask": [[0] * len(p) + [1] * len(c) + [0] * (T - len(p) - len(c)) for p, c in zip(prompt_ids, completion_ids)],
             "advantages": list(map(float, advantages))}
 
-# %% ../nbs/14_tiny.ipynb 47
+# %% ../nbs/14_tiny.ipynb 50
 def free_port() -> int:
     "A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous)."
     with socket.socket() as s:
@@ -431,7 +451,7 @@ def zero3_step(rank:int, # this process's rank
     return {"rank": rank, "loss": loss.item(), "digest_before": before, "digest_after": after,
             "params_total": total, "params_on_rank": partitioned}
 
-# %% ../nbs/14_tiny.ipynb 51
+# %% ../nbs/14_tiny.ipynb 54
 def _exact_match(sample:dict, answer:str) -> float:
     "1.0 when a `vllm_generate` sample is exactly the answer and then <eos>."
     return float(sample["finish_reason"] == "stop" and sample["text"] == answer)
@@ -444,7 +464,7 @@ def _group_advantages(rewards:list[float], G:int) -> list[float]:
         out += [(r - mu) / (sd + 1e-6) for r in g]
     return out
 
-# %% ../nbs/14_tiny.ipynb 53
+# %% ../nbs/14_tiny.ipynb 56
 def demo_fallback_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb demo` until the GRPO trainer exists: tiny policy -> vLLM samples -> rewards -> one ZeRO-3 step."
     p = argparse.ArgumentParser(prog="grpo_nb demo", description=demo_fallback_cli.__doc__)

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 from fastcore.basics import patch
 from .config import ConfigError, TrainConfig, derive, load_config, to_dict, to_yaml, validate, parse_overrides
+from .stop import StopFlag, catch_early
+from .tiny import resolve_model
 
 # %% auto 0
 __all__ = ['load_rows', 'encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'MetricsLog', 'read_metrics',
-           'StopFlag', 'write_latest', 'read_latest', 'preflight_run', 'resolve_model', 'start_ray', 'Actors',
-           'start_actors', 'stop_actors', 'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'train',
-           'train_cli', 'plot_curve', 'demo_verdict', 'demo_cli', 'demo_report', 'e2e_table', 'e2e_split_table']
+           'write_latest', 'read_latest', 'preflight_run', 'start_ray', 'Actors', 'start_actors', 'stop_actors',
+           'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'train', 'train_cli', 'plot_curve',
+           'demo_verdict', 'demo_cli', 'demo_report', 'e2e_table', 'e2e_split_table']
 
 # %% ../nbs/08_trainer.ipynb 6
 def load_rows(path:str, # jsonl/parquet file, or `builtin:<name>` (see `grpo_nb.tiny.BUILTIN_DATASETS`)
@@ -176,27 +178,7 @@ def read_metrics(out_dir:str|Path) -> list[dict]:
     p = Path(out_dir) / "metrics.jsonl"
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 
-# %% ../nbs/08_trainer.ipynb 24
-class StopFlag:
-    "Set by SIGUSR1/SIGTERM (or by hand); the loop checkpoints and stops at the next step boundary."
-    SIGNALS = ("SIGUSR1", "SIGTERM")
-    def __init__(self): self.reason:str|None = None; self._old = {}
-
-    def set(self, reason:str="requested"): self.reason = self.reason or reason
-    def __bool__(self): return self.reason is not None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for name in self.SIGNALS:
-                sig = getattr(signal, name)
-                self._old[sig] = signal.signal(sig, lambda s, f: self.set(signal.Signals(s).name))
-        return self
-
-    def __exit__(self, *exc):
-        for sig, h in self._old.items(): signal.signal(sig, h)
-        self._old = {}
-
-# %% ../nbs/08_trainer.ipynb 27
+# %% ../nbs/08_trainer.ipynb 25
 def write_latest(ckpt_dir:str|Path, # the run's checkpoint directory
                  step:int, # the step of the checkpoint just completed
                  name:str="", # the checkpoint's directory name
@@ -217,7 +199,7 @@ def read_latest(ckpt_dir:str|Path) -> int|None:
     m = re.search(r"(\d+)\s*$", p.read_text())
     return int(m.group(1)) if m else None
 
-# %% ../nbs/08_trainer.ipynb 30
+# %% ../nbs/08_trainer.ipynb 28
 def _writable(where:str, d:Path):
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -255,17 +237,6 @@ def preflight_run(cfg:TrainConfig, # a validated config
     return r
 
 # %% ../nbs/08_trainer.ipynb 33
-def resolve_model(name:str, # `model.name_or_path`: a HF directory, `tiny-arith`, or `tiny-arith@<warm steps>`
-                 ) -> str:
-    "A local model directory for `name`, building (and caching) a built-in tiny model when asked for one."
-    if Path(name).is_dir(): return str(name)
-    from grpo_nb.tiny import TINY_MODELS, tiny_model_dir
-    base, _, warm = name.partition("@")
-    if base in TINY_MODELS and (warm == "" or warm.isdigit()): return str(tiny_model_dir(base, warm_steps=int(warm or 0)))
-    raise ConfigError("model.name_or_path", f"{name!r} is neither a local directory nor a built-in tiny model ({sorted(TINY_MODELS)}, optionally @<warm steps>).",
-                      "--model.name_or_path=<local HF directory> (compute nodes usually have no hub access: download first)")
-
-# %% ../nbs/08_trainer.ipynb 36
 _ENGINE_ENV = {"RAY_AUTH_MODE": "disabled", "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1", "DS_BUILD_OPS": "0",
                "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -314,7 +285,7 @@ def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
     if R.placement == "colocated" and R.sleep_level and device == "cuda": kw["enable_sleep_mode"] = True
     return kw
 
-# %% ../nbs/08_trainer.ipynb 37
+# %% ../nbs/08_trainer.ipynb 34
 @dataclass
 class Actors:
     "Everything the run started on the cluster."
@@ -364,7 +335,7 @@ def stop_actors(a:Actors|None) -> None:
     with contextlib.suppress(Exception): shutdown_engines(a.engines)
     _remove_groups(a.groups)
 
-# %% ../nbs/08_trainer.ipynb 39
+# %% ../nbs/08_trainer.ipynb 36
 @dataclass
 class Rollout:
     "One step's prompts, samples and rewards."
@@ -414,7 +385,7 @@ def finish_rollout(ro:Rollout, # from `start_rollout`
     ro.reward_s = time.perf_counter() - t1
     return ro
 
-# %% ../nbs/08_trainer.ipynb 41
+# %% ../nbs/08_trainer.ipynb 38
 def evaluate(engines:list, # engine handles
              prompts:list[list[int]], # held-out prompts' token ids
              answers:list, # their references
@@ -432,7 +403,7 @@ def evaluate(engines:list, # engine handles
     return {f"eval/{k}": v for k, v in m.items() if k in ("reward_mean", "response_len_mean") or k.startswith("reward/")} | \
            {"eval/num_prompts": len(prompts), "time/eval": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 43
+# %% ../nbs/08_trainer.ipynb 40
 class Run:
     "One training run: data, actors, metrics, the loop's state."
     def __init__(self, cfg:TrainConfig, # a validated config
@@ -446,7 +417,7 @@ class Run:
         self.step = 0                 # steps completed
         self.events:list[str] = []    # what happened, for the summary
 
-# %% ../nbs/08_trainer.ipynb 44
+# %% ../nbs/08_trainer.ipynb 41
 @patch
 def load_data(self:Run):
     "Tokenizer, training and evaluation prompts, the data order."
@@ -464,7 +435,7 @@ def load_data(self:Run):
         self.eval_prompts, ekept, _ = encode_prompts(erows, self.tok, D.template, D.max_prompt_tokens)
         self.eval_answers = [r["answer"] for r in ekept]
 
-# %% ../nbs/08_trainer.ipynb 45
+# %% ../nbs/08_trainer.ipynb 42
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
           ray_temp_dir:str|None=None, # local Ray session root
@@ -490,14 +461,12 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
         self.events.append(f"resumed from {resume_from} at step {self.step}, data position {self.consumed}")
     self.version = self.step
     self.spec = sampling_spec(self.cfg.rollout)
-    from grpo_nb.sandbox import Limits
-    self.ctx = RewardContext.from_config(Rw, math_timeout_s=Rw.math_timeout_s, max_workers=Rw.code_workers,
-                                         limits=Limits(memory_mb=Rw.code_memory_mb, nproc=Rw.code_nproc))
+    self.ctx = RewardContext.from_config(Rw)
     L = self.cfg.logging
     self.log = MetricsLog(self.out, L.tensorboard, L.wandb, L.wandb_project, L.run_name, self.step, to_dict(self.cfg))
     (self.out / "config.yaml").write_text(to_yaml(self.cfg))
 
-# %% ../nbs/08_trainer.ipynb 46
+# %% ../nbs/08_trainer.ipynb 43
 @patch
 def checkpoint(self:Run) -> Path:
     "Save learner state + RNG + data position atomically, then point `latest` at it."
@@ -507,7 +476,7 @@ def checkpoint(self:Run) -> Path:
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 47
+# %% ../nbs/08_trainer.ipynb 44
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -525,7 +494,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_mem_gib"] = m.get("peak_bytes", 0) / 2**30
     return info
 
-# %% ../nbs/08_trainer.ipynb 48
+# %% ../nbs/08_trainer.ipynb 45
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -540,7 +509,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 49
+# %% ../nbs/08_trainer.ipynb 46
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
@@ -595,11 +564,13 @@ def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 50
+# %% ../nbs/08_trainer.ipynb 47
 @patch
 def emit(self:Run, rec:dict):
-    "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback)."
-    self.log.log(rec)
+    "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
+    E, s = self.cfg.logging.log_every, rec["step"]
+    if s == 0 or s % E == 0 or s == self.cfg.total_steps or "eval/reward_mean" in rec or "time/checkpoint" in rec or self.stop:
+        self.log.log(rec)
     if self.bar is not None and rec["step"] > 0:
         self.bar.update(rec["step"] - self.bar.n)
         post = {"reward": f"{rec['reward_mean']:.3f}", "s/step": f"{rec['time/step']:.2f}"}
@@ -607,7 +578,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 51
+# %% ../nbs/08_trainer.ipynb 48
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -617,13 +588,14 @@ def close(self:Run):
     import ray
     if ray.is_initialized(): ray.shutdown()
 
-# %% ../nbs/08_trainer.ipynb 52
+# %% ../nbs/08_trainer.ipynb 49
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
           ray_temp_dir:str|None=None, # local Ray session root (tests)
          ) -> dict: # summary: steps, first/last step, stop reason, final metrics, paths, wall seconds
     "Run GRPO training as configured; resume, checkpoint and stop as the config and signals say."
+    catch_early()   # from here on a SIGUSR1/SIGTERM is recorded, never fatal (the CLI already did this before its imports)
     t0 = time.perf_counter()
     cfg = validate(copy.deepcopy(cfg))
     resume_from = preflight_run(cfg)
@@ -632,6 +604,10 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
     run.load_data()
     run.last_ckpt = None
     with run.stop:
+        if run.stop:   # a signal before the first step: start nothing, keep every checkpoint, let the chain resume
+            run.events.append(f"stopped by {run.stop.reason}: nothing started, checkpoints untouched")
+            return {"steps_run": 0, "first_step": None, "last_step": None, "stopped_by": run.stop.reason, "events": run.events,
+                    "output_dir": str(run.out), "checkpoint": None, "wall_s": time.perf_counter() - t0}
         try:
             run.start(resume_from, ray_temp_dir)
             first = run.step + 1
@@ -650,7 +626,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 54
+# %% ../nbs/08_trainer.ipynb 51
 def _parse_train_args(argv:list[str]|None, prog:str="grpo_nb train"):
     p = argparse.ArgumentParser(prog=prog, description="Run GRPO training from a YAML config or preset; any field can be overridden "
                                 "as --section.field=value (see `grpo_nb config --fields`).")
@@ -677,7 +653,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     print(json.dumps(summary, indent=1, default=str))
     return 0
 
-# %% ../nbs/08_trainer.ipynb 57
+# %% ../nbs/08_trainer.ipynb 54
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -695,7 +671,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 59
+# %% ../nbs/08_trainer.ipynb 56
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -707,7 +683,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 61
+# %% ../nbs/08_trainer.ipynb 58
 def demo_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb demo [--out DIR] [--section.field=value ...]`: the tiny CPU GRPO run of `make demo`; prints the curve, writes a plot."
     p = argparse.ArgumentParser(prog="grpo_nb demo", description=demo_cli.__doc__)
@@ -746,7 +722,7 @@ def demo_cli(argv:list[str]|None=None) -> int:
           "(mean of the last 3 evaluations): " + ("LEARNED" if ok else f"did NOT reach the target (start < {args.start_below}, end > {args.end_above})"))
     return 0 if ok else 1
 
-# %% ../nbs/08_trainer.ipynb 67
+# %% ../nbs/08_trainer.ipynb 64
 def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_nb demo` (demo.json of its output directory)
                ) -> str:
     "A markdown summary of a recorded demo run: the held-out curve, wall time, start-up time."
@@ -759,7 +735,7 @@ def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_
             f"(start-up {d['startup_s']:.0f} s, median step {d['step_s_median']:.2f} s){' on ' + d['machine'] if d.get('machine') else ''}. "
             f"Learned: **{d['learned']}**.\n\n| step | held-out reward |\n|---|---|\n{rows}")
 
-# %% ../nbs/08_trainer.ipynb 70
+# %% ../nbs/08_trainer.ipynb 67
 def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
               layout:str|None=None, # only this layout ("colocated" | "split"); None: all
              ) -> str:
@@ -780,7 +756,7 @@ def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/
     return "\n".join(lines)
 
 
-# %% ../nbs/08_trainer.ipynb 73
+# %% ../nbs/08_trainer.ipynb 70
 def e2e_split_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
                    ) -> str:
     "Per-phase mean seconds of each measured run, ours next to TRL's."

@@ -80,6 +80,7 @@ def main(argv=None):
     p.add_argument("config")
     a, overrides = p.parse_known_args(argv)
     for s in (signal.SIGUSR1, signal.SIGTERM): signal.signal(s, on_signal)
+    if os.environ.get("GRPO_NB_READY_FILE"): Path(os.environ["GRPO_NB_READY_FILE"]).touch()   # as grpo_nb.stop.catch_early does
     cfg = load_config(a.config, overrides)
     job = os.environ.get("SLURM_JOB_ID", "local")
     out, ckpt = Path(cfg.logging.output_dir), Path(derive(cfg).checkpoint_dir)

@@ -101,6 +101,7 @@ def test_signal_reaches_a_background_trainer_and_its_exit_status_is_kept(tmp_pat
     trainer.write_text(textwrap.dedent(f"""\
         #!/bin/bash
         trap 'echo got-usr1 > {tmp_path}/seen; sleep 0.3; echo 7 > {tmp_path}/ckpt/latest; exit 0' USR1
+        touch "$GRPO_NB_READY_FILE"   # as grpo_nb.stop.catch_early does once its handlers are in
         echo started > {tmp_path}/started
         for i in $(seq 200); do sleep 0.05; done
         exit 3
@@ -118,6 +119,31 @@ def test_signal_reaches_a_background_trainer_and_its_exit_status_is_kept(tmp_pat
     assert (tmp_path / "seen").exists(), out
     assert "RC=0 START=5 END=7 STOP=1" in out, out
     assert "got SIGUSR1: asking the trainer (pid" in out
+
+
+def test_a_signal_before_the_trainer_can_take_it_waits_for_its_handlers(tmp_path):
+    "Issue 21.1: the walltime signal right after the trainer was spawned is forwarded only once the trainer is ready."
+    trainer = tmp_path / "trainer.sh"
+    trainer.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        echo started > {tmp_path}/started
+        sleep 1                        # the seconds grpo_nb spends importing before its handlers exist
+        trap 'echo got-usr1 > {tmp_path}/seen; exit 0' USR1
+        touch "$GRPO_NB_READY_FILE"
+        for i in $(seq 200); do sleep 0.05; done
+        exit 3
+        """)); trainer.chmod(0o755)
+    (tmp_path / "ckpt").mkdir()
+    script = (funcs((SBATCH / "grpo.sbatch").read_text()) +
+              f'STOP_REQUESTED=0 TRAIN_PID= CKPT_DIR={tmp_path}/ckpt CONFIG=c.yaml OVERRIDES=() CODE_URL= TRAIN_CMD={trainer}\n'
+              "trap 'on_stop USR1' USR1\n" + lib.BLOCK_TRAIN + '\necho "RC=$TRAIN_RC STOP=$STOP_REQUESTED"\n')
+    p = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for _ in range(200):
+        if (tmp_path / "started").exists(): break
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGUSR1)   # before the trainer's trap exists: sent now, its default action would kill it
+    out, _ = p.communicate(timeout=30)
+    assert (tmp_path / "seen").exists() and "RC=0 STOP=1" in out, out
 
 
 def test_a_foreground_trainer_would_not_get_the_signal_in_time(tmp_path):
@@ -255,3 +281,29 @@ def test_preflight_table_and_exit_codes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert bad == 1 and re.search(r"model\s+FAIL", out) and "preflight: FAILED: model" in out
     assert lib.preflight_cli(["demo", "--learner.zero_stage=9"]) == 2
+
+
+def test_preflight_passes_on_its_own_demo_preset_and_uses_the_planner():
+    "Issue 21.4: `grpo_nb preflight demo` passes (`tiny-arith@100` is a built-in model); the memory check is the planner's plan_config."
+    import contextlib, io
+    from grpo_nb.cli import main
+    from grpo_nb.config import load_config
+    from grpo_nb.memory import GiB, plan_config
+    from grpo_nb.slurm import check_memory
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out): rc = main(["preflight", "demo"])
+    assert rc == 0 and "model           PASS" in out.getvalue(), out.getvalue()
+    for extra in (["--learner.pack_length=8192", "--learner.micro_batch_size=8"], ["--learner.kl_beta=0.05", "--learner.ref_policy=gpu"]):
+        cfg = load_config("default", ["--model.name_or_path=Qwen2.5-7B", "--cluster.device=cuda", *extra])
+        status, detail = check_memory(cfg)
+        assert f"{plan_config(cfg).learner.peak_bytes / GiB:.1f} GiB" in detail, (status, detail)
+
+
+def test_the_sbatch_check_hint_names_the_log_dir(tmp_path):
+    "Issue 21.8: the printed `check:` line runs preflight against the same --log-dir the script writes to."
+    import contextlib, io
+    from grpo_nb.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out): rc = main(["sbatch", "demo", "-o", str(tmp_path / "g.sbatch"), "--log-dir", str(tmp_path / "L")])
+    line = next(l for l in out.getvalue().splitlines() if l.startswith("check:"))
+    assert rc == 0 and f"--log-dir {tmp_path / 'L'}" in line, out.getvalue()

@@ -141,3 +141,26 @@ def test_one_step_off_sigusr1_and_resume():
     proc = _start(out, f"--total_steps={stopped + 2}", *off, "--resume", "auto")
     assert _finish(proc, out) == 0, _log_tail(out)
     _check_continuity(_records(out), stopped + 2)
+
+
+@pytest.mark.parametrize("delay", ["ready", 3.0])
+def test_an_early_sigusr1_stops_cleanly_and_leaves_checkpoints_alone(tmp_path, delay):
+    "Issue 21.1: SIGUSR1 as soon as the trainer can take it, or 3 s into `grpo_nb train` (imports), means exit 0, nothing started."
+    out = tmp_path / "run"
+    ckpt = out / "checkpoints"; ckpt.mkdir(parents=True)
+    (ckpt / "latest").write_text("step_4\n4\n")   # a previous job's checkpoint pointer must survive untouched
+    ready = tmp_path / "ready"
+    cmd = [sys.executable, "-m", "grpo_nb.cli", "train", "demo", f"--logging.output_dir={out}", *SMALL]
+    p = subprocess.Popen(cmd, cwd=ROOT, env={**_env(tmp_path), "GRPO_NB_READY_FILE": str(ready)}, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    if delay == "ready":
+        for _ in range(3000):
+            if ready.exists(): break
+            time.sleep(0.001)
+        assert ready.exists()
+    else: time.sleep(delay)
+    os.kill(p.pid, signal.SIGUSR1)
+    text, _ = p.communicate(timeout=240)
+    assert p.returncode == 0, text[-3000:]
+    assert '"stopped_by": "SIGUSR1' in text and '"steps_run": 0' in text, text[-2000:]
+    assert (ckpt / "latest").read_text() == "step_4\n4\n" and not (out / "metrics.jsonl").exists()
