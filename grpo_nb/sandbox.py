@@ -4,14 +4,14 @@
 
 # %% ../nbs/04a_sandbox.ipynb 3
 from __future__ import annotations
-import ctypes, fcntl, functools, json, os, random, re, resource, secrets, select, signal, socket, stat, subprocess, sys, tempfile, threading, time
+import ast, builtins, ctypes, fcntl, functools, json, math, os, random, re, resource, secrets, select, signal, socket, stat, subprocess, sys, tempfile, threading, time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
 # %% auto 0
-__all__ = ['Isolation', 'UID_BASE', 'UID_COUNT', 'HARNESS', 'Limits', 'SandboxError', 'isolation_status', 'resolve_isolation',
-           'sandbox_exec', 'run_tests']
+__all__ = ['Isolation', 'UID_BASE', 'UID_COUNT', 'HARNESS', 'SAFE_NAMES', 'Limits', 'SandboxError', 'isolation_status',
+           'resolve_isolation', 'sandbox_exec', 'AssertPlan', 'plan_assert', 'decode_value', 'judge', 'run_tests']
 
 # %% ../nbs/04a_sandbox.ipynb 6
 @dataclass
@@ -238,7 +238,7 @@ def _run_one(run:dict, spec:dict) -> dict:
     reports = []
     for line in bufs["rep"].decode(errors="replace").splitlines():
         f = line.split("\t", 3)
-        if len(f) == 4 and f[0] == nonce and f[1].lstrip("-").isdigit(): reports.append({"i": int(f[1]), "s": f[2], "d": f[3][:500]})
+        if len(f) == 4 and f[0] == nonce and f[1].lstrip("-").isdigit(): reports.append({"i": int(f[1]), "s": f[2], "d": f[3][:1 << 20]})
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     return {"exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
             "signal": signal.Signals(sig).name if sig else None,
@@ -559,15 +559,36 @@ def sandbox_exec(files:dict[str, str], # file name -> text, written into the pri
 # %% ../nbs/04a_sandbox.ipynb 41
 HARNESS = r'''
 import os as _os, sys as _sys
-def _grpo_harness(_write=_os.write):
+def _grpo_runner(_write=_os.write, _type=type, _len=len, _repr=repr, _str=str, _isinstance=isinstance):
     nonce = _os.read(3, 64).decode(); _os.close(3)
-    with open("_tests.py") as f: spec = eval(f.read(), {"__builtins__": {}})
-    _os.unlink("_tests.py"); _os.unlink("_harness.py")
+    with open("_leaves.py") as f: spec = eval(f.read(), {"__builtins__": {}})
+    _os.unlink("_leaves.py"); _os.unlink("_harness.py")
     _sys.path[:] = [p for p in _sys.path if p] + spec["path"]
-    def report(i, status, detail=""):
-        detail = str(detail).replace("\t", " ").replace("\n", " ")[:300]
-        try: _write(4, f"{nonce}\t{i}\t{status}\t{detail}\n".encode(errors="replace"))
+    def send(k, kind, text):
+        try: _write(4, (nonce + "\t" + _str(k) + "\t" + kind + "\t" + text.replace("\n", " ") + "\n").encode(errors="replace"))
         except OSError: pass
+    def enc(v, depth=0):   # type-tagged data, exact types only (a subclass could lie about equality)
+        if depth > 40: raise ValueError("nested too deeply")
+        t = _type(v)
+        if v is None: return '["N"]'
+        if t is bool: return '["b",%s]' % ("true" if v else "false")
+        if t is int: return '["i","%d"]' % v
+        if t is float: return '["f","%s"]' % _repr(v)
+        if t is complex: return '["c","%s","%s"]' % (_repr(v.real), _repr(v.imag))
+        if t is str: return '["s",%s]' % _json_str(v)
+        if t is bytes: return '["y","%s"]' % v.hex()
+        if t in (list, tuple, set, frozenset):
+            tag = {list: "l", tuple: "t", set: "S", frozenset: "F"}[t]
+            return '["%s",[%s]]' % (tag, ",".join(enc(x, depth + 1) for x in v))
+        if t is dict: return '["d",[%s]]' % ",".join("[%s,%s]" % (enc(a, depth + 1), enc(b, depth + 1)) for a, b in v.items())
+        raise TypeError("a %s is not plain data" % t.__name__)
+    def _json_str(s):
+        out = ['"']
+        for ch in s:
+            o = ord(ch)
+            out.append('\\"' if ch == '"' else '\\\\' if ch == '\\' else ch if 32 <= o < 127 else '\\u%04x' % o if o < 0x10000
+                       else '\\u%04x\\u%04x' % (0xD800 + ((o - 0x10000) >> 10), 0xDC00 + ((o - 0x10000) & 0x3FF)))
+        out.append('"'); return "".join(out)
     g = {"__name__": "__main__", "__builtins__": __builtins__, "__file__": "solution.py"}
     _sys.argv = ["solution.py"]
     try:
@@ -575,16 +596,97 @@ def _grpo_harness(_write=_os.write):
         exec(compile(src, "solution.py", "exec"), g)
         if spec["setup"]: exec(compile(spec["setup"], "setup", "exec"), g)
     except BaseException as e:
-        report(-1, "error", f"{type(e).__name__}: {e}"); return
-    for i, t in enumerate(spec["tests"]):
-        try:
-            exec(compile(t, f"test_{i}", "exec"), g); report(i, "passed")
-        except AssertionError as e: report(i, "failed", f"AssertionError: {e}")
-        except BaseException as e: report(i, "error", f"{type(e).__name__}: {e}")
-_grpo_harness()
+        send(-1, "error", "%s: %s" % (_type(e).__name__, e)); return
+    for k, leaf in enumerate(spec["leaves"]):
+        try: v = eval(compile(leaf, "leaf_%d" % k, "eval"), g)
+        except BaseException as e: send(k, "error", "%s: %s" % (_type(e).__name__, e)); continue
+        try: send(k, "value", enc(v))
+        except BaseException as e: send(k, "error", "unusable value: %s" % e)
+_grpo_runner()
 '''
 
 # %% ../nbs/04a_sandbox.ipynb 43
+SAFE_NAMES = {"abs", "all", "any", "bool", "dict", "divmod", "enumerate", "filter", "float", "frozenset", "int", "isinstance",
+              "len", "list", "map", "max", "min", "pow", "range", "reversed", "round", "set", "sorted", "str", "sum", "tuple",
+              "zip", "True", "False", "None", "math", "complex", "bytes", "type"}
+"Names the caller evaluates itself when it judges an assert; every other name belongs to the program."
+
+@dataclass
+class AssertPlan:
+    "One assert, split: `expr` is evaluated by the caller with `_v0, _v1, ...` bound to the values of `leaves`."
+    expr:str # the assert's expression with each leaf replaced by `_v<k>` (k counts within this test)
+    leaves:list # source of each sub-expression the sandbox evaluates
+    error:str="" # why the test cannot be judged (then it fails as "unsupported")
+
+def _names(node) -> set: return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+def plan_assert(test:str, # one assert snippet, e.g. "assert f(2) == 4"
+               ) -> AssertPlan:
+    "Split `test` into what the caller evaluates and the leaves that need the program."
+    try: tree = ast.parse(test)
+    except SyntaxError as e: return AssertPlan("", [], f"the test does not parse: {e}")
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        return AssertPlan("", [], "unsupported test: the trusted checker takes exactly one `assert <expression>`")
+    leaves = []
+    def leaf(node):
+        if isinstance(node, ast.GeneratorExp): node = ast.ListComp(node.elt, node.generators)   # a generator is no data: its items are
+        leaves.append(ast.unparse(node))
+        return ast.Name(f"_v{len(leaves) - 1}", ast.Load())
+    def split(node):
+        if not (_names(node) - SAFE_NAMES): return node                   # nothing of the program: the caller evaluates it
+        if isinstance(node, (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.BinOp, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.IfExp)):
+            for name, value in ast.iter_fields(node):
+                if isinstance(value, ast.AST) and not isinstance(value, (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)):
+                    setattr(node, name, split(value))
+                elif isinstance(value, list):
+                    setattr(node, name, [split(v) if isinstance(v, ast.expr) else v for v in value])
+            return node
+        if isinstance(node, ast.Call) and not (_names(node.func) - SAFE_NAMES):   # sorted(f(x)), math.isclose(g(1), 2.0)
+            node.args = [split(a) for a in node.args]
+            node.keywords = [ast.keyword(k.arg, split(k.value)) for k in node.keywords]
+            return node
+        return leaf(node)
+    expr = split(tree.body[0].test)
+    return AssertPlan(ast.unparse(expr), leaves)
+
+# %% ../nbs/04a_sandbox.ipynb 46
+_SAFE_BUILTINS = {n: getattr(builtins, n) for n in SAFE_NAMES if hasattr(builtins, n)}
+
+def decode_value(text:str, # one leaf's type-tagged report, as the runner wrote it
+                ):
+    "Plain Python data from a runner report; raises ValueError on anything that is not."
+    def dec(x):
+        if not isinstance(x, list) or not x or not isinstance(x[0], str): raise ValueError("malformed value")
+        t = x[0]
+        if t == "N": return None
+        if t == "b" and isinstance(x[1], bool): return x[1]
+        if t == "i": return int(x[1])
+        if t == "f": return float(x[1])
+        if t == "c": return complex(float(x[1]), float(x[2]))
+        if t == "s" and isinstance(x[1], str): return x[1]
+        if t == "y": return bytes.fromhex(x[1])
+        if t in ("l", "t", "S", "F"):
+            items = [dec(v) for v in x[1]]
+            return {"l": list, "t": tuple, "S": set, "F": frozenset}[t](items)
+        if t == "d": return {dec(k): dec(v) for k, v in x[1]}
+        raise ValueError(f"unknown tag {t!r}")
+    return dec(json.loads(text))
+
+def judge(plan:AssertPlan, # from `plan_assert`
+          values:list, # per leaf: ("value", data) or ("error", message); None when the leaf never reported
+         ) -> dict:
+    "The verdict of one assert, computed here from the leaves' values: {'passed', 'status', 'detail'}."
+    if plan.error: return {"passed": False, "status": "unsupported", "detail": plan.error}
+    env = {}
+    for k, v in enumerate(values):
+        if v is None: return {"passed": False, "status": "not_run", "detail": f"no value for {plan.leaves[k]}"}
+        if v[0] == "error": return {"passed": False, "status": "error", "detail": f"{plan.leaves[k]}: {v[1]}"[:300]}
+        env[f"_v{k}"] = v[1]
+    try: ok = bool(eval(compile(plan.expr, "assert", "eval"), {"__builtins__": _SAFE_BUILTINS, "math": math}, env))
+    except Exception as e: return {"passed": False, "status": "error", "detail": f"{type(e).__name__}: {e}"[:300]}
+    return {"passed": ok, "status": "passed" if ok else "failed", "detail": "" if ok else f"assert {plan.expr} with {env}"[:300]}
+
+# %% ../nbs/04a_sandbox.ipynb 49
 def _run_failure(run:dict) -> tuple[str, str]:
     "(status, detail) explaining why a run produced no verdict."
     if run["timed_out"]: return "timeout", f"killed after {run['wall_s']:.1f} s (wall-clock limit)"
@@ -595,23 +697,35 @@ def _run_failure(run:dict) -> tuple[str, str]:
     if run["signal"]: return "crashed", f"killed by {run['signal']}" + (f": {tail[0][:200]}" if tail[0] else "")
     return "not_run", f"program exited with {run['exit']} before this test" + (f": {tail[0][:200]}" if tail[0] else "")
 
-def _verdicts(run:dict, n:int) -> list[dict]:
-    "Per-test results of an assert-style run with `n` tests."
-    by_i = {r["i"]: r for r in run["reports"] if isinstance(r.get("i"), int)}
-    if -1 in by_i:  # the program itself failed before any test
-        d = by_i[-1]["d"]
-        return [{"passed": False, "status": "memory" if d.startswith("MemoryError") else "error", "detail": d} for _ in range(n)]
+def _verdicts(run:dict, # the sandbox's report of the runner
+              plans:list, # `AssertPlan` per test
+              spans:list, # (first leaf, number of leaves) per test, into the runner's leaf list
+             ) -> list[dict]:
+    "Per-test results of an assert-style run: the first report of each leaf, judged here."
+    first = {}
+    for r in run["reports"]:
+        if isinstance(r.get("i"), int) and r["i"] not in first: first[r["i"]] = r   # the first report of a leaf counts
+    if -1 in first:  # the program itself failed before any leaf
+        d = first[-1]["d"][:300]
+        return [judge(p, []) if p.error else {"passed": False, "status": "memory" if d.startswith("MemoryError") else "error", "detail": d}
+                for p in plans]
     out = []
-    for i in range(n):
-        r = by_i.get(i)
-        if r:
-            s = r["s"] if r["s"] in ("passed", "failed", "error") else "error"
-            out.append({"passed": s == "passed", "status": "memory" if r["d"].startswith("MemoryError") else s, "detail": r["d"]})
-        else:
-            s, d = _run_failure(run); out.append({"passed": False, "status": s, "detail": d})
+    for p, (a, n) in zip(plans, spans):
+        vals = []
+        for k in range(a, a + n):
+            r = first.get(k)
+            if r is None: vals.append(None)
+            elif r["s"] == "value":
+                try: vals.append(("value", decode_value(r["d"])))
+                except (ValueError, TypeError, OverflowError, RecursionError) as e: vals.append(("error", f"unreadable value ({e})"))
+            else: vals.append(("error", r["d"][:300]))
+        v = judge(p, vals)
+        if v["status"] == "not_run": s, d = _run_failure(run); v = {"passed": False, "status": s, "detail": d}
+        elif v["status"] == "error" and "MemoryError" in v["detail"]: v["status"] = "memory"
+        out.append(v)
     return out
 
-# %% ../nbs/04a_sandbox.ipynb 45
+# %% ../nbs/04a_sandbox.ipynb 51
 def _norm_output(s:str) -> str:
     return "\n".join(line.rstrip() for line in s.strip("\n").splitlines()).strip()
 
@@ -626,7 +740,7 @@ def _stdio_verdict(run:dict, expected:str) -> dict:
     return {"passed": ok, "status": "passed" if ok else "failed",
             "detail": "" if ok else f"expected {_norm_output(expected)[:100]!r}, got {_norm_output(run['stdout'])[:100]!r}"}
 
-# %% ../nbs/04a_sandbox.ipynb 48
+# %% ../nbs/04a_sandbox.ipynb 54
 @functools.lru_cache(maxsize=8)
 def _site_dirs(python:str|None) -> list[str]:
     "site-packages directories of `python` (of this interpreter when None or the same)."
@@ -637,7 +751,7 @@ def _site_dirs(python:str|None) -> list[str]:
                          capture_output=True, text=True, timeout=30)
     return json.loads(out.stdout) if out.returncode == 0 else []
 
-# %% ../nbs/04a_sandbox.ipynb 50
+# %% ../nbs/04a_sandbox.ipynb 56
 def run_tests(program:str, # the untrusted source code (a whole Python file)
               tests:list, # assert snippets (str) or {"input": str, "output": str} cases; not mixed
               timeout_s:float=10.0, # wall-clock limit of one run (all asserts together; each stdin case alone)
@@ -660,7 +774,9 @@ def run_tests(program:str, # the untrusted source code (a whole Python file)
         boot = f"import sys; sys.path += {path!r}; sys.argv = ['solution.py']; __file__ = 'solution.py'; exec(compile(open(__file__).read(), __file__, 'exec'))"
         runs = [{"argv": [py, "-I", "-S", "-B", "-c", boot], "stdin": str(t.get("input", ""))} for t in tests]
     else:
-        files = {"solution.py": program, "_harness.py": HARNESS, "_tests.py": repr({"tests": [str(t) for t in tests], "setup": str(setup), "path": path})}
+        plans, leaves, spans = [plan_assert(str(t)) for t in tests], [], []
+        for p in plans: spans.append((len(leaves), len(p.leaves))); leaves += p.leaves   # only leaves enter the sandbox, never expected values
+        files = {"solution.py": program, "_harness.py": HARNESS, "_leaves.py": repr({"leaves": leaves, "setup": str(setup), "path": path})}
         runs = [{"argv": [py, "-I", "-S", "-B", "_harness.py"], "stdin": ""}]
     res = sandbox_exec(files, runs, timeout_s, limits, isolation, allow_unisolated, py)
     if not res.get("ok"):
@@ -668,7 +784,7 @@ def run_tests(program:str, # the untrusted source code (a whole Python file)
     elif stdio:
         results = [_stdio_verdict(run, str(t.get("output", ""))) for run, t in zip(res["runs"], tests)]
     else:
-        results = _verdicts(res["runs"][0], len(tests))
+        results = _verdicts(res["runs"][0], plans, spans)
     runs_out = res.get("runs", [])
     return {"passed": sum(r["passed"] for r in results), "total": len(tests), "results": results,
             "stdout": "".join(r["stdout"] for r in runs_out)[:2000], "stderr": "".join(r["stderr"] for r in runs_out)[-2000:],

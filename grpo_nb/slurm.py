@@ -15,7 +15,7 @@ __all__ = ['LAUNCHER_TO_SLURM', 'Network', 'NETWORK_ENV', 'FUNCTIONS_HEAD', 'FUN
            'BLOCK_RUN', 'BLOCK_RAY', 'BLOCK_CODE', 'BLOCK_TRAIN', 'BLOCK_END', 'NODE_SETUP', 'LADDER',
            'TRAINER_CONTRACT', 'Check', 'markdown_table', 'SlurmSpec', 'spec_from_config', 'fill', 'sbatch_header',
            'env_vars', 'env_block', 'knobs_block', 'render_sbatch', 'bash_syntax_errors', 'render_node_setup',
-           'render_scripts', 'uses_code_rewards', 'job_env', 'job_env_cli', 'ray_hosts', 'missing_hosts',
+           'render_scripts', 'uses_code_rewards', 'job_env', 'check_baked', 'job_env_cli', 'ray_hosts', 'missing_hosts',
            'wait_for_ray', 'wait_ray_cli', 'functions_block', 'run_chain_case', 'sbatch_cli', 'check_model',
            'check_writable', 'parse_sinfo', 'check_nodes', 'check_memory', 'check_layout', 'preflight', 'preflight_cli']
 
@@ -260,13 +260,14 @@ ARGS=("$@")                          # CONFIG [--section.field=value ...], passe
 CONFIG=${1:-{{default_config}}}
 [ -n "$CONFIG" ] || { log "usage: sbatch $(basename "$SCRIPT") CONFIG [--section.field=value ...]"; exit 2; }
 [ $# -gt 0 ] && shift
-OVERRIDES=({{default_overrides}}"$@")
+BAKED=({{default_overrides}})          # overrides baked in by `grpo_nb sbatch`; the submission's own come after them
+OVERRIDES=(${BAKED[@]+"${BAKED[@]}"} "$@")   # (this form also works under `set -u` with bash < 4.4)
 [ -f "$SCRIPT_DIR/ray_node_setup.sh" ] || { log "no ray_node_setup.sh next to $SCRIPT: keep the two files together"; exit 2; }
 log "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $SCRIPT $CONFIG ${OVERRIDES[*]}"'''
 
 # %% ../nbs/09_slurm.ipynb 39
 BLOCK_RUN = r'''# ---- 4. The run, as grpo_nb reads CONFIG: OUTPUT_DIR CKPT_DIR TOTAL_STEPS CODE_REWARDS ----
-RUN_ENV=$(python -c 'import sys; from grpo_nb.slurm import job_env_cli; sys.exit(job_env_cli())' "$CONFIG" "${OVERRIDES[@]}") \
+RUN_ENV=$(python -c 'import sys; from grpo_nb.slurm import job_env_cli; sys.exit(job_env_cli())' --baked "${#BAKED[@]}" "$CONFIG" "${OVERRIDES[@]}") \
   || { log "cannot run CONFIG=$CONFIG with this job (message above)"; exit 2; }
 eval "$RUN_ENV"
 mkdir -p "$OUTPUT_DIR" "$CKPT_DIR"
@@ -485,20 +486,43 @@ def job_env(cfg:TrainConfig, environ:dict) -> dict[str, str]:
     if C.device != "cpu" and gpus is not None and int(gpus) < C.gpus_per_node:
         raise ConfigError("cluster.gpus_per_node", f"the config expects {C.gpus_per_node} GPUs a node but the job has {gpus}.",
                           f"sbatch --gpus-per-node={C.gpus_per_node} ..., or --cluster.gpus_per_node={gpus}")
+    if C.device != "cpu":   # the layout check of `grpo_nb preflight`, before any node starts Ray
+        from grpo_nb.placement import Layout, PlacementError
+        try: Layout.from_config(cfg)
+        except PlacementError as e: raise ConfigError("cluster", f"the layout cannot be placed: {e.problem}", e.fix) from None
     return {"OUTPUT_DIR": str(Path(cfg.logging.output_dir).resolve()), "CKPT_DIR": str(Path(d.checkpoint_dir).resolve()),
             "TOTAL_STEPS": str(cfg.total_steps), "CODE_REWARDS": "1" if uses_code_rewards(cfg) else "0"}
 
 # %% ../nbs/09_slurm.ipynb 68
+def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and the submission's
+                submitted:TrainConfig, # CONFIG with the submission's overrides only
+                baked:list[str], # the overrides baked into the script
+                config:str, # CONFIG as submitted
+               ) -> None:
+    "Refuse a job whose baked overrides would move the submitted config's output or checkpoint directory (naming both)."
+    for what, get in (("output directory", lambda c: Path(c.logging.output_dir)), ("checkpoint directory", lambda c: Path(derive(c).checkpoint_dir))):
+        mine, theirs = get(submitted).resolve(), get(cfg).resolve()
+        if mine != theirs:
+            raise ConfigError("logging.output_dir", f"the script's baked overrides ({' '.join(baked)}) put the {what} at {theirs}, "
+                              f"but {config} as submitted says {mine}: refusing before Ray starts, so that no other run's checkpoints are read or moved.",
+                              f"regenerate the script for this config (grpo_nb sbatch {config} ...), or pass the directory you mean at submission")
+
+# %% ../nbs/09_slurm.ipynb 69
 def job_env_cli(argv:list[str]|None=None) -> int:
     "Print `job_env` of CONFIG [overrides] in this job's environment as shell assignments; exit 2 with the fix on a mismatch."
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv: print("usage: job_env_cli CONFIG [--section.field=value ...]", file=sys.stderr); return 2
-    try: env = job_env(load_config(argv[0], argv[1:]), dict(os.environ))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    baked = 0
+    if argv[:1] == ["--baked"]: baked, argv = int(argv[1]), argv[2:]   # the first `baked` overrides come from the script itself
+    if not argv: print("usage: job_env_cli [--baked N] CONFIG [--section.field=value ...]", file=sys.stderr); return 2
+    try:
+        cfg = load_config(argv[0], argv[1:])
+        if baked: check_baked(cfg, load_config(argv[0], argv[1 + baked:]), argv[1:1 + baked], argv[0])
+        env = job_env(cfg, dict(os.environ))
     except ConfigError as e: print(f"grpo_nb: {e}", file=sys.stderr); return 2
     print("\n".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
     return 0
 
-# %% ../nbs/09_slurm.ipynb 71
+# %% ../nbs/09_slurm.ipynb 72
 def ray_hosts(nodes:list[dict]) -> dict[str, float]:
     "SLURM host -> GPUs, for the live nodes of `ray.nodes()` that carry a `slurm_node_<host>` resource."
     out = {}
@@ -514,7 +538,7 @@ def missing_hosts(expected:list[str], seen:dict[str, float], gpus_per_node:int) 
     out = [f"{h} (no Ray node)" for h in expected if h not in seen]
     return out + [f"{h} ({seen[h]:g} of {gpus_per_node} GPUs)" for h in expected if h in seen and seen[h] < gpus_per_node]
 
-# %% ../nbs/09_slurm.ipynb 73
+# %% ../nbs/09_slurm.ipynb 74
 def _port_open(address:str, timeout:float=2.0) -> bool:
     import socket
     host, port = address.rsplit(":", 1)
@@ -547,7 +571,7 @@ def wait_for_ray(address:str, hosts:list[str], gpus_per_node:int, timeout:float=
             f"reach {address} (firewall, or the head's address is on the wrong interface: set NODE_IP_CMD), RAY_AUTH_MODE "
             f"differs between nodes, or a node's Ray ports are taken (change RAY_NODE_PORT_BASE).")
 
-# %% ../nbs/09_slurm.ipynb 74
+# %% ../nbs/09_slurm.ipynb 75
 def wait_ray_cli(argv:list[str]|None=None) -> int:
     "`wait_ray_cli --address A --gpus-per-node G --timeout S HOST...`: 0 once every host joined, 1 with the missing hosts."
     p = argparse.ArgumentParser(prog="wait_ray", description=wait_ray_cli.__doc__)
@@ -561,7 +585,7 @@ def wait_ray_cli(argv:list[str]|None=None) -> int:
     if msg: print(f"[wait_ray] FAILED: {msg}", flush=True); return 1
     return 0
 
-# %% ../nbs/09_slurm.ipynb 77
+# %% ../nbs/09_slurm.ipynb 78
 def functions_block(script:str) -> str:
     "The shell functions of a generated batch script (between its `>>> functions` and `<<< functions` lines)."
     m = re.search(r"^# >>> functions.*?\n(.*?)^# <<< functions", script, re.M | re.S)
@@ -584,7 +608,7 @@ def run_chain_case(script:str, rc:int, start:int, end:int, stop:int=1, index:int
         argv = (Path(d) / "argv").read_text().strip() if (Path(d) / "argv").exists() else ""
         return (p.stdout + p.stderr).strip().split("] ", 1)[-1], argv
 
-# %% ../nbs/09_slurm.ipynb 81
+# %% ../nbs/09_slurm.ipynb 82
 TRAINER_CONTRACT:list[tuple[str, str]] = [
     ("command", "TRAIN_CMD CONFIG [--section.field=value ...] --cluster.ray_address=auto [--reward.code_service_url=URL] --resume auto"),
     ("Ray", "ray.init(address=\"auto\") joins the cluster at $RAY_ADDRESS (set by grpo.sbatch); every node carries a slurm_node_<host> resource"),
@@ -595,7 +619,7 @@ TRAINER_CONTRACT:list[tuple[str, str]] = [
     ("files it must leave alone", "OUTPUT_DIR/slurm_chain.log (the chain's ledger)"),
 ]
 
-# %% ../nbs/09_slurm.ipynb 84
+# %% ../nbs/09_slurm.ipynb 85
 _SBATCH_OPTIONS = ["nodes", "gpus_per_node", "cpus_per_node", "time", "partition", "account", "qos", "signal_s",
                    "max_job_chains", "log_dir", "venv", "job_name", "mem", "train_cmd", "network", "nccl_debug"]
 
@@ -641,7 +665,7 @@ def sbatch_cli(argv:list[str]|None=None) -> int:
           f"chain of at most {spec.max_job_chains} jobs)\ncheck:  grpo_nb preflight {a.config} --log-dir {spec.log_dir} {' '.join(overrides)}\nsubmit: sbatch {out}")
     return 0
 
-# %% ../nbs/09_slurm.ipynb 87
+# %% ../nbs/09_slurm.ipynb 88
 Check = tuple[str, str]  # (PASS | WARN | FAIL | SKIP, detail)
 
 def check_model(name_or_path:str, hf_home:str|None=None) -> Check:
@@ -664,7 +688,7 @@ def check_model(name_or_path:str, hf_home:str|None=None) -> Check:
                         f"`huggingface-cli download {name_or_path}` on a login node, or point model.name_or_path at a directory")
     return "FAIL", f"no model at {p}: set model.name_or_path to a HF model directory"
 
-# %% ../nbs/09_slurm.ipynb 90
+# %% ../nbs/09_slurm.ipynb 91
 def check_writable(path:str, what:str) -> Check:
     "Whether `path` exists or can be created, and a file can be written in it."
     p = Path(path).expanduser()
@@ -676,7 +700,7 @@ def check_writable(path:str, what:str) -> Check:
         return ("PASS" if free > 1 else "WARN"), f"{what} {p} writable, {free:.0f} GiB free"
     except OSError as e: return "FAIL", f"{what} {p}: {e.strerror or e}; choose a directory you can write"
 
-# %% ../nbs/09_slurm.ipynb 93
+# %% ../nbs/09_slurm.ipynb 94
 def parse_sinfo(text:str) -> dict[str, tuple[int, str]]:
     "`sinfo -h -N -o '%N %G %t'` lines -> {node: (GPUs, state)}."
     out = {}
@@ -704,7 +728,7 @@ def check_nodes(nodes:int, gpus_per_node:int, partition:str="", sinfo:str|None=N
     if len(idle) < nodes: return "WARN", f"{len(fit)} usable nodes, {len(idle)} idle now: the job will queue"
     return "PASS", f"{len(fit)} usable node(s) with >= {gpus_per_node} GPUs, {len(idle)} idle"
 
-# %% ../nbs/09_slurm.ipynb 96
+# %% ../nbs/09_slurm.ipynb 97
 def _run_cli(module:str, func:str, argv:list[str]) -> tuple[int|None, str, str]:
     "Call `module.func(argv)` capturing its output; (None, '', why) when the module or function is absent."
     import contextlib, importlib, io
@@ -746,7 +770,7 @@ def check_layout(cfg:TrainConfig) -> Check:
     except ValueError: return "PASS", "layout feasible"
     return "PASS", f"learner world {lay.get('learner_world_size')}, sync world {lay.get('sync_world_size')}, idle GPUs {lay.get('idle_gpus')}"
 
-# %% ../nbs/09_slurm.ipynb 98
+# %% ../nbs/09_slurm.ipynb 99
 def preflight(cfg:TrainConfig, nodes:int|None=None, partition:str="", log_dir:str="logs", sinfo:str|None=None) -> list[tuple[str, str, str]]:
     "Every check of `cfg` before submission: rows (check, status, detail)."
     C, d = cfg.cluster, derive(cfg)

@@ -255,7 +255,7 @@ def test_sbatch_command_writes_a_runnable_pair(tmp_path):
     text = out.read_text()
     for line in ["#SBATCH --nodes=4", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu", "#SBATCH --account=proj",
                  "#SBATCH --time=48:00:00", "module load cuda/12.6", "export FI_PROVIDER=cxi", f"CONFIG=${{1:-{cfg}}}",
-                 "OVERRIDES=(--rollout.num_engines=8 "]:
+                 "BAKED=(--rollout.num_engines=8 "]:
         assert line in text, line
     assert (tmp_path / "site" / "ray_node_setup.sh").exists() and (tmp_path / "logs").is_dir()
     assert lib.bash_syntax_errors(text) == ""
@@ -307,3 +307,34 @@ def test_the_sbatch_check_hint_names_the_log_dir(tmp_path):
     with contextlib.redirect_stdout(out): rc = main(["sbatch", "demo", "-o", str(tmp_path / "g.sbatch"), "--log-dir", str(tmp_path / "L")])
     line = next(l for l in out.getvalue().splitlines() if l.startswith("check:"))
     assert rc == 0 and f"--log-dir {tmp_path / 'L'}" in line, out.getvalue()
+
+
+def test_baked_overrides_never_move_a_submitted_config_to_another_runs_directories(tmp_path, monkeypatch):
+    "Issue 21.2: the script baked --logging.output_dir of run A; submitting config B must refuse before Ray, naming both paths."
+    import contextlib, io
+    from grpo_nb.slurm import job_env_cli
+    b = tmp_path / "b.yaml"
+    b.write_text(f"logging:\n  output_dir: {tmp_path / 'runB'}\ncluster:\n  device: cpu\n")
+    for k in ("SLURM_JOB_NUM_NODES", "SLURM_GPUS_ON_NODE"): monkeypatch.delenv(k, raising=False)
+    def run(*argv):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err): rc = job_env_cli(list(argv))
+        return rc, out.getvalue(), err.getvalue()
+    rc, out, err = run("--baked", "1", str(b), f"--logging.output_dir={tmp_path / 'runA'}")
+    assert rc == 2 and str(tmp_path / "runA") in err and str(tmp_path / "runB") in err, err
+    rc, out, err = run("--baked", "1", str(b), f"--logging.output_dir={tmp_path / 'runA'}", f"--logging.output_dir={tmp_path / 'runC'}")
+    assert rc == 0 and f"OUTPUT_DIR={tmp_path / 'runC'}" in out, err   # what is given at submission wins
+    rc, out, err = run("--baked", "1", str(b), "--total_steps=7")                 # baked overrides that move nothing are fine
+    assert rc == 0 and "TOTAL_STEPS=7" in out, err
+
+
+def test_the_job_runs_the_preflight_layout_check_before_ray(monkeypatch):
+    "Issue 21.3: a layout that cannot fit (14 learner GPUs asked of 3 nodes x 4) is refused by the job's first step, with the fix."
+    import contextlib, io
+    from grpo_nb.slurm import job_env_cli
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "3"); monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = job_env_cli(["default", "--cluster.device=cuda", "--cluster.nodes=3", "--cluster.gpus_per_node=4",
+                          "--cluster.learners_per_node=[4,4,4]", "--rollout.num_engines=2", "--rollout.prompts_per_step=12"])
+    assert rc == 2 and "cannot be placed" in err.getvalue() and "Fix:" in err.getvalue(), err.getvalue()
