@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Literal
 
 # %% auto 0
-__all__ = ['Isolation', 'UID_BASE', 'UID_COUNT', 'HARNESS', 'SAFE_NAMES', 'Limits', 'SandboxError', 'isolation_status',
-           'resolve_isolation', 'sandbox_exec', 'AssertPlan', 'plan_assert', 'decode_value', 'judge', 'run_tests']
+__all__ = ['Isolation', 'HIDDEN_TREES', 'UID_BASE', 'UID_COUNT', 'HARNESS', 'SAFE_NAMES', 'Limits', 'SandboxError',
+           'isolation_status', 'resolve_isolation', 'sandbox_exec', 'AssertPlan', 'plan_assert', 'decode_value',
+           'judge', 'run_tests']
 
 # %% ../nbs/04a_sandbox.ipynb 6
 @dataclass
@@ -106,6 +107,53 @@ def _expose(paths:list[str]) -> list[str]:
     return done
 
 # %% ../nbs/04a_sandbox.ipynb 16
+_SECCOMP = {  # (audit arch, syscalls refused with EPERM, clone, clone3) per machine
+    "x86_64": (0xC000003E, {"shmget": 29, "msgget": 68, "semget": 64, "unshare": 272}, 56, 435),
+    "aarch64": (0xC00000B7, {"shmget": 194, "msgget": 186, "semget": 190, "unshare": 97}, 220, 435)}
+
+def _seccomp_program(machine:str) -> list[tuple[int, int, int, int]]|None:
+    "A classic-BPF seccomp filter: no SysV IPC objects, no unshare, no clone into a new user namespace (clone3: ENOSYS, so libc falls back to clone)."
+    if machine not in _SECCOMP: return None
+    arch, deny, clone, clone3 = _SECCOMP[machine]
+    LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+    ALLOW, EPERM, ENOSYS, KILL = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38, 0x80000000
+    body = [("ld", 4), ("jeq_next", arch), ("ret", KILL), ("ld", 0)]
+    if machine == "x86_64": body.append(("jge", 0x40000000, "eperm"))   # x32 system calls
+    body += [("jeq", nr, "eperm") for nr in deny.values()] + [("jeq", clone3, "enosys"), ("jne", clone, "allow"),
+             ("ld", 16), ("jset", _CLONE_NEWUSER, "eperm"), ("label", "allow"), ("ret", ALLOW),
+             ("label", "eperm"), ("ret", EPERM), ("label", "enosys"), ("ret", ENOSYS)]
+    at, n = {}, 0
+    for ins in body:
+        if ins[0] == "label": at[ins[1]] = n
+        else: n += 1
+    prog, i = [], 0
+    for ins in body:
+        op = ins[0]
+        if op == "label": continue
+        rel = lambda name: at[name] - (i + 1)
+        if op == "ld": prog.append((LD, 0, 0, ins[1]))
+        elif op == "ret": prog.append((RET, 0, 0, ins[1]))
+        elif op == "jeq_next": prog.append((JEQ, 1, 0, ins[1]))
+        elif op == "jeq": prog.append((JEQ, rel(ins[2]), 0, ins[1]))
+        elif op == "jne": prog.append((JEQ, 0, rel(ins[2]), ins[1]))
+        elif op == "jge": prog.append((JGE, rel(ins[2]), 0, ins[1]))
+        elif op == "jset": prog.append((JSET, rel(ins[2]), at["allow"] - (i + 1), ins[1]))
+        i += 1
+    return prog
+
+def _install_seccomp() -> bool:
+    "Install the filter on this process (after no_new_privs); False where the machine or kernel cannot."
+    prog = _seccomp_program(os.uname().machine)
+    if prog is None: return False
+    class F(ctypes.Structure): _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+    class P(ctypes.Structure): _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(F))]
+    arr = (F * len(prog))(*[F(*x) for x in prog])
+    fprog = P(len(prog), arr)
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0   # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+# %% ../nbs/04a_sandbox.ipynb 17
 def _set_limits(L:dict) -> None:
     "Apply the limits in `L` (a `Limits` as a dict, `cpu_s` filled in) to this process, soft = hard."
     mb = 1 << 20
@@ -131,12 +179,13 @@ def _exec_child(argv:list[str], env:dict, cwd:str, fds:dict[int, int], L:dict, u
         if uid is not None:
             os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        _install_seccomp()   # no SysV IPC (escapes the memory limit), no new user namespaces; best effort where unsupported
         os.execve(argv[0], argv, env)
     except BaseException as e:
         try: os.write(2, f"sandbox: cannot start {argv[0]}: {e}\n".encode())
         finally: os._exit(127)
 
-# %% ../nbs/04a_sandbox.ipynb 18
+# %% ../nbs/04a_sandbox.ipynb 19
 def _children(ppid:int) -> list[int]:
     "PIDs whose parent is `ppid` (from /proc)."
     out = []
@@ -170,7 +219,7 @@ def _reap_all(mode:str, pid:int, grace_s:float=3.0) -> bool:
         if time.monotonic() > end: return False
         time.sleep(0.005)
 
-# %% ../nbs/04a_sandbox.ipynb 20
+# %% ../nbs/04a_sandbox.ipynb 21
 def _pump(fds:dict[str, int], stdin:bytes, pidfd:int, deadline:float, cap:int) -> tuple[dict[str, bytearray], str|None]:
     "Move bytes until the program exits, `deadline` passes or `cap` output bytes arrive; return (buffers, why it stopped)."
     bufs = {k: bytearray() for k in ("out", "err", "rep")}
@@ -213,7 +262,7 @@ def _drain(fds:list[int], bufs:list[bytearray], cap:int, grace_s:float=1.0):
             buf += data
         os.close(fd)
 
-# %% ../nbs/04a_sandbox.ipynb 21
+# %% ../nbs/04a_sandbox.ipynb 22
 def _run_one(run:dict, spec:dict) -> dict:
     "Run one program of `spec` (argv, stdin) in the prepared sandbox; return what happened."
     L, mode = spec["limits"], spec["mode"]
@@ -247,7 +296,38 @@ def _run_one(run:dict, spec:dict) -> dict:
             "reports": reports, "wall_s": round(wall, 3), "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),
             "maxrss_mb": round(ru.ru_maxrss / 1024, 1), "cpu_limit": L["cpu_s"], "clean": clean}
 
-# %% ../nbs/04a_sandbox.ipynb 23
+# %% ../nbs/04a_sandbox.ipynb 25
+HIDDEN_TREES = ["/home", "/root", "/var/tmp", "/var/lock", "/var/crash", "/mnt", "/media", "/srv", "/opt/slurm", "/scratch"]
+"Trees a program never sees (an empty read-only tmpfs over each; the caller's home is added): user files, tokens and UNIX sockets."
+
+def _hide_tree(path:str, # a directory to cover
+               expose:list[str], # paths the program needs (the interpreter): bound back in, read-only
+              ) -> bool:
+    "Cover `path` with an empty read-only tmpfs, binding back the exposed paths beneath it; False if it could not be covered."
+    keep = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in expose if p.startswith(path.rstrip("/") + "/") and os.path.isdir(p)]
+    try: _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
+    except OSError:
+        for _, fd in keep: os.close(fd)
+        return False
+    for p, fd in keep:
+        os.makedirs(p, mode=0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", p, None, _MS_BIND | _MS_REC); os.close(fd)
+    _mount(None, path, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    return True
+
+def _close_ipc_and_userns(mode:str) -> dict:
+    "No SysV shared memory or message queues in the sandbox's IPC namespace (they would escape the memory limit); no nested user namespaces (userns mode)."
+    done = {}
+    sysctls = [("kernel/shmmni", "0"), ("kernel/shmall", "0"), ("kernel/shmmax", "0"), ("kernel/msgmni", "0")]
+    if mode == "userns": sysctls.append(("user/max_user_namespaces", "0"))   # in root mode this file is the host's: left alone
+    for name, value in sysctls:
+        try:
+            with open(f"/proc/sys/{name}", "w") as f: f.write(value)
+            done[name] = value
+        except OSError as e: done[name] = f"not set ({e.strerror})"
+    return done
+
+# %% ../nbs/04a_sandbox.ipynb 26
 def _setup_namespace_fs(spec:dict) -> dict:
     "Private mounts: expose the interpreter, everything read-only, fresh /proc, tmpfs on /tmp, /dev/shm and /run."
     L, info = spec["limits"], {}
@@ -273,6 +353,8 @@ def _setup_namespace_fs(spec:dict) -> dict:
     for path, opts in [("/dev/shm", "size=16m,mode=1777"), ("/run", "size=1m,mode=755")]:  # /run: host daemons' sockets
         try: _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, opts)
         except OSError: pass
+    info["hidden"] = [d for d in spec.get("hide", []) if _hide_tree(d, spec["expose"])]
+    info["sysctl"] = _close_ipc_and_userns(spec["mode"])
     return info
 
 def _init_main(spec:dict, lifeline:int) -> dict:
@@ -294,7 +376,7 @@ def _init_main(spec:dict, lifeline:int) -> dict:
     if spec["uid"] is not None: os.chown(spec["workdir"], spec["uid"], spec["uid"])
     return {"ok": True, "info": info, "runs": [_run_one(run, spec) for run in spec["runs"]]}
 
-# %% ../nbs/04a_sandbox.ipynb 25
+# %% ../nbs/04a_sandbox.ipynb 28
 _NS_FLAGS = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS
 
 def _enter_namespaces(spec:dict) -> None:
@@ -336,7 +418,7 @@ def _supervisor_main(parent:int|None=None) -> int:
         out.write(json.dumps({"ok": False, "error": f"sandbox supervisor failed: {type(e).__name__}: {e}"}) + "\n"); out.flush()
         return 1
 
-# %% ../nbs/04a_sandbox.ipynb 27
+# %% ../nbs/04a_sandbox.ipynb 30
 def _forkserver_main(sock_fd:int) -> int:
     "The fork server loop: fork one supervisor per request until the caller's end of `sock_fd` closes."
     sock, me, live = socket.socket(fileno=sock_fd), os.getpid(), set()
@@ -363,7 +445,7 @@ def _forkserver_main(sock_fd:int) -> int:
             while (pid := os.waitpid(-1, os.WNOHANG)[0]): live.discard(pid)
         except ChildProcessError: pass
 
-# %% ../nbs/04a_sandbox.ipynb 29
+# %% ../nbs/04a_sandbox.ipynb 32
 def _supervisor_code(call:str) -> list[str]:
     "`python -I -S -c` running `call` from this module, imported from its cached bytecode without site-packages."
     import importlib.util
@@ -395,7 +477,7 @@ class _ForkServer:
 
 _FORK_SERVER = _ForkServer()
 
-# %% ../nbs/04a_sandbox.ipynb 30
+# %% ../nbs/04a_sandbox.ipynb 33
 def _launch(spec:dict, deadline_s:float) -> dict:
     "Run a supervisor on `spec` through the fork server; kill its session after `deadline_s`; return its JSON answer."
     spec_r, spec_w = os.pipe(); res_r, res_w = os.pipe()
@@ -428,7 +510,7 @@ def _launch(spec:dict, deadline_s:float) -> dict:
     try: return json.loads(lines[-1])
     except (ValueError, IndexError): return {"ok": False, "error": f"sandbox supervisor ended without a report: {data[-300:]!r}"}
 
-# %% ../nbs/04a_sandbox.ipynb 32
+# %% ../nbs/04a_sandbox.ipynb 35
 _PROBES:dict[str, str] = {}
 
 def _probe(mode:str) -> str:
@@ -461,7 +543,7 @@ def resolve_isolation(isolation:Isolation="auto", # requested mode
                        "kernel.unprivileged_userns_clone=1), or pass allow_unisolated=True "
                        "(reward.allow_unisolated=true) to run without a network namespace (unsafe).")
 
-# %% ../nbs/04a_sandbox.ipynb 34
+# %% ../nbs/04a_sandbox.ipynb 37
 UID_BASE, UID_COUNT = 1_990_000_000, 1_000_000
 _uids_in_use:set[int] = set()
 _uid_lock = threading.Lock()
@@ -484,10 +566,12 @@ def _base_spec(L:Limits, timeout_s:float, mode:str, runs:list, files:dict, pytho
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     expose = sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
                                                     os.path.dirname(os.path.dirname(os.path.realpath(python))))})
+    home = os.path.realpath(os.path.expanduser("~"))
+    hide = [d for d in dict.fromkeys(HIDDEN_TREES + ([home] if home not in ("/", "/tmp") else [])) if os.path.isdir(d)]
     return {"mode": mode, "uid": None, "limits": lim, "env": env, "workdir": workdir, "files": files,
-            "runs": runs, "expose": expose, "cgroups": []}
+            "runs": runs, "expose": expose, "hide": hide, "cgroups": []}
 
-# %% ../nbs/04a_sandbox.ipynb 36
+# %% ../nbs/04a_sandbox.ipynb 39
 def _cgroup_parents() -> dict[str, str]:
     "controller -> a directory under which this process may create cgroups (v1 or v2), for 'pids' and 'memory'."
     out = {}
@@ -530,7 +614,7 @@ def _remove_cgroups(dirs:list[str]):
             except FileNotFoundError: break
             except OSError: time.sleep(0.01)
 
-# %% ../nbs/04a_sandbox.ipynb 37
+# %% ../nbs/04a_sandbox.ipynb 40
 def sandbox_exec(files:dict[str, str], # file name -> text, written into the private working directory
                  runs:list[dict], # each {"argv": [...], "stdin": str}; argv[0] is an absolute path
                  timeout_s:float=10.0, # wall-clock limit of each run
@@ -556,7 +640,7 @@ def sandbox_exec(files:dict[str, str], # file name -> text, written into the pri
     res["isolation"] = mode
     return res
 
-# %% ../nbs/04a_sandbox.ipynb 41
+# %% ../nbs/04a_sandbox.ipynb 44
 HARNESS = r'''
 import os as _os, sys as _sys
 def _grpo_runner(_write=_os.write, _type=type, _len=len, _repr=repr, _str=str, _isinstance=isinstance):
@@ -605,7 +689,7 @@ def _grpo_runner(_write=_os.write, _type=type, _len=len, _repr=repr, _str=str, _
 _grpo_runner()
 '''
 
-# %% ../nbs/04a_sandbox.ipynb 43
+# %% ../nbs/04a_sandbox.ipynb 46
 SAFE_NAMES = {"abs", "all", "any", "bool", "dict", "divmod", "enumerate", "filter", "float", "frozenset", "int", "isinstance",
               "len", "list", "map", "max", "min", "pow", "range", "reversed", "round", "set", "sorted", "str", "sum", "tuple",
               "zip", "True", "False", "None", "math", "complex", "bytes", "type"}
@@ -649,7 +733,7 @@ def plan_assert(test:str, # one assert snippet, e.g. "assert f(2) == 4"
     expr = split(tree.body[0].test)
     return AssertPlan(ast.unparse(expr), leaves)
 
-# %% ../nbs/04a_sandbox.ipynb 46
+# %% ../nbs/04a_sandbox.ipynb 49
 _SAFE_BUILTINS = {n: getattr(builtins, n) for n in SAFE_NAMES if hasattr(builtins, n)}
 
 def decode_value(text:str, # one leaf's type-tagged report, as the runner wrote it
@@ -686,7 +770,7 @@ def judge(plan:AssertPlan, # from `plan_assert`
     except Exception as e: return {"passed": False, "status": "error", "detail": f"{type(e).__name__}: {e}"[:300]}
     return {"passed": ok, "status": "passed" if ok else "failed", "detail": "" if ok else f"assert {plan.expr} with {env}"[:300]}
 
-# %% ../nbs/04a_sandbox.ipynb 49
+# %% ../nbs/04a_sandbox.ipynb 52
 def _run_failure(run:dict) -> tuple[str, str]:
     "(status, detail) explaining why a run produced no verdict."
     if run["timed_out"]: return "timeout", f"killed after {run['wall_s']:.1f} s (wall-clock limit)"
@@ -725,7 +809,7 @@ def _verdicts(run:dict, # the sandbox's report of the runner
         out.append(v)
     return out
 
-# %% ../nbs/04a_sandbox.ipynb 51
+# %% ../nbs/04a_sandbox.ipynb 54
 def _norm_output(s:str) -> str:
     return "\n".join(line.rstrip() for line in s.strip("\n").splitlines()).strip()
 
@@ -740,7 +824,7 @@ def _stdio_verdict(run:dict, expected:str) -> dict:
     return {"passed": ok, "status": "passed" if ok else "failed",
             "detail": "" if ok else f"expected {_norm_output(expected)[:100]!r}, got {_norm_output(run['stdout'])[:100]!r}"}
 
-# %% ../nbs/04a_sandbox.ipynb 54
+# %% ../nbs/04a_sandbox.ipynb 57
 @functools.lru_cache(maxsize=8)
 def _site_dirs(python:str|None) -> list[str]:
     "site-packages directories of `python` (of this interpreter when None or the same)."
@@ -751,7 +835,7 @@ def _site_dirs(python:str|None) -> list[str]:
                          capture_output=True, text=True, timeout=30)
     return json.loads(out.stdout) if out.returncode == 0 else []
 
-# %% ../nbs/04a_sandbox.ipynb 56
+# %% ../nbs/04a_sandbox.ipynb 59
 def run_tests(program:str, # the untrusted source code (a whole Python file)
               tests:list, # assert snippets (str) or {"input": str, "output": str} cases; not mixed
               timeout_s:float=10.0, # wall-clock limit of one run (all asserts together; each stdin case alone)

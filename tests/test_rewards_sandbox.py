@@ -66,6 +66,22 @@ def secret_file():
     yield p
     p.unlink(); os.rmdir(d)
 
+@pytest.fixture(scope="module", autouse=True)
+def unix_listener():
+    "A host UNIX socket outside /tmp, /run and /dev/shm (32_unix_socket_var_tmp must not reach it); counts connections."
+    path = "/var/tmp/grpo_sbx_unix.sock"
+    if os.path.exists(path): os.unlink(path)
+    srv = socket.socket(socket.AF_UNIX); srv.bind(path); os.chmod(path, 0o777); srv.listen(16); srv.settimeout(0.2)
+    hits, stop = [], threading.Event()
+    def accept():
+        while not stop.is_set():
+            try: hits.append(srv.accept()[0])
+            except OSError: pass
+    t = threading.Thread(target=accept, daemon=True); t.start()
+    yield hits
+    stop.set(); t.join(); srv.close(); os.unlink(path)
+    assert not hits, "a sandboxed program connected to a host UNIX socket under /var/tmp"
+
 @pytest.fixture(scope="module")
 def service():
     "The code service as the sbatch script starts it, with a secret in its environment."
@@ -201,14 +217,18 @@ def test_userns_mode_as_an_unprivileged_user(listener, secret_file):
     if os.geteuid() != 0: pytest.skip("needs root to create the unprivileged caller")
     port, hits = listener
     names = ["01_fork_bomb", "09_write_outside", "13_socket_loopback", "14_socket_outside", "15_kill_parent",
-             "11_read_secrets", "27_become_root", "20_raise_limits"]
+             "11_read_secrets", "27_become_root", "20_raise_limits", "31_sysv_shm", "32_unix_socket_var_tmp", "33_nested_userns",
+             "34_read_home_token"]
+    home = Path(tempfile.mkdtemp(prefix="grpo-home-", dir="/var/tmp"))   # the unprivileged caller's home, with a private token
+    (home / "private").mkdir(mode=0o700); (home / "private" / "token").write_text("HOME-TOKEN-" + secrets.token_hex(8))
+    for q in (home, home / "private", home / "private" / "token"): os.chown(q, 65534, 65534)
     progs = {n: prepare(Path(__file__).parent / "hostile" / f"{n}.py", port, secret_file, "x") for n in names}
     boot = textwrap.dedent(f'''
         import os, sys
         from grpo_nb.sandbox import _unshare, _mount, _expose, _CLONE_NEWNS, _MS_REC, _MS_PRIVATE
         _unshare(_CLONE_NEWNS); _mount(None, "/", None, _MS_REC | _MS_PRIVATE); _expose([sys.base_prefix, sys.prefix])
         os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)
-        os.execve(sys.executable, [sys.executable, "-c", {USERNS_CHILD!r}], {{"PATH": "/usr/bin:/bin", "HOME": "/"}})
+        os.execve(sys.executable, [sys.executable, "-c", {USERNS_CHILD!r}], {{"PATH": "/usr/bin:/bin", "HOME": {str(home)!r}}})
     ''')
     def count_nobody():
         n = 0
@@ -221,7 +241,9 @@ def test_userns_mode_as_an_unprivileged_user(listener, secret_file):
         while not stop.is_set(): seen.append(count_nobody()); time.sleep(0.05)
     t = threading.Thread(target=watch); t.start()
     try: p = subprocess.run([sys.executable, "-c", boot], input=json.dumps(progs), capture_output=True, text=True, timeout=120, cwd=REPO)
-    finally: stop.set(); t.join()
+    finally:
+        stop.set(); t.join()
+        import shutil; shutil.rmtree(home, ignore_errors=True)
     assert p.returncode == 0, p.stderr[-2000:]
     # caller + fork server + the supervisor (it unshares the user namespace, so it stays outside it), plus at most
     # nproc=8 inside the namespace (init, programs) during the fork bomb; an escaped fork bomb would show hundreds
