@@ -10,7 +10,7 @@
 
     python tools/site/proc_nbs.py        # what tools/build_site.sh runs; safe to run any time
 """
-import ast, json, sys
+import ast, json, re, sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,6 +86,27 @@ def main():
     import nbdev.quarto
     nbdev.quarto._ensure_quarto = lambda: None
     nbdev.quarto.nbdev_proc_nbs.__wrapped__()
+    tidy_show_doc(proc, cp["DEFAULT"].get("git_url", ""), cp["DEFAULT"].get("source_links", "True") == "True")
+
+
+def tidy_show_doc(proc: Path, git_url: str, source_links: bool) -> None:
+    """What show_doc prints for functions executed in a notebook: `__main__.ModelShape` for the notebook's own classes
+    (markdown turns `__main__` into a bold "main"), `NoneType` for a `None` default, and source links to `git_url`.
+    Types are written as the library names them; source links are dropped while the repository has no public home."""
+    link = re.compile(r"\[source\]\(" + re.escape(git_url.rstrip("/")) + r"[^)]*\)(\{[^}]*\})?\n?") if git_url and not source_links else None
+    for p in proc.rglob("*.ipynb"):
+        text = p.read_text()
+        nb = json.loads(text)
+        for c in nb.get("cells", []):
+            for o in c.get("outputs", []):
+                md = o.get("data", {}).get("text/markdown")
+                if md is None: continue
+                s = "".join(md) if isinstance(md, list) else md
+                s = s.replace("__main__.", "").replace("NoneType", "None")
+                if link is not None: s = link.sub("", s)
+                o["data"]["text/markdown"] = s
+        new = json.dumps(nb, indent=1, ensure_ascii=False)
+        if new != text: p.write_text(new)
 
 
 if __name__ == "__main__":   # nbdev's workers are spawned and re-import this file: keep the guard

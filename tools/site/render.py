@@ -101,6 +101,7 @@ class Project:
         return out
 
     def github_blob(self, repo_path: str) -> str | None:
+        if self.settings.get("source_links", "True") != "True": return None   # no public repository yet (settings.ini)
         git = (self.settings.get("git_url") or self.website.get("repo-url") or "").rstrip("/")
         return f"{git}/blob/{self.settings.get('branch', 'main')}/{repo_path}" if git else None
 
