@@ -205,14 +205,12 @@ class LogProbPolicy(nn.Module):
 # %% ../nbs/10_ddp.ipynb 30
 def model_path(name_or_path:str, # local HF directory, or a `grpo_nb.tiny` model name, optionally warm-started: `tiny-arith@60`
               ) -> Path:
-    "The model's directory, building (and caching) a built-in tiny model when one is named."
-    from grpo_nb.tiny import TINY_MODELS, tiny_model_dir
-    base, _, warm = name_or_path.partition("@")
-    if base in TINY_MODELS and (warm == "" or warm.isdigit()): return tiny_model_dir(base, warm_steps=int(warm or 0))
-    if not (Path(name_or_path) / "config.json").exists():
-        raise ConfigError("model.name_or_path", f"{name_or_path!r} is neither a built-in tiny model nor a directory with config.json.",
-                          f"--model.name_or_path=tiny-arith@60, or a local HF directory (built-in: {sorted(TINY_MODELS)}, optionally @<warm steps>)")
-    return Path(name_or_path)
+    "The model's directory (`grpo_nb.tiny.resolve_model`, the one resolver of model names); a directory needs a config.json."
+    from grpo_nb.tiny import builtin_model, resolve_model
+    p = Path(resolve_model(name_or_path))
+    if builtin_model(name_or_path) is None and not (p / "config.json").exists():
+        raise ConfigError("model.name_or_path", f"{name_or_path!r} is a directory without config.json.", "--model.name_or_path=<a HF model directory>")
+    return p
 
 def load_policy(name_or_path:str, # see `model_path`
                 dtype:str="auto", # model.dtype

@@ -532,10 +532,8 @@ def model_source(model:str|dict, # HF directory, tiny model name, or config dict
                 ) -> str|dict:
     "Resolve a `grpo_nb.tiny` name to its (cached) directory; anything else is returned as it is."
     if isinstance(model, str) and not Path(model).exists():
-        try:
-            from grpo_nb.tiny import TINY_MODELS, tiny_model_dir
-            if model in TINY_MODELS: return str(tiny_model_dir(model))
-        except ImportError: pass
+        from grpo_nb.tiny import builtin_model, resolve_model   # the one resolver (accepts tiny-arith@N too)
+        if builtin_model(model): return resolve_model(model)
         raise FileNotFoundError(f"model {model!r} is neither a directory nor a built-in tiny model. Fix: --model.name_or_path=<local HF dir>.")
     return model
 

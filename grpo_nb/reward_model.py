@@ -94,8 +94,8 @@ def encode_pairs(tok, # a transformers tokenizer with a pad token
 def resolve_model_dir(name_or_path:str, # a HF directory, or a built-in tiny model name (`grpo_nb.tiny.TINY_MODELS`)
                      ) -> Path:
     "Directory of a model: the path itself, or the cached build of a tiny model."
-    from grpo_nb.tiny import TINY_MODELS, tiny_model_dir
-    if name_or_path in TINY_MODELS: return tiny_model_dir(name_or_path)
+    from grpo_nb.tiny import TINY_MODELS, builtin_model, resolve_model   # the one resolver of model names
+    if builtin_model(name_or_path): return Path(resolve_model(name_or_path))
     p = Path(name_or_path)
     if not (p / "config.json").exists():
         raise FileNotFoundError(f"{name_or_path}: not a model directory (no config.json) nor a tiny model ({', '.join(TINY_MODELS)}); "

@@ -212,7 +212,7 @@ chain_next() {  # chain_next TRAIN_RC START_STEP END_STEP: submit the job that r
   local rc=$1 start=$2 end=$3 next=$((GRPO_CHAIN_INDEX + 1)) id
   if [ "$STOP_REQUESTED" != 1 ]; then log "chain: stop: the trainer ended before the walltime signal (exit $rc)"; return 0; fi
   if [ "$rc" != 0 ]; then log "chain: stop: the trainer failed (exit $rc); resubmit by hand once fixed (it resumes from step $end)"; return 0; fi
-  if [ "$end" -le "$start" ]; then log "chain: stop: no new checkpoint in this job (step $start -> $end); the next job would fail alike"; return 0; fi
+  if [ "$end" -le "$start" ]; then log "chain: the walltime signal came before the first step of this job: chaining on from step $end (MAX_JOB_CHAINS bounds the chain)"; fi
   if [ "$end" -ge "$TOTAL_STEPS" ]; then log "chain: stop: the run is complete (step $end of $TOTAL_STEPS)"; return 0; fi
   if [ "$next" -ge "$MAX_JOB_CHAINS" ]; then log "chain: stop: GRPO_CHAIN_INDEX=$GRPO_CHAIN_INDEX is the last of MAX_JOB_CHAINS=$MAX_JOB_CHAINS"; return 0; fi
   if [ "$JOBS_IN_CHAIN" -ge "$MAX_JOB_CHAINS" ]; then log "chain: stop: $LEDGER lists $JOBS_IN_CHAIN jobs = MAX_JOB_CHAINS (the counter says $GRPO_CHAIN_INDEX)"; return 0; fi

@@ -12,7 +12,7 @@ inside a network namespace this harness creates, so:
   jobs, their Ray processes), so `stop()` signals exactly those PIDs (SIGTERM, then SIGKILL; slurmd ignores
   SIGTERM while it retries a dead controller).
 
-The recipe and its traps are in ../shared/FIELD_NOTES.md ("A real SLURM on one CPU box").
+Debian's slurmctld/slurmd/munge, a private munge key, every path under a temp dir, emulated nodes on loopback.
 
     with LocalSlurm(nodes=2, gpus_per_node=4) as s:
         job = s.sbatch("sbatch/grpo.sbatch", "cfg.yaml")
