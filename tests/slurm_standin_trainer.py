@@ -76,9 +76,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="slurm_standin_trainer")
     p.add_argument("--step-s", type=float, default=0.3, help="seconds one fake step takes")
     p.add_argument("--crash-at-step", type=int, default=0, help="exit 1 before checkpointing this step (0: never)")
+    p.add_argument("--startup-s", type=float, default=0.0, help="seconds before the signal handlers exist (grpo_nb's imports)")
     p.add_argument("--resume", default="auto")
     p.add_argument("config")
     a, overrides = p.parse_known_args(argv)
+    time.sleep(a.startup_s)
     for s in (signal.SIGUSR1, signal.SIGTERM): signal.signal(s, on_signal)
     if os.environ.get("GRPO_NB_READY_FILE"): Path(os.environ["GRPO_NB_READY_FILE"]).touch()   # as grpo_nb.stop.catch_early does
     cfg = load_config(a.config, overrides)
