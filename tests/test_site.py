@@ -264,3 +264,16 @@ def test_render_reports_a_stale_processed_copy(tmp_path, capsys):
     assert render.main(["--root", str(tmp_path), "--no-readme"]) == 1
     assert "01_a.ipynb: _proc/ has an older copy of it" in capsys.readouterr().err
     assert "Page A" in (tmp_path / "_site" / "a.html").read_text()      # still rendered, from the notebook itself
+
+
+def test_pages_show_the_library_as_readers_import_it():
+    """Issue 21.11: show_doc printed `__main__.ModelShape` (markdown turned `__main__` into a bold "main"), `NoneType`
+    for a `None` default, source links to a placeholder repository, and a progress bar frozen at 0%."""
+    site = ROOT / "_site"
+    if not (site / "index.html").exists(): pytest.skip("no built site (`make docs` builds it; `make test` builds it before pytest)")
+    bad = {}
+    for page in site.rglob("*.html"):
+        text = page.read_text()
+        for what in ("__main__.", "<strong>main</strong>", "NoneType", "github.com/grpo-nb/grpo-nb/blob", "0%|"):
+            if what in text: bad.setdefault(page.name, []).append(what)
+    assert not bad, bad
