@@ -13,7 +13,7 @@ For a tied model that scores every token this is the usual (6·N + 6·layers·H�
 Beside each measurement: the memory planner's prediction (grpo_nb.memory.learner_memory, for the longest
 packed row of the step) of the peak that torch.cuda.max_memory_allocated reports during the step.
 
-On the GPU machine (PYTHONPATH = the repo + the carried DeepSpeed/Ray wheels, see /work/shared/gpu/README.md):
+On a GPU node (the repo on PYTHONPATH; what else it needs: the guide page "Measured on GPUs", nbs/guides/gpu_results.ipynb):
     python bench/learner_mfu.py --part 1gpu --out bench/results/learner_mfu.json    # one GPU, about 5 min
     python bench/learner_mfu.py --part 2gpu --out bench/results/learner_mfu.json    # two GPUs, about 4 min
 On this CPU machine: python bench/learner_mfu.py --smoke    (tiny model, fp32, gloo; writes /tmp/learner_mfu_smoke.json)

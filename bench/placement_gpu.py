@@ -3,7 +3,7 @@ each slot reports its node, CUDA_VISIBLE_DEVICES, Ray's GPU ids and the physical
 the learner and the engine must own distinct physical GPUs and see exactly one and TP GPUs. Writes
 bench/results/placement_gpu.json.
 
-GPU machine (from the repo root, Ray wheel installed as ../shared/gpu/README.md shows):
+GPU node (from the repo root; what the node needs: the guide page "Measured on GPUs", nbs/guides/gpu_results.ipynb):
     export PYTHONPATH=$PWD:/tmp/site RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 \
            NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     python3 bench/placement_gpu.py                      # about 30 s

@@ -15,7 +15,7 @@ the library's own `connect_weight_sync` / `sync_weights` / `verify_weight_sync`,
 for a few bucket sizes, then verifies the engine bit for bit (checksums) and by log-probs.
 Records go to bench/results/weight_sync.json (model, bytes, floor_s, gather_s, send_s, load_s, total_s, device).
 
-GPU (2 GPUs; DeepSpeed wheel on PYTHONPATH, see shared/gpu/README.md):   python bench/weight_sync.py
+GPU (2 GPUs; see the guide page "Measured on GPUs"):                     python bench/weight_sync.py
 CPU smoke test (tiny model, gloo, ~1 min):                               python bench/weight_sync.py --smoke
 
 Every stage (start-up, floor, each bucket size, verification) is guarded: a failure is recorded under "errors"

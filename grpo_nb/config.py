@@ -296,19 +296,10 @@ def derive(cfg:TrainConfig) -> Derived:
 
 # %% ../nbs/00_config.ipynb 35
 def _check_colocated(cfg:TrainConfig):
-    "A colocated layout: engine i shares learner i's GPU, so the two counts match and generation cannot overlap training."
-    R, C = cfg.rollout, cfg.cluster
-    n = sum(C.learners_per_node)
+    "What a colocated run needs of the rollout section (where learners and engines go is `grpo_nb.placement.plan_colocated`'s to check)."
+    R = cfg.rollout
     _check(R.mode == "sync", "rollout.mode", "a colocated engine sleeps while its learner steps, so it cannot sample the next batch meanwhile.",
            "--rollout.mode=sync, or --rollout.placement=split to overlap generation with learning")
-    _check(R.tensor_parallel_size == 1, "rollout.tensor_parallel_size",
-           f"colocated engines run with TP=1 (one engine per learner GPU; got TP={R.tensor_parallel_size}).",
-           "--rollout.tensor_parallel_size=1, or --rollout.placement=split")
-    _check(R.num_engines == n, "rollout.num_engines", f"colocated placement puts one engine on each of the {n} learner GPUs (got {R.num_engines} engines).",
-           f"--rollout.num_engines={n}")
-    _check(len(C.learners_per_node) == 1, "cluster.learners_per_node",
-           f"colocated placement is implemented for learners on one node (got {len(C.learners_per_node)} learner nodes).",
-           "--rollout.placement=split for multi-node runs")
     _check(R.sleep_level in (0, 1, 2), "rollout.sleep_level", f"must be 0, 1 or 2 (got {R.sleep_level}).", "--rollout.sleep_level=1")
     _check(R.gpu_memory_utilization <= 0.7 or R.kv_cache_mib > 0, "rollout.gpu_memory_utilization",
            f"a colocated engine asking for {R.gpu_memory_utilization:.0%} of the GPU leaves its learner too little room.",

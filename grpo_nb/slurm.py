@@ -317,7 +317,8 @@ BLOCK_CODE = r'''# ---- 6. The code-execution reward service on the head node, w
 CODE_URL=
 if [ "$CODE_REWARDS" = 1 ]; then
   CODE_URL=http://$HEAD_IP:$CODE_SERVER_PORT
-  # LEAD: the serve entry point of grpo_nb.rewards (issue 8); finalise its options (workers, isolation) here.
+  # the sandboxed code-execution service (`python -m grpo_nb.rewards serve --help` lists its workers and limits):
+  # change them with CODE_SERVER_CMD=... at submission (`--export=ALL` carries it into the chained jobs)
   CODE_SERVER_CMD=${CODE_SERVER_CMD:-{{code_server_cmd}}}
   srun --overlap --nodes=1 --ntasks=1 -w "$HEAD" $CODE_SERVER_CMD > "$LOG_DIR/code-server-$SLURM_JOB_ID.log" 2>&1 &
   CODE_PID=$!
@@ -500,10 +501,11 @@ def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and 
                 config:str, # CONFIG as submitted
                ) -> None:
     "Refuse a job whose baked overrides would move the submitted config's output or checkpoint directory (naming both)."
-    for what, get in (("output directory", lambda c: Path(c.logging.output_dir)), ("checkpoint directory", lambda c: Path(derive(c).checkpoint_dir))):
+    for field_, what, get in (("logging.output_dir", "output directory", lambda c: Path(c.logging.output_dir)),
+                              ("checkpoint.dir", "checkpoint directory", lambda c: Path(derive(c).checkpoint_dir))):
         mine, theirs = get(submitted).resolve(), get(cfg).resolve()
         if mine != theirs:
-            raise ConfigError("logging.output_dir", f"the script's baked overrides ({' '.join(baked)}) put the {what} at {theirs}, "
+            raise ConfigError(field_, f"the script's baked overrides ({' '.join(baked)}) put the {what} at {theirs}, "
                               f"but {config} as submitted says {mine}: refusing before Ray starts, so that no other run's checkpoints are read or moved.",
                               f"regenerate the script for this config (grpo_nb sbatch {config} ...), or pass the directory you mean at submission")
 

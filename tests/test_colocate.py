@@ -59,8 +59,11 @@ def test_colocated_refusals():
     from grpo_nb.config import ConfigError, load_config, validate
     with pytest.raises(ConfigError, match="rollout.mode=sync"):
         validate(load_config("demo", [*BASE, "--rollout.mode=one-step-off"]))
-    with pytest.raises(ConfigError, match="num_engines=1"):
-        validate(load_config("demo", [*BASE, "--rollout.num_engines=2"]))
+    from grpo_nb.placement import Layout, PlacementError
+    with pytest.raises(PlacementError, match="num_engines=1"):   # the layout's own check, run before Ray starts
+        Layout.from_config(validate(load_config("demo", [*BASE, "--rollout.num_engines=2"])))
+    with pytest.raises(PlacementError, match="tensor_parallel_size=1"):
+        Layout.from_config(validate(load_config("demo", [*BASE, "--rollout.tensor_parallel_size=2"])))
     with pytest.raises(ConfigError, match="gpu_memory_utilization=0.3"):
         validate(load_config("demo", [*BASE, "--rollout.gpu_memory_utilization=0.9", "--rollout.kv_cache_mib=0"]))
     from grpo_nb.colocate import check_sleep_mode

@@ -5,7 +5,7 @@ with the test `assert solve() == 1`: a passed test means a broken sandbox. The h
 through the HTTP service, which carries a planted secret in its environment; afterwards the service
 must be healthy and answer correct programs, and no process of any sandbox uid may be left.
 """
-import concurrent.futures as cf, json, os, secrets, signal, socket, subprocess, sys, tempfile, textwrap, threading, time
+import concurrent.futures as cf, contextlib, json, os, secrets, signal, socket, subprocess, sys, tempfile, textwrap, threading, time
 from pathlib import Path
 import pytest
 from grpo_nb.rewards import CodeClient, RewardContext, compute_rewards
@@ -45,22 +45,28 @@ def children_of(pid: int) -> list[tuple[int, str]]:
         if int(fields[1]) == pid: out.append((int(d), fields[0]))
     return out
 
-@pytest.fixture(scope="module")
-def listener():
-    "A TCP listener on the host's loopback that counts connections (the sandbox must never reach it)."
-    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(16); srv.settimeout(0.2)
+@contextlib.contextmanager
+def counting(srv:socket.socket):
+    "Accept on `srv` in a thread while the block runs; yields the list of connections it accepted (it must stay empty)."
+    srv.listen(16); srv.settimeout(0.2)
     hits, stop = [], threading.Event()
     def accept():
         while not stop.is_set():
             try: hits.append(srv.accept()[0])
             except OSError: pass
     t = threading.Thread(target=accept, daemon=True); t.start()
-    yield srv.getsockname()[1], hits
-    stop.set(); t.join(); srv.close()
+    try: yield hits
+    finally: stop.set(); t.join(); srv.close()
+
+@pytest.fixture(scope="module")
+def listener():
+    "A TCP listener on the host's loopback that counts connections (the sandbox must never reach it)."
+    srv = socket.socket(); srv.bind(("127.0.0.1", 0))
+    with counting(srv) as hits: yield srv.getsockname()[1], hits
 
 @pytest.fixture(scope="module")
 def secret_file():
-    "A root-only file outside /tmp (the sandbox sees /var/tmp read-only, but must not read this)."
+    "A root-only file outside /tmp (the sandbox hides /var/tmp; it must not read this in any case)."
     d = tempfile.mkdtemp(prefix="grpo-secret-", dir="/var/tmp"); os.chmod(d, 0o755)
     p = Path(d, "secret.txt"); p.write_text("TOP-SECRET-" + secrets.token_hex(8)); p.chmod(0o600)
     yield p
@@ -71,15 +77,9 @@ def unix_listener():
     "A host UNIX socket outside /tmp, /run and /dev/shm (32_unix_socket_var_tmp must not reach it); counts connections."
     path = "/var/tmp/grpo_sbx_unix.sock"
     if os.path.exists(path): os.unlink(path)
-    srv = socket.socket(socket.AF_UNIX); srv.bind(path); os.chmod(path, 0o777); srv.listen(16); srv.settimeout(0.2)
-    hits, stop = [], threading.Event()
-    def accept():
-        while not stop.is_set():
-            try: hits.append(srv.accept()[0])
-            except OSError: pass
-    t = threading.Thread(target=accept, daemon=True); t.start()
-    yield hits
-    stop.set(); t.join(); srv.close(); os.unlink(path)
+    srv = socket.socket(socket.AF_UNIX); srv.bind(path); os.chmod(path, 0o777)
+    with counting(srv) as hits: yield hits
+    os.unlink(path)
     assert not hits, "a sandboxed program connected to a host UNIX socket under /var/tmp"
 
 @pytest.fixture(scope="module")

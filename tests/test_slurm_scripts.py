@@ -95,27 +95,32 @@ def funcs(text:str) -> str:
     return lib.functions_block(text)
 
 
+def _signal_the_train_block(tmp_path, trainer_body:str, poll_s:float=0.05) -> str:
+    """Run the script's train block (its functions, the USR1 trap) with `trainer_body` as the trainer; USR1 the batch shell as soon as
+    the trainer says `started`, as `--signal=B:USR1@S` does (only the batch shell gets it); return the block's output."""
+    trainer = tmp_path / "trainer.sh"
+    trainer.write_text("#!/bin/bash\n" + textwrap.dedent(trainer_body)); trainer.chmod(0o755)
+    script = (funcs((SBATCH / "grpo.sbatch").read_text()) +
+              f'STOP_REQUESTED=0 TRAIN_PID= CKPT_DIR={tmp_path}/ckpt CONFIG=c.yaml OVERRIDES=() CODE_URL= TRAIN_CMD={trainer}\n'
+              "trap 'on_stop USR1' USR1\n" + lib.BLOCK_TRAIN + '\necho "RC=$TRAIN_RC START=$START_STEP END=$END_STEP STOP=$STOP_REQUESTED"\n')
+    p = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for _ in range(int(10 / poll_s)):
+        if (tmp_path / "started").exists(): break
+        time.sleep(poll_s)
+    os.kill(p.pid, signal.SIGUSR1)
+    return p.communicate(timeout=30)[0]
+
+
 def test_signal_reaches_a_background_trainer_and_its_exit_status_is_kept(tmp_path):
     "The USR1 trap forwards the signal; `wait` is retried after the trap; the trainer's own exit status is kept."
-    trainer = tmp_path / "trainer.sh"
-    trainer.write_text(textwrap.dedent(f"""\
-        #!/bin/bash
+    (tmp_path / "ckpt").mkdir(); (tmp_path / "ckpt" / "latest").write_text("step_5\n")
+    out = _signal_the_train_block(tmp_path, f"""\
         trap 'echo got-usr1 > {tmp_path}/seen; sleep 0.3; echo 7 > {tmp_path}/ckpt/latest; exit 0' USR1
         touch "$GRPO_NB_READY_FILE"   # as grpo_nb.stop.catch_early does once its handlers are in
         echo started > {tmp_path}/started
         for i in $(seq 200); do sleep 0.05; done
         exit 3
-        """)); trainer.chmod(0o755)
-    (tmp_path / "ckpt").mkdir(); (tmp_path / "ckpt" / "latest").write_text("step_5\n")
-    script = (funcs((SBATCH / "grpo.sbatch").read_text()) +
-              f'STOP_REQUESTED=0 TRAIN_PID= CKPT_DIR={tmp_path}/ckpt CONFIG=c.yaml OVERRIDES=() CODE_URL= TRAIN_CMD={trainer}\n'
-              "trap 'on_stop USR1' USR1\n" + lib.BLOCK_TRAIN + '\necho "RC=$TRAIN_RC START=$START_STEP END=$END_STEP STOP=$STOP_REQUESTED"\n')
-    p = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for _ in range(200):
-        if (tmp_path / "started").exists(): break
-        time.sleep(0.05)
-    os.kill(p.pid, signal.SIGUSR1)  # what `--signal=B:USR1@S` does: only the batch shell gets it
-    out, _ = p.communicate(timeout=30)
+        """)
     assert (tmp_path / "seen").exists(), out
     assert "RC=0 START=5 END=7 STOP=1" in out, out
     assert "got SIGUSR1: asking the trainer (pid" in out
@@ -123,27 +128,16 @@ def test_signal_reaches_a_background_trainer_and_its_exit_status_is_kept(tmp_pat
 
 def test_a_signal_before_the_trainer_can_take_it_waits_for_its_handlers(tmp_path):
     "Issue 21.1: the walltime signal right after the trainer was spawned is forwarded only once the trainer is ready."
-    trainer = tmp_path / "trainer.sh"
-    trainer.write_text(textwrap.dedent(f"""\
-        #!/bin/bash
+    (tmp_path / "ckpt").mkdir()
+    out = _signal_the_train_block(tmp_path, f"""\
         echo started > {tmp_path}/started
         sleep 1                        # the seconds grpo_nb spends importing before its handlers exist
         trap 'echo got-usr1 > {tmp_path}/seen; exit 0' USR1
         touch "$GRPO_NB_READY_FILE"
         for i in $(seq 200); do sleep 0.05; done
         exit 3
-        """)); trainer.chmod(0o755)
-    (tmp_path / "ckpt").mkdir()
-    script = (funcs((SBATCH / "grpo.sbatch").read_text()) +
-              f'STOP_REQUESTED=0 TRAIN_PID= CKPT_DIR={tmp_path}/ckpt CONFIG=c.yaml OVERRIDES=() CODE_URL= TRAIN_CMD={trainer}\n'
-              "trap 'on_stop USR1' USR1\n" + lib.BLOCK_TRAIN + '\necho "RC=$TRAIN_RC STOP=$STOP_REQUESTED"\n')
-    p = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for _ in range(200):
-        if (tmp_path / "started").exists(): break
-        time.sleep(0.01)
-    os.kill(p.pid, signal.SIGUSR1)   # before the trainer's trap exists: sent now, its default action would kill it
-    out, _ = p.communicate(timeout=30)
-    assert (tmp_path / "seen").exists() and "RC=0 STOP=1" in out, out
+        """, poll_s=0.01)   # USR1 before the trainer's trap exists: forwarded at once, its default action would kill it
+    assert (tmp_path / "seen").exists() and "RC=0" in out and "STOP=1" in out, out
 
 
 def test_a_foreground_trainer_would_not_get_the_signal_in_time(tmp_path):
