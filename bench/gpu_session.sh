@@ -1,7 +1,7 @@
 #!/bin/bash
 # bench/gpu_session.sh: the GPU benchmarks of grpo-nb in lanes that run in parallel on a node with two GPUs.
 #
-#   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 single1 split01
+#   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 single1 split01 (or its parts split01a/b/c)
 #
 # Each lane runs its benchmarks one after another on its own GPUs (CUDA_VISIBLE_DEVICES), each under `timeout`,
 # writing JSON results and a log per benchmark under $GPUWORK (default /tmp/gpuwork, kept across calls). At the end
@@ -48,14 +48,20 @@ lane_single1() {
   e2e trl:transformers:bench 200 1
   run rollout_throughput 600 1 python3 bench/rollout_throughput.py --budget-s 70 --out "$OUT/rollout_throughput.json"
 }
-# both GPUs
-lane_split01() {
+# both GPUs; split01 = split01a + split01b (each fits in one 10-minute call after the install)
+lane_split01a() {
   e2e ours:split:sync:bench 250 0,1
-  e2e ours:split:one-step-off:bench 250 0,1
   e2e trl:vllm-server:bench 250 0,1
-  e2e ours:split:one-step-off:long 300 0,1
-  e2e trl:vllm-server:long 300 0,1
 }
+lane_split01b() {
+  e2e ours:split:one-step-off:bench 250 0,1
+  e2e ours:split:one-step-off:long 300 0,1
+}
+lane_split01c() {
+  e2e trl:vllm-server:long 300 0,1
+  e2e ours:split:sync:long 300 0,1
+}
+lane_split01() { lane_split01a; lane_split01b; lane_split01c; }
 
 for l in $LANES; do "lane_$l" & done
 wait

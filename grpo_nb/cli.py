@@ -20,6 +20,9 @@ COMMANDS:dict[str, tuple[str, str]] = {
     "sbatch":    ("grpo_nb.slurm:sbatch_cli",      "write an sbatch script for your cluster from a config"),
     "preflight": ("grpo_nb.slurm:preflight_cli",   "check a config against the cluster before submitting"),
     "code-server": ("grpo_nb.rewards:serve_cli",   "run the sandboxed code-execution service that code rewards call"),
+    "reward-model": ("grpo_nb.reward_model:reward_model_cli", "train a pairwise reward model (one process; several GPUs: torchrun -m grpo_nb.reward_model)"),
+    "self-correction": ("grpo_nb.self_correction:self_correction_cli", "two-turn self-correction with guidance, reference and target critic"),
+    "ddp": ("grpo_nb.ddp:main", "GRPO in one process per GPU without Ray or vLLM (several GPUs: torchrun -m grpo_nb.ddp)"),
 }
 "Subcommand -> (`module:function`, one-line help). The function takes argv and returns an exit code; `a|b` tries `a` first."
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_config.ipynb 3
 from __future__ import annotations
-import dataclasses, difflib, json, sys, typing
+import dataclasses, difflib, importlib, importlib.util, json, os, sys, typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Optional, get_args, get_origin, get_type_hints
@@ -12,10 +12,10 @@ import yaml
 from fastcore.docments import docments
 
 # %% auto 0
-__all__ = ['PRESETS', 'ConfigError', 'ModelConfig', 'DataConfig', 'RolloutConfig', 'LearnerConfig', 'ClusterConfig',
-           'RewardConfig', 'LoggingConfig', 'CheckpointConfig', 'TrainConfig', 'field_docs', 'from_dict',
-           'parse_overrides', 'Derived', 'derive', 'validate', 'config_data', 'load_config', 'to_dict', 'to_yaml',
-           'config_cli']
+__all__ = ['GPU_MIB', 'PRESETS', 'TRAINERS', 'ConfigError', 'ModelConfig', 'DataConfig', 'RolloutConfig', 'LearnerConfig',
+           'gpu_mem_gib_of', 'ClusterConfig', 'RewardConfig', 'LoggingConfig', 'CheckpointConfig', 'TrainConfig',
+           'field_docs', 'from_dict', 'parse_overrides', 'Derived', 'derive', 'validate', 'configs_dirs',
+           'shipped_presets', 'config_data', 'trainer_of', 'load_config', 'to_dict', 'to_yaml', 'config_cli']
 
 # %% ../nbs/00_config.ipynb 6
 class ConfigError(ValueError):
@@ -65,6 +65,9 @@ class RolloutConfig:
     kv_cache_mib:int=0 # vLLM KV-cache size in MiB (0: from gpu_memory_utilization); set it on CPU, where the fraction is of free system memory
     placement:Literal["split","colocated"]="split" # engines on GPUs of their own, or engine i on learner i's GPU, asleep while the learner steps
     hf_cache:Literal["dynamic","static"]="dynamic" # transformers backend: KV cache grown per token, or allocated once per generation (faster on GPU)
+    startup_timeout_s:float=900.0 # seconds engines may take to load their model before the run gives up (a 32B model with TP=2 can take 15-20 min from a cold file system)
+    sync_backend:Literal["auto","nccl","gloo"]="auto" # weight sync into split engines: "auto" is NCCL from GPU learners and gloo on CPU; gloo goes through host memory over TCP (slower, but sidesteps NCCL network set-up while bringing a cluster up)
+    chunked_prefill:Literal["auto","on","off"]="auto" # vLLM chunked prefill (long prompts split across scheduler steps): "auto" keeps vLLM's default
     sleep_level:int=1 # colocated: 1 offloads the engine's weights to CPU and frees its KV cache while the learner steps; 2 frees the weights too (the sync refills them); 0 keeps both
 
 # %% ../nbs/00_config.ipynb 12
@@ -83,6 +86,7 @@ class LearnerConfig:
     pack_length:int=0 # >0: pack sequences into micro-batches of this many tokens (replaces micro_batch_size)
     max_grad_norm:float=1.0 # gradient clipping (0 disables)
     epochs_per_batch:int=1 # passes over each rollout batch
+    num_mini_batches:int=0 # >0: optimizer steps per pass over a rollout batch, whatever the micro-batch size (open-instruct's `num_mini_batches`); 0: sequences_per_step // effective batch
     advantage:Literal["std","none","rloo"]="std" # group baseline: GRPO (mean/std), Dr.GRPO (mean only), leave-one-out
     drop_zero_variance_groups:bool=False # drop groups whose G rewards are all equal (they carry no signal)
     clip_low:float=0.2 # PPO ratio clip below 1 (1 - clip_low)
@@ -97,7 +101,21 @@ class LearnerConfig:
     ref_policy:Literal["none","gpu","cpu"]="none" # where a reference policy lives when kl_beta > 0
     seed:int=0 # learner seed (rank r uses seed + r)
 
-# %% ../nbs/00_config.ipynb 13
+# %% ../nbs/00_config.ipynb 14
+GPU_MIB:dict[str, int] = {
+    "GH200-96GB": 97871, "H100-80GB": 81559, "H200": 143771, "A100-40GB": 40960, "A100-80GB": 81920,
+    "L40S": 46068, "V100-32GB": 32768, "RTX-4090": 24564,
+}
+"Total memory of one GPU in MiB, as `nvidia-smi --query-gpu=memory.total` reports it, by the name `cluster.gpu` takes."
+
+def gpu_mem_gib_of(name:str) -> float: # GiB (2^30 bytes)
+    "The capacity `cluster.gpu=name` sets, in the planner's unit."
+    close = difflib.get_close_matches(name, list(GPU_MIB), n=2, cutoff=0.5)
+    if name not in GPU_MIB: raise ConfigError("cluster.gpu", f"unknown GPU {name!r}" + (f"; did you mean {' or '.join(close)}?" if close else "."),
+                                              f"one of {sorted(GPU_MIB)}, or leave it empty and set --cluster.gpu_mem_gib")
+    return GPU_MIB[name] / 1024
+
+# %% ../nbs/00_config.ipynb 16
 @dataclass
 class ClusterConfig:
     "The machines: nodes, GPUs and how learners spread over them."
@@ -106,12 +124,13 @@ class ClusterConfig:
     gpus_per_node:int=8 # GPUs on each node
     cpus_per_node:int=0 # CPUs on each node (0: ask Ray)
     learners_per_node:list[int]=field(default_factory=lambda: [4]) # learner GPUs on each node that holds learners
-    gpu_mem_gib:float=80.0 # memory of one GPU, for the planner
+    gpu:str="" # a GPU name from `GPU_MIB` (e.g. "GH200-96GB"): sets gpu_mem_gib to the total nvidia-smi reports; empty: gpu_mem_gib as given
+    gpu_mem_gib:float=80.0 # memory of one GPU in GiB (2^30 bytes), for the planner
     ray_address:str="local" # "local" starts Ray here, "auto" joins the cluster the sbatch script started, or host:port
     cpus_per_learner:float=1.0 # CPUs Ray reserves for each learner process (placement bundles)
     cpus_per_engine_worker:float=1.0 # CPUs Ray reserves for each engine TP worker (placement bundles)
 
-# %% ../nbs/00_config.ipynb 14
+# %% ../nbs/00_config.ipynb 17
 @dataclass
 class RewardConfig:
     "Which verifiable rewards score a completion, and how code is run."
@@ -124,7 +143,7 @@ class RewardConfig:
     code_memory_mb:int=1024 # address space of each sandboxed program
     code_nproc:int=32 # processes + threads of one sandboxed program
 
-# %% ../nbs/00_config.ipynb 15
+# %% ../nbs/00_config.ipynb 18
 @dataclass
 class LoggingConfig:
     "Where metrics go."
@@ -136,7 +155,7 @@ class LoggingConfig:
     run_name:str="" # run name (empty: derived from the output directory)
     progress_bar:bool=True # tqdm progress bar on rank 0
 
-# %% ../nbs/00_config.ipynb 16
+# %% ../nbs/00_config.ipynb 19
 @dataclass
 class CheckpointConfig:
     "When and where the run saves itself, and how it resumes."
@@ -146,7 +165,7 @@ class CheckpointConfig:
     resume:str="auto" # "auto": latest complete checkpoint if any, "none": start fresh, or a checkpoint path
     export_hf:bool=True # also write the policy as a HF safetensors directory at the end
 
-# %% ../nbs/00_config.ipynb 17
+# %% ../nbs/00_config.ipynb 20
 @dataclass
 class TrainConfig:
     "A whole GRPO run."
@@ -162,7 +181,7 @@ class TrainConfig:
     logging:LoggingConfig=field(default_factory=LoggingConfig) # metrics
     checkpoint:CheckpointConfig=field(default_factory=CheckpointConfig) # saving and resuming
 
-# %% ../nbs/00_config.ipynb 20
+# %% ../nbs/00_config.ipynb 23
 def field_docs(cls) -> dict[str, str]:
     "Dotted field name -> its one-line documentation, for a config dataclass and its sections."
     out, hints = {}, get_type_hints(cls)
@@ -174,7 +193,7 @@ def field_docs(cls) -> dict[str, str]:
         else: out[name] = doc or ""
     return out
 
-# %% ../nbs/00_config.ipynb 24
+# %% ../nbs/00_config.ipynb 27
 def _suggest(name:str, options) -> str:
     close = difflib.get_close_matches(name, list(options), n=3, cutoff=0.6)
     return f"did you mean {' or '.join(repr(c) for c in close)}?" if close else f"valid keys: {', '.join(sorted(options))}."
@@ -225,7 +244,7 @@ def _coerce(value, t, where:str):
     if dataclasses.is_dataclass(t): return from_dict(t, value, where)
     raise TypeError(f"{where}: unsupported annotation {t}")
 
-# %% ../nbs/00_config.ipynb 25
+# %% ../nbs/00_config.ipynb 28
 def from_dict(cls, data:dict|None, where:str=""):
     "Build dataclass `cls` from nested plain data, converting every value to its annotated type."
     data = {} if data is None else data
@@ -242,7 +261,7 @@ def from_dict(cls, data:dict|None, where:str=""):
         kw[key] = _coerce(value, hints[key], dotted)
     return cls(**kw)
 
-# %% ../nbs/00_config.ipynb 28
+# %% ../nbs/00_config.ipynb 31
 def parse_overrides(argv:list[str]) -> dict:
     "Turn `['--learner.learning_rate=1e-6', '--rollout.mode', 'sync']` into nested plain data."
     out, i = {}, 0
@@ -269,14 +288,14 @@ def _merge(base:dict, over:dict) -> dict:
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
-# %% ../nbs/00_config.ipynb 31
+# %% ../nbs/00_config.ipynb 34
 @dataclass(frozen=True)
 class Derived:
     "Values that follow from a `TrainConfig`; computed only by `derive`."
     learner_world_size:int # learner GPUs = sum(cluster.learners_per_node)
     sequences_per_step:int # `B` = prompts_per_step × G
     effective_batch:int # micro_batch_size × gradient_accumulation_steps × learner_world_size
-    optimizer_steps_per_step:int # sequences_per_step × epochs_per_batch / effective_batch
+    optimizer_steps_per_step:int # epochs_per_batch × mini-batches: num_mini_batches, or max(1, sequences_per_step // effective_batch); mini-batches may be uneven
     engine_gpus:int # num_engines × tensor_parallel_size
     sync_world_size:int # num_engines × tensor_parallel_size + 1
     gpus_needed:int # learner + engine GPUs
@@ -290,11 +309,12 @@ def derive(cfg:TrainConfig) -> Derived:
     B = R.prompts_per_step * R.num_samples_per_prompt
     eff = L.micro_batch_size * L.gradient_accumulation_steps * world
     engine_gpus = R.num_engines * R.tensor_parallel_size
-    return Derived(world, B, eff, (B * L.epochs_per_batch) // eff if eff else 0, engine_gpus, engine_gpus + 1,
+    mini = L.num_mini_batches or (max(1, B // eff) if eff else 0)
+    return Derived(world, B, eff, L.epochs_per_batch * mini, engine_gpus, engine_gpus + 1,
                    world + engine_gpus, cfg.cluster.nodes * cfg.cluster.gpus_per_node,
                    cfg.checkpoint.dir or str(Path(cfg.logging.output_dir) / "checkpoints"))
 
-# %% ../nbs/00_config.ipynb 35
+# %% ../nbs/00_config.ipynb 38
 def _check_colocated(cfg:TrainConfig):
     "What a colocated run needs of the rollout section (where learners and engines go is `grpo_nb.placement.plan_colocated`'s to check)."
     R = cfg.rollout
@@ -306,7 +326,7 @@ def _check_colocated(cfg:TrainConfig):
            "--rollout.gpu_memory_utilization=0.3 (or size the KV cache with --rollout.kv_cache_mib)")
 
 
-# %% ../nbs/00_config.ipynb 36
+# %% ../nbs/00_config.ipynb 39
 def _check(ok:bool, where:str, problem:str, fix:str=""):
     if not ok: raise ConfigError(where, problem, fix)
 
@@ -322,7 +342,7 @@ def validate(cfg:TrainConfig) -> TrainConfig:
                      ("learner.logprob_chunk", L.logprob_chunk), ("cluster.nodes", C.nodes), ("data.max_prompt_tokens", D.max_prompt_tokens),
                      ("logging.log_every", cfg.logging.log_every), ("checkpoint.keep_last", cfg.checkpoint.keep_last),
                      ("reward.code_workers", cfg.reward.code_workers), ("reward.code_memory_mb", cfg.reward.code_memory_mb),
-                     ("reward.code_nproc", cfg.reward.code_nproc)]:
+                     ("reward.code_nproc", cfg.reward.code_nproc), ("rollout.startup_timeout_s", R.startup_timeout_s)]:
         _check(v >= 1, where, f"must be at least 1 (got {v}).", f"--{where}=1")
     for where, v in [("eval_every", cfg.eval_every), ("checkpoint.every_steps", cfg.checkpoint.every_steps),
                      ("learner.pack_length", L.pack_length), ("learner.warmup_steps", L.warmup_steps),
@@ -331,7 +351,8 @@ def validate(cfg:TrainConfig) -> TrainConfig:
                      ("data.eval_limit", D.eval_limit), ("rollout.kv_cache_mib", R.kv_cache_mib),
                      ("reward.math_timeout_s", cfg.reward.math_timeout_s), ("cluster.cpus_per_learner", C.cpus_per_learner),
                      ("cluster.cpus_per_engine_worker", C.cpus_per_engine_worker),
-                     ("cluster.gpus_per_node", C.gpus_per_node), ("learner.entropy_coef", L.entropy_coef)]:
+                     ("cluster.gpus_per_node", C.gpus_per_node), ("learner.entropy_coef", L.entropy_coef),
+                     ("learner.num_mini_batches", L.num_mini_batches)]:
         _check(v >= 0, where, f"must not be negative (got {v}).", f"--{where}=0")
     _check(R.num_samples_per_prompt >= 2, "rollout.num_samples_per_prompt",
            f"GRPO normalises rewards within a group of G samples; G={R.num_samples_per_prompt} leaves every advantage at zero.",
@@ -355,6 +376,7 @@ def validate(cfg:TrainConfig) -> TrainConfig:
     _check(0 < R.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
            f"must be in (0, 1] (got {R.gpu_memory_utilization}).", "--rollout.gpu_memory_utilization=0.9")
     if R.placement == "colocated": _check_colocated(cfg)
+    if C.gpu: C.gpu_mem_gib = gpu_mem_gib_of(C.gpu)
     _check(C.gpu_mem_gib > 0, "cluster.gpu_mem_gib", f"must be > 0 (got {C.gpu_mem_gib}).", "--cluster.gpu_mem_gib=80")
     _check(len(C.learners_per_node) >= 1 and all(n >= 1 for n in C.learners_per_node), "cluster.learners_per_node",
            f"needs one positive count per learner node (got {C.learners_per_node}).", "--cluster.learners_per_node=[1]")
@@ -372,17 +394,16 @@ def validate(cfg:TrainConfig) -> TrainConfig:
         _check(w == w and abs(w) != float("inf"), f"reward.functions.{name}", f"weight must be a finite number (got {w}).")
     _check(bool(cfg.reward.functions), "reward.functions", "at least one reward function is needed.", "--reward.functions={math: 1.0}")
     d = derive(cfg)
-    if (d.sequences_per_step * L.epochs_per_batch) % d.effective_batch:
-        per = d.sequences_per_step * L.epochs_per_batch // (L.gradient_accumulation_steps * d.learner_world_size) or 1
-        ok = [m for m in _divisors(d.sequences_per_step) if (d.sequences_per_step * L.epochs_per_batch) % (m * L.gradient_accumulation_steps * d.learner_world_size) == 0]
-        raise ConfigError("learner.micro_batch_size",
-            f"a step's {d.sequences_per_step} sequences (prompts_per_step {R.prompts_per_step} × G {R.num_samples_per_prompt}) do not split into "
-            f"optimizer steps of effective batch {d.effective_batch} (micro-batch {L.micro_batch_size} × accumulation "
-            f"{L.gradient_accumulation_steps} × {d.learner_world_size} learners).",
-            f"a micro_batch_size from {ok[:6]}" if ok else "change prompts_per_step so that B is a multiple of accumulation × learners")
+    _check(d.sequences_per_step >= d.learner_world_size, "rollout.prompts_per_step",
+           f"a step's {d.sequences_per_step} sequences (prompts_per_step {R.prompts_per_step} × G {R.num_samples_per_prompt}) leave some of "
+           f"the {d.learner_world_size} learners without a sequence.",
+           f"--rollout.prompts_per_step={-(-d.learner_world_size // R.num_samples_per_prompt)} or fewer learners")
+    _check(L.num_mini_batches * d.learner_world_size <= d.sequences_per_step, "learner.num_mini_batches",
+           f"{L.num_mini_batches} mini-batches of a step's {d.sequences_per_step} sequences leave some of the {d.learner_world_size} learners "
+           "without a sequence in a mini-batch.", f"--learner.num_mini_batches={max(1, d.sequences_per_step // d.learner_world_size)}")
     return cfg
 
-# %% ../nbs/00_config.ipynb 39
+# %% ../nbs/00_config.ipynb 42
 PRESETS:dict[str, dict] = {
     "default": {},
     "demo": {  # a tiny policy learning arithmetic on a 2-core CPU with a real vLLM engine, DeepSpeed and Ray
@@ -399,28 +420,71 @@ PRESETS:dict[str, dict] = {
     },
 }
 
-def config_data(source:str|Path|dict, # a dict, a preset name or a YAML path
+def configs_dirs() -> list[Path]:
+    "Folders of shipped YAML presets, first match wins: $GRPO_NB_CONFIGS (os.pathsep-separated), ./configs, the repository's configs/."
+    env = [Path(p) for p in os.environ.get("GRPO_NB_CONFIGS", "").split(os.pathsep) if p]
+    spec = importlib.util.find_spec("grpo_nb")
+    repo = [Path(spec.origin).resolve().parent.parent / "configs"] if spec and spec.origin else []
+    return [*env, Path("configs"), *repo]
+
+def shipped_presets() -> dict[str, Path]:
+    "Preset name (a YAML file's stem) -> its file, over `configs_dirs()`."
+    out = {}
+    for d in configs_dirs():
+        if d.is_dir():
+            for p in sorted(d.glob("*.yaml")): out.setdefault(p.stem, p)
+    return out
+
+def config_data(source:str|Path|dict, # a dict, a preset name (embedded or shipped in configs/) or a YAML path
                 presets:dict|None=None, # name -> plain data (None: `PRESETS`)
+                _seen:tuple=(), # sources already being read (a cycle of `extends` is an error)
                ) -> dict:
-    "Plain nested data of a config source, before overrides and validation."
+    "Plain nested data of a config source, before overrides and validation; `extends: OTHER` starts from OTHER's data."
     presets = PRESETS if presets is None else presets
     if isinstance(source, dict): data = source
     elif str(source) in presets: data = presets[str(source)]
     else:
         p = Path(source)
+        if not p.exists(): p = shipped_presets().get(str(source), p)
         if not p.exists():
-            raise ConfigError("config", f"no such file {str(p)!r} and no preset of that name.",
-                              f"give a YAML path or one of the presets {sorted(presets)}")
+            raise ConfigError("config", f"no such file {str(p)!r} and no preset of that name; {_suggest(str(source), [*presets, *shipped_presets()])}",
+                              f"give a YAML path, one of the embedded presets {sorted(presets)}, or one shipped in configs/ "
+                              f"(`grpo_nb config --list`)")
         try: data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e: raise ConfigError(str(p), f"is not valid YAML ({e}).") from None
     if not isinstance(data, dict):
         raise ConfigError(str(source), f"expected a mapping of sections at the top level (got {type(data).__name__}).",
                           "start the file with sections such as `learner:` and `rollout:`")
+    if "extends" in data:
+        base = str(data["extends"])
+        if base in _seen or base == str(source):
+            raise ConfigError(f"{source}: extends", f"{' -> '.join([*_seen, str(source), base])} is a cycle.", "remove one `extends`")
+        data = _merge(config_data(base, presets, (*_seen, str(source))), {k: v for k, v in data.items() if k != "extends"})
     return data
+
+TRAINERS:dict[str, tuple[str, str]] = {
+    "grpo": ("grpo_nb.config:load_config", "grpo_nb train CONFIG"),
+    "ddp": ("grpo_nb.ddp:load_run", "torchrun --nproc_per_node=N -m grpo_nb.ddp CONFIG"),
+    "reward-model": ("grpo_nb.reward_model:load_rm_config", "torchrun --nproc_per_node=N -m grpo_nb.reward_model CONFIG"),
+    "self-correction": ("grpo_nb.self_correction:load_sc_config", "grpo_nb self-correction CONFIG"),
+}
+"A config file's top-level `trainer:` key (default `grpo`) -> (its loader `module:function(source, overrides)`, how it is run)."
+
+def trainer_of(data:dict, # plain config data
+               where:str="config", # its source, for the message
+               default:str="grpo", # the trainer of data without a `trainer:` key
+              ) -> tuple[str, dict]: # (trainer name, the data without the `trainer` key)
+    "Split the `trainer:` key off a config's data."
+    t = data.get("trainer", default)
+    if t not in TRAINERS: raise ConfigError(f"{where}: trainer", f"unknown trainer {t!r}; {_suggest(str(t), TRAINERS)}", f"one of {list(TRAINERS)}")
+    return t, {k: v for k, v in data.items() if k != "trainer"}
 
 def load_config(source:str|Path|dict|None=None, overrides:list[str]|dict|None=None) -> TrainConfig:
     "Load a config from a YAML path, a preset name or a dict (None: the `default` preset), apply overrides, validate."
-    data = {} if source is None else config_data(source)
+    t, data = ("grpo", {}) if source is None else trainer_of(config_data(source), str(source)[:80])
+    if t != "grpo":
+        raise ConfigError("trainer", f"{source} is a config of the {t} trainer, not of GRPO on Ray.",
+                          f"run it with `{TRAINERS[t][1]}`; `grpo_nb config {source}` prints it")
     if isinstance(overrides, (list, tuple)): overrides = parse_overrides(list(overrides))
     return validate(from_dict(TrainConfig, _merge(data, overrides or {})))
 
@@ -432,7 +496,7 @@ def to_yaml(cfg) -> str:
     "The config as YAML, every section in declaration order."
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
-# %% ../nbs/00_config.ipynb 44
+# %% ../nbs/00_config.ipynb 47
 def config_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb config [CONFIG] [--section.field=value ...] [--json]`: print the resolved config and derived values."
     import argparse
@@ -441,13 +505,34 @@ def config_cli(argv:list[str]|None=None) -> int:
     p.add_argument("config", nargs="?", default="default", help=f"YAML file or preset ({', '.join(PRESETS)})")
     p.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     p.add_argument("--fields", action="store_true", help="list every field with its documentation")
+    p.add_argument("--list", action="store_true", help="list the presets: embedded ones and the YAML files shipped in configs/")
+    p.add_argument("--from-open-instruct", action="store_true",
+                   help="translate the open-instruct grpo_fast flags (or YAML file) that follow into a grpo-nb YAML; see `grpo_nb.open_instruct`")
+    if argv is None: argv = sys.argv[1:]
+    if "--from-open-instruct" in argv:
+        from grpo_nb.open_instruct import translate_cli
+        i = argv.index("--from-open-instruct"); return translate_cli(argv[:i] + argv[i + 1:])
     args, rest = p.parse_known_args(argv)
     if args.fields:
         for k, v in field_docs(TrainConfig).items(): print(f"--{k:<42} {v}")
         return 0
-    try: cfg = load_config(args.config, rest)
+    if args.list:
+        for k in PRESETS: print(f"{k:<36} embedded (grpo_nb.config.PRESETS)")
+        for k, path in shipped_presets().items():
+            print(f"{k:<36} {trainer_of(config_data(path))[0]:<16} {path}")
+        return 0
+    try:
+        t, _ = trainer_of(config_data(args.config), args.config)
+        if t == "grpo":
+            cfg = load_config(args.config, rest)
+            out = {"config": to_dict(cfg), "derived": dataclasses.asdict(derive(cfg))}
+        else:
+            mod, fn = TRAINERS[t][0].split(":")
+            res = getattr(importlib.import_module(mod), fn)(args.config, rest)
+            parts = res if isinstance(res, tuple) else (res,)
+            out = {"trainer": t, "run_with": TRAINERS[t][1], **{f"config{'_' + type(x).__name__ if i else ''}": dataclasses.asdict(x)
+                                                               for i, x in enumerate(parts)}}
     except ConfigError as e:
         print(f"grpo_nb config: error: {e}", file=sys.stderr); return 2
-    out = {"config": to_dict(cfg), "derived": dataclasses.asdict(derive(cfg))}
     print(json.dumps(out, indent=2) if args.json else yaml.safe_dump(out, sort_keys=False), end="")
     return 0

@@ -14,7 +14,7 @@ from typing import Callable, Literal
 import yaml
 import torch
 from torch import nn, Tensor
-from .config import TrainConfig, ConfigError, load_config, parse_overrides, derive, from_dict, to_dict, PRESETS, config_data
+from .config import TrainConfig, ConfigError, load_config, parse_overrides, derive, from_dict, to_dict, PRESETS, config_data, trainer_of
 from .loss import group_advantages, policy_loss, loss_kwargs, token_logprobs, agg_counts
 from .learner import (CheckpointError, checkpoint_name, checkpoint_files, commit_checkpoint, file_digest, latest_checkpoint,
                              prune_checkpoints, verify_checkpoint, lr_factor, rng_state, set_rng_state, seed_everything, tree_digest)
@@ -55,8 +55,11 @@ DDP_PRESETS:dict[str, dict] = {
 }
 
 def _source_data(source) -> dict:
-    "Plain data of a config source: a dict, a preset name (this module's or grpo_nb.config's) or a YAML path (a deep copy)."
-    return json.loads(json.dumps(config_data(source, {**PRESETS, **DDP_PRESETS})))
+    "Plain data of a config source: a dict, a preset name (this module's, grpo_nb.config's or a shipped one) or a YAML path (a deep copy)."
+    t, data = trainer_of(config_data(source, {**PRESETS, **DDP_PRESETS}), str(source))
+    if t not in ("ddp", "grpo"):
+        raise ConfigError("trainer", f"{source} is a config of the {t} trainer.", "give a GRPO or ddp config (`grpo_nb config --list`)")
+    return json.loads(json.dumps(data))
 
 # %% ../nbs/10_ddp.ipynb 9
 def load_run(source:str|Path|dict="ddp-tiny", # YAML path, preset name (`DDP_PRESETS` or `grpo_nb.config.PRESETS`) or plain data

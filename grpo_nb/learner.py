@@ -1015,9 +1015,9 @@ def create_learner_group(spec:LearnerSpec, # what every rank builds
 # %% ../nbs/07_learner.ipynb 91
 @patch
 def minibatches(self:LearnerGroup, n:int) -> int:
-    "Optimizer steps per epoch for a step of `n` sequences: n / (micro_batch_size × gradient_accumulation_steps × W)."
+    "Optimizer steps per epoch for a step of `n` sequences: `num_mini_batches`, or n / (micro_batch_size × gradient_accumulation_steps × W)."
     L = self.spec.learner
-    return max(1, n // (L.micro_batch_size * L.gradient_accumulation_steps * self.world_size))
+    return L.num_mini_batches or max(1, n // (L.micro_batch_size * L.gradient_accumulation_steps * self.world_size))
 
 @patch
 def step(self:LearnerGroup,

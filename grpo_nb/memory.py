@@ -702,11 +702,12 @@ def format_plan(p:Plan, # a plan
 
 # %% ../nbs/01_memory.ipynb 77
 def plan_cli(argv:list[str]|None=None) -> int:
-    "`grpo_nb plan --model NAME|PATH ...`: per-GPU memory of learners and engines, the verdict and the fix."
+    "`grpo_nb plan --model NAME|PATH ...` or `grpo_nb plan --config CONFIG [--section.field=value ...]`: per-GPU memory, the verdict and the fix."
     import argparse
     p = argparse.ArgumentParser(prog="grpo_nb plan",
         description="Per-GPU memory of DeepSpeed learners and vLLM engines, with a verdict and the change that makes it fit.",
         epilog="Exit 0 with a plan (fits or not, see `fits`), 2 on bad arguments. GiB = 2^30 bytes.")
+    p.add_argument("--config", help="plan a whole training config (YAML file or preset, `grpo_nb config --list`); other flags are then its overrides")
     p.add_argument("--model", help=f"built-in name ({', '.join(ARCHS)}) or a HF model directory / config.json")
     p.add_argument("--learner-gpus", type=int, default=1, help="learner GPUs N (ZeRO world)")
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=3, help="DeepSpeed ZeRO stage")
@@ -716,7 +717,8 @@ def plan_cli(argv:list[str]|None=None) -> int:
     p.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=True, help="gradient checkpointing")
     p.add_argument("--engine-tp", type=int, default=1, help="GPUs per vLLM engine")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's fraction of an engine GPU")
-    p.add_argument("--gpu-mem-gib", type=float, default=80.0, help="memory of one GPU in GiB")
+    p.add_argument("--gpu-mem-gib", type=float, default=80.0, help="memory of one GPU in GiB (2^30 bytes)")
+    p.add_argument("--gpu", default="", help="a GPU name (GH200-96GB, H100-80GB, H200, ...): its capacity as nvidia-smi reports it, instead of --gpu-mem-gib")
     p.add_argument("--logits", choices=["chunked", "full"], default="chunked", help="chunked log-probs (grpo-nb) or HF's full-logits loss")
     p.add_argument("--logprob-chunk", type=int, default=1024, help="tokens per log-prob chunk")
     p.add_argument("--optimizer", choices=["adamw", "adamw-8bit"], default="adamw", help="optimizer state format")
@@ -724,8 +726,14 @@ def plan_cli(argv:list[str]|None=None) -> int:
     p.add_argument("--attn", choices=["sdpa", "flash_attention_2", "eager"], default="sdpa", help="learner attention kernel")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--list-models", action="store_true", help="list the built-in models and exit")
-    try: a = p.parse_args(argv)
+    try: a, rest = p.parse_known_args(argv)
     except SystemExit as e: return int(e.code or 0)
+    if a.config: return _plan_config_cli(a.config, rest + ([f"--cluster.gpu={a.gpu}"] if a.gpu else []), a.json)
+    if rest: print(f"grpo_nb plan: error: unrecognized arguments {rest} (overrides need --config).", file=sys.stderr); return 2
+    if a.gpu:
+        from grpo_nb.config import ConfigError, gpu_mem_gib_of
+        try: a.gpu_mem_gib = gpu_mem_gib_of(a.gpu)
+        except ConfigError as e: print(f"grpo_nb plan: error: {e}", file=sys.stderr); return 2
     if a.list_models:
         for n, s in ARCHS.items(): print(f"{n:<14} {param_counts(s)['total']/1e9:7.2f}B")
         return 0
@@ -751,12 +759,41 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
     T, B = (L.pack_length, 1) if L.pack_length else (seq, L.micro_batch_size)
     try: s = get_shape(model if model is not None else cfg.model.name_or_path)
     except ValueError as e:
-        raise ValueError(f"model.name_or_path: {e} Fix: point --model.name_or_path at a HF directory, or pass model= to plan_config.") from None
+        from grpo_nb.tiny import builtin_model, tiny_config
+        if model is None and (b := builtin_model(cfg.model.name_or_path)):   # a built-in tiny policy: its shape, without building it
+            s = shape_from_hf(tiny_config(b[0]).to_dict(), name=cfg.model.name_or_path)
+        else: raise ValueError(f"model.name_or_path: {e} Fix: point --model.name_or_path at a HF directory, or pass model= to plan_config.") from None
     return plan(s, derive(cfg).learner_world_size, L.zero_stage, L.offload, B, T, cfg.model.gradient_checkpointing,
                 R.tensor_parallel_size, R.gpu_memory_utilization, C.gpu_mem_gib, cfg.model.attn_implementation,
                 "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq)
 
-# %% ../nbs/01_memory.ipynb 83
+# %% ../nbs/01_memory.ipynb 82
+def _plan_config_cli(source:str, # YAML file or preset
+                     overrides:list[str], # `--section.field=value`
+                     as_json:bool=False, # JSON instead of text
+                    ) -> int: # exit code: 0 planned, 2 config error
+    from grpo_nb.config import ConfigError, load_config
+    try:
+        cfg = load_config(source, overrides)
+        pl = plan_config(cfg)
+    except (ConfigError, ValueError) as e:
+        print(f"grpo_nb plan: error: {e}", file=sys.stderr); return 2
+    out = plan_json(pl)
+    if cfg.rollout.placement == "colocated":
+        from grpo_nb.colocate import colocated_plan
+        cm = colocated_plan(cfg)
+        out["colocated"] = {**asdict(cm), "generate_gib": cm.generate_bytes / GiB, "learn_gib": cm.learn_bytes / GiB, "peak_gib": cm.peak_bytes / GiB}
+    if as_json: print(json.dumps(out, indent=2)); return 0
+    print(f"config {source}: {cfg.model.name_or_path}, {sum(cfg.cluster.learners_per_node)} learners, ZeRO-{cfg.learner.zero_stage}, "
+          f"{cfg.cluster.gpu or 'GPU'} of {cfg.cluster.gpu_mem_gib:.1f} GiB")
+    print(format_plan(pl))
+    if "colocated" in out:
+        c = out["colocated"]
+        print(f"colocated (learner and engine share each GPU): generating {c['generate_gib']:.1f} GiB, learning {c['learn_gib']:.1f} GiB; "
+              f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
+    return 0
+
+# %% ../nbs/01_memory.ipynb 86
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -778,7 +815,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(sweep); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=7, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 87
+# %% ../nbs/01_memory.ipynb 90
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."
@@ -802,7 +839,7 @@ def planner_widget(model:str="Qwen2.5-7B", # initial model
     redraw()
     return W.VBox([W.HBox(list(ctl.values())[i:i + 4]) for i in range(0, len(ctl), 4)] + [out])
 
-# %% ../nbs/01_memory.ipynb 97
+# %% ../nbs/01_memory.ipynb 100
 def accuracy_table(path:str|Path="bench/results/memory_accuracy.json", # the benchmark's output
                   ) -> str: # a table, or why there is none
     "Predicted vs measured peak memory from `bench/memory_accuracy.py`."

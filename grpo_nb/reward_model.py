@@ -11,7 +11,7 @@ from typing import Callable, Literal, Optional
 import torch
 import torch.nn.functional as F
 import yaml
-from .config import ConfigError, ModelConfig, from_dict, parse_overrides
+from .config import ConfigError, ModelConfig, _merge, config_data, from_dict, parse_overrides, trainer_of
 from .memory import GiB, TERMS, ModelShape, Overheads, get_shape, learner_memory, param_counts
 
 # %% auto 0
@@ -173,18 +173,13 @@ RM_PRESETS:dict[str, dict] = {
 }
 "Named configs: `tiny` is the CI run (the tiny model, CPU, seconds)."
 
-def _merge(base:dict, over:dict) -> dict:
-    return {**base, **{k: _merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v for k, v in over.items()}}
-
 def load_rm_config(source:str|Path|dict|None=None, # YAML path, preset name (`tiny`), dict, or None (defaults)
                    overrides:list[str]|dict|None=None, # `--section.field=value` strings or nested data
                   ) -> RMConfig:
     "An `RMConfig` from a file or preset and overrides, type-checked, with the fix named on errors."
-    if source is None: data = {}
-    elif isinstance(source, dict): data = source
-    elif str(source) in RM_PRESETS: data = RM_PRESETS[str(source)]
-    elif Path(source).exists(): data = yaml.safe_load(Path(source).read_text()) or {}
-    else: raise ConfigError("config", f"{source!r} is neither a file nor a preset.", f"give a YAML path or one of {list(RM_PRESETS)}")
+    t, data = ("reward-model", {}) if source is None else trainer_of(config_data(source, RM_PRESETS), str(source), "reward-model")
+    if t != "reward-model":
+        raise ConfigError("trainer", f"{source} is a config of the {t} trainer.", "give a reward-model config (`grpo_nb config --list`)")
     over = parse_overrides(overrides) if isinstance(overrides, list) else (overrides or {})
     cfg = from_dict(RMConfig, _merge(data, over))
     T = cfg.train

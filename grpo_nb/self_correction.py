@@ -14,8 +14,9 @@ from .memory import GiB, ModelShape, get_shape, learner_memory, param_counts
 
 # %% auto 0
 __all__ = ['ROLES', 'TRAINED', 'SEED_PLACEMENT', 'SC_SBATCH', 'resolve_placement', 'polyak_update_', 'SCConfig', 'load_models',
-           'sample', 'completion_logprobs', 'Episodes', 'run_episodes', 'critic_values', 'make_optimizers', 'update',
-           'param_digest', 'train', 'five_model_memory', 'device_totals', 'self_correction_cli', 'render_scripts']
+           'load_sc_config', 'sample', 'completion_logprobs', 'Episodes', 'run_episodes', 'critic_values',
+           'make_optimizers', 'update', 'param_digest', 'train', 'five_model_memory', 'device_totals',
+           'self_correction_cli', 'render_scripts']
 
 # %% ../nbs/12_self_correction.ipynb 6
 ROLES:tuple[str, ...] = ("policy", "guidance", "reference", "critic", "target_critic")
@@ -118,6 +119,27 @@ def load_models(cfg:SCConfig, # the run
     return models, tok, where
 
 # %% ../nbs/12_self_correction.ipynb 16
+def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset name, dict, or None (the defaults)
+                   overrides:list[str]|dict|None=None, # `--field=value` strings (`--placement.policy=cuda:0` or a JSON `--placement`) or plain data
+                  ) -> SCConfig:
+    "A validated `SCConfig` from a file or preset and overrides; errors name the field and the fix."
+    from grpo_nb.config import ConfigError, _merge, config_data, from_dict, parse_overrides, trainer_of
+    t, data = ("self-correction", {}) if source is None else trainer_of(config_data(source, {}), str(source), "self-correction")
+    if t != "self-correction":
+        raise ConfigError("trainer", f"{source} is a config of the {t} trainer.", "give a self-correction config (`grpo_nb config --list`)")
+    over = parse_overrides(list(overrides)) if isinstance(overrides, (list, tuple)) else dict(overrides or {})
+    if isinstance(over.get("placement"), str):
+        try: over["placement"] = json.loads(over["placement"])
+        except json.JSONDecodeError as e:
+            raise ConfigError("placement", f"is not JSON ({e}).", "--placement='{\"*\": \"cpu\"}' or --placement.policy=cuda:0") from None
+    cfg = from_dict(SCConfig, _merge(data, over))
+    for k in ("steps", "episodes", "max_new_tokens", "guidance_every", "polyak_chunk"):
+        if getattr(cfg, k) < 1: raise ConfigError(k, f"must be at least 1 (got {getattr(cfg, k)}).", f"--{k}=1")
+    try: resolve_placement(cfg.placement, gpus=1 << 16)   # roles and device names now; the GPU count at run time
+    except ValueError as e: raise ConfigError("placement", str(e)) from None
+    return cfg
+
+# %% ../nbs/12_self_correction.ipynb 19
 def sample(model, # a causal LM
            tok, # its tokenizer
            texts:list[str], # B prompts
@@ -164,7 +186,7 @@ def completion_logprobs(model, # a causal LM
         ent.append(-(lp.exp() * lp).sum(-1).mean())
     return out, (torch.stack(ent) if with_entropy else None)
 
-# %% ../nbs/12_self_correction.ipynb 18
+# %% ../nbs/12_self_correction.ipynb 21
 @dataclass
 class Episodes:
     "A batch of two-turn episodes."
@@ -198,7 +220,7 @@ def run_episodes(models:dict, # role -> module
     r2 = arith([tok.decode(c, skip_special_tokens=True) for c in t2], ans, ctx)
     return Episodes(probs, ans, t1, gp, g, t2p, t2, list(map(float, r1)), list(map(float, r2)))
 
-# %% ../nbs/12_self_correction.ipynb 20
+# %% ../nbs/12_self_correction.ipynb 23
 def critic_values(critic, # a one-label sequence classifier
                   tok, # tokenizer
                   texts:list[str], # B states
@@ -254,7 +276,7 @@ def update(models:dict, # role -> module
         m["guidance_loss"] = gloss.item()
     return m
 
-# %% ../nbs/12_self_correction.ipynb 22
+# %% ../nbs/12_self_correction.ipynb 25
 def param_digest(model:torch.nn.Module) -> str:
     "SHA-256 (16 hex digits) of a model's parameters, in name order."
     h = hashlib.sha256()
@@ -283,7 +305,7 @@ def train(cfg:SCConfig, # the run
     return {"placement": where, "metrics": metrics, "digests": digests,
             "params": {r: sum(p.numel() for p in m.parameters()) for r, m in models.items()}}
 
-# %% ../nbs/12_self_correction.ipynb 26
+# %% ../nbs/12_self_correction.ipynb 29
 def five_model_memory(policy:str="Llama-3.2-3B", # policy, guidance and reference model
                       critic:str="Llama-3.2-1B", # critic and target critic base
                       placement:dict=SEED_PLACEMENT, # role -> device
@@ -318,21 +340,22 @@ def device_totals(rows:list[dict]) -> dict[str, int]:
     for r in rows: out[r["device"]] = out.get(r["device"], 0) + r["bytes"]
     return out
 
-# %% ../nbs/12_self_correction.ipynb 30
+# %% ../nbs/12_self_correction.ipynb 33
 def self_correction_cli(argv:list[str]|None=None) -> int:
-    "`python -m grpo_nb.self_correction [--field=value ...] [--out DIR]`: a self-correction run."
-    p = argparse.ArgumentParser(prog="grpo_nb self-correction", description="Two-turn self-correction with guidance, reference and target critic.")
+    "`python -m grpo_nb.self_correction [CONFIG] [--field=value ...] [--out DIR]`: a self-correction run."
+    p = argparse.ArgumentParser(prog="grpo_nb self-correction", description="Two-turn self-correction with guidance, reference and target critic.",
+                                epilog="Fields: " + ", ".join(f"--{f}" for f in SCConfig.__dataclass_fields__) + ".")
+    p.usage = "grpo_nb self-correction [CONFIG] [--field=value ...] [--out DIR]   (CONFIG: a YAML file or preset with `trainer: self-correction`)"
     p.add_argument("--out", default="runs/self_correction", help="directory for summary.json")
-    for f in SCConfig.__dataclass_fields__.values():
-        p.add_argument(f"--{f.name}", default=None, help=f"SCConfig.{f.name}")
-    try: a = p.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config = argv.pop(0) if argv and not argv[0].startswith("-") else None   # (argparse would take an override's value for it)
+    try: a, rest = p.parse_known_args(argv)
     except SystemExit as e: return int(e.code or 0)
-    from grpo_nb.config import ConfigError, from_dict
+    from grpo_nb.config import ConfigError
     try:
-        over = {k: (json.loads(v) if k == "placement" else v) for k, v in vars(a).items() if k != "out" and v is not None}
-        cfg = from_dict(SCConfig, {**{k: v for k, v in asdict(SCConfig()).items()}, **over})
+        cfg = load_sc_config(config, rest)
         resolve_placement(cfg.placement)
-    except (ConfigError, ValueError, json.JSONDecodeError) as e:
+    except (ConfigError, ValueError) as e:
         print(f"grpo_nb self-correction: error: {e}", file=sys.stderr); return 2
     res = train(cfg)
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
@@ -340,10 +363,10 @@ def self_correction_cli(argv:list[str]|None=None) -> int:
     print(f"self-correction: {cfg.steps} updates, final turn-2 reward {res['metrics'][-1]['reward2']:.3f}; {out / 'summary.json'}")
     return 0
 
-# %% ../nbs/12_self_correction.ipynb 31
+# %% ../nbs/12_self_correction.ipynb 34
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(self_correction_cli())
 
-# %% ../nbs/12_self_correction.ipynb 34
+# %% ../nbs/12_self_correction.ipynb 37
 SC_SBATCH = r'''#!/bin/bash
 # self_correction.sbatch: two-turn self-correction (policy, guidance, reference, critic, target critic) on one node.
 # Generated by grpo_nb.self_correction (nbs/12_self_correction.ipynb); do not edit by hand.

@@ -4,7 +4,7 @@
 
 # %% ../nbs/09_slurm.ipynb 3
 from __future__ import annotations
-import argparse, json, os, re, shlex, shutil, subprocess, sys, tempfile, time
+import argparse, json, math, os, re, shlex, shutil, subprocess, sys, tempfile, time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
@@ -13,11 +13,12 @@ from .config import TrainConfig, ConfigError, load_config, derive
 # %% auto 0
 __all__ = ['LAUNCHER_TO_SLURM', 'Network', 'NETWORK_ENV', 'FUNCTIONS_HEAD', 'FUNCTIONS_CHAIN', 'FUNCTIONS_STOP', 'BLOCK_START',
            'BLOCK_RUN', 'BLOCK_RAY', 'BLOCK_CODE', 'BLOCK_TRAIN', 'BLOCK_END', 'NODE_SETUP', 'LADDER',
-           'TRAINER_CONTRACT', 'Check', 'markdown_table', 'SlurmSpec', 'spec_from_config', 'fill', 'sbatch_header',
-           'env_vars', 'env_block', 'knobs_block', 'render_sbatch', 'bash_syntax_errors', 'render_node_setup',
-           'render_scripts', 'uses_code_rewards', 'job_env', 'check_baked', 'job_env_cli', 'ray_hosts', 'missing_hosts',
-           'wait_for_ray', 'wait_ray_cli', 'functions_block', 'run_chain_case', 'sbatch_cli', 'check_model',
-           'check_writable', 'parse_sinfo', 'check_nodes', 'check_memory', 'check_layout', 'preflight', 'preflight_cli']
+           'TRAINER_CONTRACT', 'Check', 'markdown_table', 'SlurmSpec', 'signal_margin_s', 'spec_from_config', 'fill',
+           'sbatch_header', 'env_vars', 'env_block', 'knobs_block', 'render_sbatch', 'bash_syntax_errors',
+           'render_node_setup', 'render_scripts', 'uses_code_rewards', 'job_env', 'check_baked', 'job_env_cli',
+           'ray_hosts', 'missing_hosts', 'wait_for_ray', 'wait_ray_cli', 'functions_block', 'run_chain_case',
+           'sbatch_cli', 'check_model', 'check_writable', 'parse_sinfo', 'check_nodes', 'check_memory', 'check_layout',
+           'preflight', 'preflight_cli']
 
 # %% ../nbs/09_slurm.ipynb 6
 LAUNCHER_TO_SLURM:list[tuple[str, str, str]] = [
@@ -57,7 +58,7 @@ class SlurmSpec:
     partition:str="" # --partition ("": the cluster's default)
     account:str="" # --account ("": your default account)
     qos:str="" # --qos ("": none)
-    signal_s:int=600 # --signal=B:USR1@signal_s: seconds before the walltime the trainer is told to checkpoint and stop
+    signal_s:int=600 # --signal=B:USR1@signal_s: seconds before the walltime the trainer is told to checkpoint and stop (at least `signal_margin_s` of a measured run)
     max_job_chains:int=10 # MAX_JOB_CHAINS: jobs one submission may grow into, the first one included
     log_dir:str="logs" # directory of --output (it must exist when you submit; preflight checks it)
     modules:list[str]=field(default_factory=list) # `module load` arguments, e.g. ["cuda/12.6"] (empty: no module command)
@@ -78,13 +79,27 @@ class SlurmSpec:
     description:str="GRPO on SLURM: a Ray cluster over the job's nodes, the trainer on the first node, chained jobs." # first comment line
 
 # %% ../nbs/09_slurm.ipynb 12
+def signal_margin_s(records:list[dict]|str|Path, # metrics records, or a run's metrics.jsonl / output directory
+                    factor:float=1.5, # safety factor on the measured times
+                    shutdown_s:float=120.0, # Ray shutdown and submitting the next job of the chain
+                   ) -> int: # seconds before the walltime that SIGUSR1 should come (`SlurmSpec.signal_s`)
+    "The walltime-signal margin a run needs: (slowest step + slowest evaluation + slowest checkpoint) × factor + shutdown."
+    if not isinstance(records, list):
+        p = Path(records); p = p / "metrics.jsonl" if p.is_dir() else p
+        if not p.is_file(): raise FileNotFoundError(f"no metrics at {p}: give a run's output directory (it has metrics.jsonl) after a few steps")
+        records = [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
+    worst = lambda k: max((float(r[k]) for r in records if r.get(k) is not None), default=0.0)
+    if not worst("time/step"): raise ValueError("the records hold no time/step: run a few steps (and one checkpoint and evaluation) first")
+    return int(math.ceil((worst("time/step") + worst("time/eval") + worst("time/checkpoint")) * factor + shutdown_s))
+
+# %% ../nbs/09_slurm.ipynb 15
 def spec_from_config(cfg:TrainConfig, **kw) -> SlurmSpec:
     "A `SlurmSpec` whose job shape follows `cfg.cluster`; keyword arguments set any other field."
     C = cfg.cluster
     shape = dict(nodes=C.nodes, gpus_per_node=C.gpus_per_node if C.device != "cpu" else 0, cpus_per_node=C.cpus_per_node)
     return SlurmSpec(**{**shape, **kw})
 
-# %% ../nbs/09_slurm.ipynb 15
+# %% ../nbs/09_slurm.ipynb 18
 def fill(template:str, **values) -> str:
     "Replace every `{{name}}` in `template` with `values[name]`; raise if a hole is left."
     out = re.sub(r"\{\{(\w+)\}\}", lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
@@ -92,7 +107,7 @@ def fill(template:str, **values) -> str:
     if left: raise KeyError(f"template holes without a value: {left}")
     return out
 
-# %% ../nbs/09_slurm.ipynb 18
+# %% ../nbs/09_slurm.ipynb 21
 def sbatch_header(spec:SlurmSpec) -> list[str]:
     "The `#SBATCH` lines of `spec`."
     opts = [f"--job-name={spec.job_name}", f"--nodes={spec.nodes}", "--ntasks-per-node=1"]
@@ -105,7 +120,7 @@ def sbatch_header(spec:SlurmSpec) -> list[str]:
     opts += [f"--signal=B:USR1@{spec.signal_s}", f"--output={spec.log_dir}/%x-%j.out", *spec.extra_sbatch]
     return [f"#SBATCH {o}" for o in opts]
 
-# %% ../nbs/09_slurm.ipynb 22
+# %% ../nbs/09_slurm.ipynb 25
 NETWORK_ENV:dict[str, dict[str, tuple[str, str]]] = {
     "common": {
         "NCCL_CUMEM_ENABLE": ("0", "vLLM weight broadcast over NCCL hangs without it (open-instruct sets it too)"),
@@ -141,7 +156,7 @@ def env_vars(spec:SlurmSpec) -> dict[str, tuple[str, str]]:
     out.update({k: (v, "set by this script's SlurmSpec.env") for k, v in spec.env.items()})
     return out
 
-# %% ../nbs/09_slurm.ipynb 25
+# %% ../nbs/09_slurm.ipynb 28
 def env_block(spec:SlurmSpec) -> list[str]:
     "Shell lines that load the software environment and export the variables."
     out = ["# ---- 2. Software and variables (srun steps and Ray workers inherit them) ----"]
@@ -157,7 +172,7 @@ def env_block(spec:SlurmSpec) -> list[str]:
     out += [f"{l:<{w}}  # {why}" for l, why in lines]
     return out
 
-# %% ../nbs/09_slurm.ipynb 28
+# %% ../nbs/09_slurm.ipynb 31
 def knobs_block(spec:SlurmSpec) -> list[str]:
     "Variables with defaults that a submission's environment can override."
     knobs = [
@@ -179,7 +194,7 @@ def knobs_block(spec:SlurmSpec) -> list[str]:
     out.append("export RAY_PORT RAY_NODE_PORT_BASE RAY_WAIT_S RAY_TMPDIR_BASE NODE_IP_CMD   # read by ray_node_setup.sh")
     return out
 
-# %% ../nbs/09_slurm.ipynb 31
+# %% ../nbs/09_slurm.ipynb 34
 FUNCTIONS_HEAD = r'''log() { echo "[grpo.sbatch $(date +%T)] $*"; }
 job_field() {  # job_field NAME: one field of `scontrol show job -o $SLURM_JOB_ID` (read once into JOB_INFO)
   sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<"$JOB_INFO"
@@ -200,7 +215,7 @@ on_stop() {  # the trap: SIGUSR1 (walltime near) or SIGTERM (scancel, walltime):
   return 0
 }'''
 
-# %% ../nbs/09_slurm.ipynb 33
+# %% ../nbs/09_slurm.ipynb 36
 FUNCTIONS_CHAIN = r'''chain_ledger_start() {  # record this job in $LEDGER; JOBS_IN_CHAIN = jobs of this chain so far
   if ! { [ -f "$LEDGER" ] && [ "$(tail -n 1 "$LEDGER")" = "submitted $SLURM_JOB_ID" ]; }; then
     if [ -f "$LEDGER" ]; then mv "$LEDGER" "$LEDGER.prev"; fi  # submitted by hand: a new chain
@@ -227,7 +242,7 @@ chain_next() {  # chain_next TRAIN_RC START_STEP END_STEP: submit the job that r
   log "chain: submitted job $id (GRPO_CHAIN_INDEX=$next); it starts when job $SLURM_JOB_ID ends and resumes from step $end"
 }'''
 
-# %% ../nbs/09_slurm.ipynb 35
+# %% ../nbs/09_slurm.ipynb 38
 FUNCTIONS_STOP = r'''stop_ray() {  # the head leaves first; every worker sees it go, stops its Ray and exits 0
   if [ -n "${CODE_PID:-}" ]; then kill -TERM "$CODE_PID" 2>/dev/null; fi
   [ "${#RAY_PIDS[@]}" -gt 0 ] || return 0
@@ -245,7 +260,7 @@ FUNCTIONS_STOP = r'''stop_ray() {  # the head leaves first; every worker sees it
   RAY_PIDS=()
 }'''
 
-# %% ../nbs/09_slurm.ipynb 37
+# %% ../nbs/09_slurm.ipynb 40
 BLOCK_START = r'''STOP_REQUESTED=0 TRAIN_PID= RAY_PIDS=() HOSTS=() CODE_PID=
 trap 'on_stop USR1' USR1
 trap 'on_stop TERM' TERM
@@ -265,7 +280,7 @@ OVERRIDES=(${BAKED[@]+"${BAKED[@]}"} "$@")   # (this form also works under `set 
 [ -f "$SCRIPT_DIR/ray_node_setup.sh" ] || { log "no ray_node_setup.sh next to $SCRIPT: keep the two files together"; exit 2; }
 log "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $SCRIPT $CONFIG ${OVERRIDES[*]}"'''
 
-# %% ../nbs/09_slurm.ipynb 39
+# %% ../nbs/09_slurm.ipynb 42
 BLOCK_RUN = r'''# ---- 4. The run, as grpo_nb reads CONFIG: OUTPUT_DIR CKPT_DIR TOTAL_STEPS CODE_REWARDS ----
 RUN_ENV=$(python -c 'import sys; from grpo_nb.slurm import job_env_cli; sys.exit(job_env_cli())' --baked "${#BAKED[@]}" "$CONFIG" "${OVERRIDES[@]}") \
   || { log "cannot run CONFIG=$CONFIG with this job (message above)"; exit 2; }
@@ -275,7 +290,7 @@ LEDGER=$OUTPUT_DIR/slurm_chain.log
 chain_ledger_start
 log "chain: job $((GRPO_CHAIN_INDEX + 1)) (ledger: $JOBS_IN_CHAIN) of at most MAX_JOB_CHAINS=$MAX_JOB_CHAINS; checkpoints in $CKPT_DIR"'''
 
-# %% ../nbs/09_slurm.ipynb 41
+# %% ../nbs/09_slurm.ipynb 44
 BLOCK_RAY = r'''# ---- 5. Ray: the head on this node (the first of the job), then a worker on every other node ----
 mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD=${HOSTS[0]}
@@ -312,7 +327,7 @@ while kill -0 "$WAIT_PID" 2>/dev/null; do   # a node whose Ray step has ended wi
 done
 wait "$WAIT_PID" || { log "the Ray cluster did not form: stopping (no chain)"; stop_ray; exit 1; }'''
 
-# %% ../nbs/09_slurm.ipynb 43
+# %% ../nbs/09_slurm.ipynb 46
 BLOCK_CODE = r'''# ---- 6. The code-execution reward service on the head node, when a reward function runs code ----
 CODE_URL=
 if [ "$CODE_REWARDS" = 1 ]; then
@@ -328,7 +343,7 @@ if [ "$CODE_REWARDS" = 1 ]; then
   log "code-execution service at $CODE_URL (log: $LOG_DIR/code-server-$SLURM_JOB_ID.log)"
 fi'''
 
-# %% ../nbs/09_slurm.ipynb 45
+# %% ../nbs/09_slurm.ipynb 48
 BLOCK_TRAIN = r'''# ---- 7. Train here, in the background behind `wait`, so that the trap can forward the signal ----
 EXTRA=(--cluster.ray_address=auto ${CODE_URL:+--reward.code_service_url=$CODE_URL})
 START_STEP=$(latest_step) TRAIN_RC=0
@@ -347,14 +362,14 @@ fi
 END_STEP=$(latest_step)
 log "trainer exit $TRAIN_RC; checkpoint step $START_STEP -> $END_STEP"'''
 
-# %% ../nbs/09_slurm.ipynb 47
+# %% ../nbs/09_slurm.ipynb 50
 BLOCK_END = r'''# ---- 8. The next job of the chain, then Ray down; exit with the trainer's status ----
 chain_next "$TRAIN_RC" "$START_STEP" "$END_STEP"
 stop_ray
 log "done"
 exit "$TRAIN_RC"'''
 
-# %% ../nbs/09_slurm.ipynb 49
+# %% ../nbs/09_slurm.ipynb 52
 def render_sbatch(spec:SlurmSpec, name:str="grpo.sbatch") -> str:
     "The batch script of `spec`, as text."
     intro = [f"#!/bin/bash", f"# {name}: {spec.description}",
@@ -370,13 +385,13 @@ def render_sbatch(spec:SlurmSpec, name:str="grpo.sbatch") -> str:
     return fill(text, default_config=shlex.quote(spec.config) if spec.config else "",
                 default_overrides=ov, code_server_cmd=spec.code_server_cmd)
 
-# %% ../nbs/09_slurm.ipynb 52
+# %% ../nbs/09_slurm.ipynb 55
 def bash_syntax_errors(text:str) -> str:
     "What `bash -n` says about a script ('' when the syntax is fine)."
     p = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
     return p.stderr.strip()
 
-# %% ../nbs/09_slurm.ipynb 55
+# %% ../nbs/09_slurm.ipynb 58
 NODE_SETUP = r'''#!/bin/bash
 # ray_node_setup.sh: Ray on one node of a SLURM job, kept alive until the job is done with it.
 # Generated by grpo_nb.slurm (nbs/09_slurm.ipynb); do not edit by hand.
@@ -441,7 +456,7 @@ def render_node_setup(spec:SlurmSpec) -> str:
     "The per-node Ray bootstrap script, as text."
     return fill(NODE_SETUP, ray_port=spec.ray_port, ray_node_port_base=spec.ray_node_port_base)
 
-# %% ../nbs/09_slurm.ipynb 58
+# %% ../nbs/09_slurm.ipynb 61
 LADDER:dict[str, SlurmSpec] = {
     "grpo.sbatch": SlurmSpec(),
     "debug_tiny.sbatch": SlurmSpec(
@@ -471,7 +486,7 @@ def render_scripts(out_dir:str|Path="sbatch") -> list[Path]:
         p.chmod(0o755); paths.append(p)
     return paths
 
-# %% ../nbs/09_slurm.ipynb 64
+# %% ../nbs/09_slurm.ipynb 67
 def uses_code_rewards(cfg:TrainConfig) -> bool:
     "Whether a reward function of `cfg` runs code (needs the code-execution service; names containing 'code')."
     return any("code" in name for name, w in cfg.reward.functions.items() if w) and not cfg.reward.code_service_url
@@ -494,7 +509,7 @@ def job_env(cfg:TrainConfig, environ:dict) -> dict[str, str]:
     return {"OUTPUT_DIR": str(Path(cfg.logging.output_dir).resolve()), "CKPT_DIR": str(Path(d.checkpoint_dir).resolve()),
             "TOTAL_STEPS": str(cfg.total_steps), "CODE_REWARDS": "1" if uses_code_rewards(cfg) else "0"}
 
-# %% ../nbs/09_slurm.ipynb 68
+# %% ../nbs/09_slurm.ipynb 71
 def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and the submission's
                 submitted:TrainConfig, # CONFIG with the submission's overrides only
                 baked:list[str], # the overrides baked into the script
@@ -509,7 +524,7 @@ def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and 
                               f"but {config} as submitted says {mine}: refusing before Ray starts, so that no other run's checkpoints are read or moved.",
                               f"regenerate the script for this config (grpo_nb sbatch {config} ...), or pass the directory you mean at submission")
 
-# %% ../nbs/09_slurm.ipynb 69
+# %% ../nbs/09_slurm.ipynb 72
 def job_env_cli(argv:list[str]|None=None) -> int:
     "Print `job_env` of CONFIG [overrides] in this job's environment as shell assignments; exit 2 with the fix on a mismatch."
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -524,7 +539,7 @@ def job_env_cli(argv:list[str]|None=None) -> int:
     print("\n".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
     return 0
 
-# %% ../nbs/09_slurm.ipynb 72
+# %% ../nbs/09_slurm.ipynb 75
 def ray_hosts(nodes:list[dict]) -> dict[str, float]:
     "SLURM host -> GPUs, for the live nodes of `ray.nodes()` that carry a `slurm_node_<host>` resource."
     out = {}
@@ -540,7 +555,7 @@ def missing_hosts(expected:list[str], seen:dict[str, float], gpus_per_node:int) 
     out = [f"{h} (no Ray node)" for h in expected if h not in seen]
     return out + [f"{h} ({seen[h]:g} of {gpus_per_node} GPUs)" for h in expected if h in seen and seen[h] < gpus_per_node]
 
-# %% ../nbs/09_slurm.ipynb 74
+# %% ../nbs/09_slurm.ipynb 77
 def _port_open(address:str, timeout:float=2.0) -> bool:
     import socket
     host, port = address.rsplit(":", 1)
@@ -573,7 +588,7 @@ def wait_for_ray(address:str, hosts:list[str], gpus_per_node:int, timeout:float=
             f"reach {address} (firewall, or the head's address is on the wrong interface: set NODE_IP_CMD), RAY_AUTH_MODE "
             f"differs between nodes, or a node's Ray ports are taken (change RAY_NODE_PORT_BASE).")
 
-# %% ../nbs/09_slurm.ipynb 75
+# %% ../nbs/09_slurm.ipynb 78
 def wait_ray_cli(argv:list[str]|None=None) -> int:
     "`wait_ray_cli --address A --gpus-per-node G --timeout S HOST...`: 0 once every host joined, 1 with the missing hosts."
     p = argparse.ArgumentParser(prog="wait_ray", description=wait_ray_cli.__doc__)
@@ -587,7 +602,7 @@ def wait_ray_cli(argv:list[str]|None=None) -> int:
     if msg: print(f"[wait_ray] FAILED: {msg}", flush=True); return 1
     return 0
 
-# %% ../nbs/09_slurm.ipynb 78
+# %% ../nbs/09_slurm.ipynb 81
 def functions_block(script:str) -> str:
     "The shell functions of a generated batch script (between its `>>> functions` and `<<< functions` lines)."
     m = re.search(r"^# >>> functions.*?\n(.*?)^# <<< functions", script, re.M | re.S)
@@ -610,7 +625,7 @@ def run_chain_case(script:str, rc:int, start:int, end:int, stop:int=1, index:int
         argv = (Path(d) / "argv").read_text().strip() if (Path(d) / "argv").exists() else ""
         return (p.stdout + p.stderr).strip().split("] ", 1)[-1], argv
 
-# %% ../nbs/09_slurm.ipynb 82
+# %% ../nbs/09_slurm.ipynb 85
 TRAINER_CONTRACT:list[tuple[str, str]] = [
     ("command", "TRAIN_CMD CONFIG [--section.field=value ...] --cluster.ray_address=auto [--reward.code_service_url=URL] --resume auto"),
     ("Ray", "ray.init(address=\"auto\") joins the cluster at $RAY_ADDRESS (set by grpo.sbatch); every node carries a slurm_node_<host> resource"),
@@ -621,7 +636,7 @@ TRAINER_CONTRACT:list[tuple[str, str]] = [
     ("files it must leave alone", "OUTPUT_DIR/slurm_chain.log (the chain's ledger)"),
 ]
 
-# %% ../nbs/09_slurm.ipynb 85
+# %% ../nbs/09_slurm.ipynb 88
 _SBATCH_OPTIONS = ["nodes", "gpus_per_node", "cpus_per_node", "time", "partition", "account", "qos", "signal_s",
                    "max_job_chains", "log_dir", "venv", "job_name", "mem", "train_cmd", "network", "nccl_debug"]
 
@@ -667,7 +682,7 @@ def sbatch_cli(argv:list[str]|None=None) -> int:
           f"chain of at most {spec.max_job_chains} jobs)\ncheck:  grpo_nb preflight {a.config} --log-dir {spec.log_dir} {' '.join(overrides)}\nsubmit: sbatch {out}")
     return 0
 
-# %% ../nbs/09_slurm.ipynb 88
+# %% ../nbs/09_slurm.ipynb 91
 Check = tuple[str, str]  # (PASS | WARN | FAIL | SKIP, detail)
 
 def check_model(name_or_path:str, hf_home:str|None=None) -> Check:
@@ -690,7 +705,7 @@ def check_model(name_or_path:str, hf_home:str|None=None) -> Check:
                         f"`huggingface-cli download {name_or_path}` on a login node, or point model.name_or_path at a directory")
     return "FAIL", f"no model at {p}: set model.name_or_path to a HF model directory"
 
-# %% ../nbs/09_slurm.ipynb 91
+# %% ../nbs/09_slurm.ipynb 94
 def check_writable(path:str, what:str) -> Check:
     "Whether `path` exists or can be created, and a file can be written in it."
     p = Path(path).expanduser()
@@ -702,7 +717,7 @@ def check_writable(path:str, what:str) -> Check:
         return ("PASS" if free > 1 else "WARN"), f"{what} {p} writable, {free:.0f} GiB free"
     except OSError as e: return "FAIL", f"{what} {p}: {e.strerror or e}; choose a directory you can write"
 
-# %% ../nbs/09_slurm.ipynb 94
+# %% ../nbs/09_slurm.ipynb 97
 def parse_sinfo(text:str) -> dict[str, tuple[int, str]]:
     "`sinfo -h -N -o '%N %G %t'` lines -> {node: (GPUs, state)}."
     out = {}
@@ -730,7 +745,7 @@ def check_nodes(nodes:int, gpus_per_node:int, partition:str="", sinfo:str|None=N
     if len(idle) < nodes: return "WARN", f"{len(fit)} usable nodes, {len(idle)} idle now: the job will queue"
     return "PASS", f"{len(fit)} usable node(s) with >= {gpus_per_node} GPUs, {len(idle)} idle"
 
-# %% ../nbs/09_slurm.ipynb 97
+# %% ../nbs/09_slurm.ipynb 100
 def _run_cli(module:str, func:str, argv:list[str]) -> tuple[int|None, str, str]:
     "Call `module.func(argv)` capturing its output; (None, '', why) when the module or function is absent."
     import contextlib, importlib, io
@@ -753,9 +768,9 @@ def check_memory(cfg:TrainConfig) -> Check:
     if cfg.rollout.placement == "colocated":
         from grpo_nb.colocate import colocated_plan
         cm = colocated_plan(cfg)
-        detail = f"learner + engine on one GPU: peak {cm.peak_bytes / GiB:.1f} GiB ({cm.phase} phase) of {cfg.cluster.gpu_mem_gib:g} GiB"
+        detail = f"learner + engine on one GPU: peak {cm.peak_bytes / GiB:.1f} GiB ({cm.phase} phase) of {cfg.cluster.gpu_mem_gib:.1f} GiB"
         return ("PASS", detail) if cm.fits else ("FAIL", f"{detail}; lower rollout.gpu_memory_utilization, or place engines apart (rollout.placement=split)")
-    detail = f"learner peak {plan.learner.peak_bytes / GiB:.1f} GiB of {cfg.cluster.gpu_mem_gib:g} GiB"
+    detail = f"learner peak {plan.learner.peak_bytes / GiB:.1f} GiB of {cfg.cluster.gpu_mem_gib:.1f} GiB"
     if plan.fits: return "PASS", detail
     return "FAIL", f"{detail}; fixes: {'; '.join(plan.advice) or 'see grpo_nb plan'}"
 
@@ -772,7 +787,7 @@ def check_layout(cfg:TrainConfig) -> Check:
     except ValueError: return "PASS", "layout feasible"
     return "PASS", f"learner world {lay.get('learner_world_size')}, sync world {lay.get('sync_world_size')}, idle GPUs {lay.get('idle_gpus')}"
 
-# %% ../nbs/09_slurm.ipynb 99
+# %% ../nbs/09_slurm.ipynb 102
 def preflight(cfg:TrainConfig, nodes:int|None=None, partition:str="", log_dir:str="logs", sinfo:str|None=None) -> list[tuple[str, str, str]]:
     "Every check of `cfg` before submission: rows (check, status, detail)."
     C, d = cfg.cluster, derive(cfg)

@@ -282,6 +282,7 @@ def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
               gpu_memory_utilization=R.gpu_memory_utilization, seed=R.seed, max_model_len=cfg.data.max_prompt_tokens + R.max_new_tokens,
               max_num_seqs=max(8, min(256, R.prompts_per_step * R.num_samples_per_prompt)))
     if R.kv_cache_mib: kw["kv_cache_memory_bytes"] = R.kv_cache_mib << 20
+    if R.chunked_prefill != "auto": kw["enable_chunked_prefill"] = R.chunked_prefill == "on"
     if R.placement == "colocated" and R.sleep_level and device == "cuda": kw["enable_sleep_mode"] = True
     return kw
 
@@ -312,8 +313,8 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         engines = create_engines(cfg.model.name_or_path, R.num_engines, R.tensor_parallel_size, R.backend, layout.device,
                                  actor_options=opts, wait=False, **_engine_kwargs(cfg, layout.device))
         if not colocated: learner = LearnerGroup.from_config(cfg, groups)   # meanwhile the engines load
-        gather([e.info.remote() for e in engines], timeout_s=900)
-        info = connect_weight_sync(learner.actors, engines, R.tensor_parallel_size, backend="ipc" if colocated else "auto")
+        gather([e.info.remote() for e in engines], timeout_s=R.startup_timeout_s)
+        info = connect_weight_sync(learner.actors, engines, R.tensor_parallel_size, backend="ipc" if colocated else R.sync_backend)
         return Actors(groups, learner, engines, info)
     except BaseException:
         if learner is not None: learner.shutdown(kill=True)

@@ -10,7 +10,7 @@ BAD = [  # (override or data, text the message must contain)
     (["--learner.agg=token_mean"], "'token-mean'"),
     (["--learner.learning_rate=fast"], "expected a number"),
     (["--rollout.num_samples_per_prompt=1"], "--rollout.num_samples_per_prompt=8"),
-    (["--learner.micro_batch_size=5"], "micro_batch_size from"),
+    (["--rollout.prompts_per_step=1", "--rollout.num_samples_per_prompt=2"], "--rollout.prompts_per_step=2"),  # fewer sequences than learners
     (["--learner.offload=optimizer", "--learner.zero_stage=1"], "needs ZeRO stage 2 or 3"),
     (["--rollout.top_p=1.5"], "rollout.top_p: must be in (0, 1]"),
     (["--learner.kl_beta=0.05"], "--learner.ref_policy=gpu"),

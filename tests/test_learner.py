@@ -4,8 +4,8 @@ One Ray cluster serves the module. The main test trains N steps (saving at step 
 actors, corrupts the newest checkpoint and leaves a partial one beside it, then resumes in new actors:
 the broken checkpoints are skipped with a warning, the step-K one is loaded, and steps K+1…N reproduce
 the first run bit for bit (losses, every rank's parameters, optimizer state, schedule and RNG state).
-Its first step is checked against a single-process plain-torch computation of the same loss (the global
-token denominator × W under DeepSpeed's averaging), and the exported HF directory against the learners.
+Its first step (7 sequences: 4 on one rank, 3 on the other) is checked against a single-process plain-torch
+computation of the same loss (the global token denominator × W under DeepSpeed's averaging), and the exported HF directory against the learners.
 """
 import logging, os, shutil, sys, tempfile, time
 from pathlib import Path
@@ -131,7 +131,7 @@ def flip_byte(path:Path, at:int=100):
 
 def test_zero3_kill_resume_is_bit_exact(cluster, caplog):
     model, ck = cluster["model"], cluster["tmp"] / "ckpt"
-    sizes = {s: 8 if s == 1 else 16 for s in range(1, N + 1)}  # step 1: one optimizer step; later: two, with a π_old pass
+    sizes = {s: 7 if s == 1 else 16 for s in range(1, N + 1)}  # step 1: one optimizer step over an uneven 4/3 split; later: two, with a π_old pass
     # ---- run A: N uninterrupted steps, checkpoints at K and N --------------------------------------
     g = make_group(model)
     assert [i["attention"] for i in g.info] == ["sdpa"] * 2 and g.info[0]["zero_stage"] == 3
@@ -145,7 +145,7 @@ def test_zero3_kill_resume_is_bit_exact(cluster, caplog):
     learner_lp = ray_call_all(g, "ws_logprobs", probe, [2, 1])
     g.shutdown(kill=True)  # as a crash would: no clean exit
     # step 1 against one plain-torch process: global denominators × W under DeepSpeed's averaging
-    ref = reference_step1(model, batch_for(1, 8))
+    ref = reference_step1(model, batch_for(1, 7))  # uneven shards compute what one process computes
     assert abs(first[1]["loss"] - ref["loss"]) < 1e-5 * max(1, abs(ref["loss"])), (first[1], ref)
     assert abs(first[1]["grad_norm"] - ref["grad_norm"]) < 1e-4 * ref["grad_norm"], (first[1], ref)
     assert first[1]["kl"] == 0.0 and first[N]["kl"] > 0 and first[N]["optimizer_steps"] == 2

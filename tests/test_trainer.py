@@ -87,7 +87,7 @@ def _check_continuity(recs:list[dict], last:int):
 def test_bad_config_fails_fast(tmp_path):
     from grpo_nb.trainer import train_cli
     import contextlib, io
-    for args, fix in [(["demo", "--learner.micro_batch_size=5"], "micro_batch_size from"),
+    for args, fix in [(["demo", "--learner.num_mini_batches=300"], "--learner.num_mini_batches=256"),
                       (["demo", f"--data.train_path={tmp_path}/nope.jsonl", f"--logging.output_dir={tmp_path}/a"], "Fix: --data.train_path="),
                       (["demo", "--logging.output_dir=/proc/grpo-nb-cannot-write"], "--logging.output_dir=<a writable directory>"),
                       (["demo", "--reward.functions={arithm: 1.0}", f"--logging.output_dir={tmp_path}/b"], "arith"),
