@@ -95,8 +95,8 @@ def spec_for(v:dict, device:str):
     from grpo_nb.learner import LearnerSpec
     L = LearnerConfig(learning_rate=1e-6, zero_stage=v["zero"], micro_batch_size=100_000, gradient_accumulation_steps=1,
                       pack_length=v["pack"], logprob_chunk=v["chunk"], max_grad_norm=1.0)
-    return LearnerSpec(model=hf_config(v["model"]), learner=L, device=device, gradient_checkpointing=v["ckpt"],
-                       compile=v["compile"], temperature=1.0, norm_len=v["hi"], peak_flops=None if device == "cpu" else PEAK)
+    return LearnerSpec(model=hf_config(v["model"]), learner=L, device=device, dtype=v.get("dtype", "auto"), gradient_checkpointing=v["ckpt"],
+                       compile=v["compile"], kernels=v.get("kernels", "torch"), temperature=1.0, norm_len=v["hi"], peak_flops=None if device == "cpu" else PEAK)
 
 
 def measure(step_fn, v:dict, t_start:float) -> dict:
@@ -186,15 +186,42 @@ def run_local(v:dict) -> dict:
     name = "cpu (smoke)" if device == "cpu" else torch.cuda.get_device_name(0)
     info, t0 = None, time.perf_counter()
     try:
+        check = logprob_check(v, device) if v.get("kernels", "torch") != "torch" else {}   # first: its torch-kernel models precede any Liger patch
         g = create_learner_group(spec_for(v, device), 1, local=True)
         info = g.info[0]
         print(f"{v['variant']}: {g} ({info['attention_kernel']}), set up in {time.perf_counter() - t0:.1f} s", flush=True)
         res = measure(g.step, v, time.perf_counter() - t0)
         g.shutdown()
-        return record(v, name, info, res, None)
+        return record(v, name, info, {**res, **check, "kernels": info.get("kernels")}, None)
     except Exception as e:
         traceback.print_exc()
         return record(v, name, info, None, f"{type(e).__name__}: {str(e)[:300]}")
+
+
+def logprob_check(v:dict, device:str) -> dict:
+    """The learner's log-probs on one fixed batch with the model's own kernels, then with `v['kernels']`, from the same
+    initial weights (same seed): the largest absolute difference, in bf16 and in fp32. It runs before the timed steps
+    and builds every torch-kernel model before the first Liger one, since Liger's rotary kernel is patched into the
+    transformers module for the whole process; the models are freed (and the allocator emptied) before timing."""
+    import torch
+    from grpo_nb.learner import create_learner_group
+    vocab = hf_config(v["model"])["vocab_size"]
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(10, vocab, (n,), generator=g).tolist() for n in (96, 160, 256, 512)]
+    lens = [32, 64, 16, 128]
+    out = {}
+    for k in ("torch", v["kernels"]):            # every torch-kernel model before the first Liger one (the process-wide rotary patch)
+        for dtype in ("auto", "float32"):        # bf16 on GPU (what trains), and fp32 (the kernels' own error, without bf16 rounding)
+            grp = create_learner_group(spec_for({**v, "kernels": k, "dtype": dtype}, device), 1, local=True)
+            out[k, dtype] = grp.actors[0].ws_logprobs(seqs, lens)
+            grp.shutdown(); del grp
+            import gc; gc.collect(); torch.cuda.empty_cache()
+    res = {}
+    for dtype in ("auto", "float32"):
+        d = max(abs(a - b) for x, y in zip(out["torch", dtype], out[v["kernels"], dtype]) for a, b in zip(x, y))
+        print(f"  log-probs ({dtype}), {v['kernels']} vs torch kernels: max |diff| {d:.2e}", flush=True)
+        res["logprob_max_abs_diff_vs_torch" + ("" if dtype == "auto" else "_fp32")] = d
+    return res
 
 
 def start_ray_node(num_cpus:int, num_gpus:int, object_store_bytes:int):
@@ -321,7 +348,8 @@ def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smo
             out += [dict(model="tiny", gpus=1, zero=1, ckpt=False, compile=c) for c in ([False, True] if smoke_compile else [False])]
         else:  # the target (1.5B) first, eager then compiled; then the 0.5B shape; a checkpointed run checks the planner there
             big, small = models[-1], models[0]
-            out += [dict(model=big, gpus=1, zero=1, ckpt=False, compile=False), dict(model=big, gpus=1, zero=1, ckpt=False, compile=True)]
+            out += [dict(model=big, gpus=1, zero=1, ckpt=False, compile=False), dict(model=big, gpus=1, zero=1, ckpt=False, compile=False, kernels="liger"),
+                    dict(model=big, gpus=1, zero=1, ckpt=False, compile=True)]
             if small != big:
                 out += [dict(model=small, gpus=1, zero=1, ckpt=False, compile=False), dict(model=small, gpus=1, zero=1, ckpt=False, compile=True)]
             out += [dict(model=big, gpus=1, zero=1, ckpt=True, compile=False)]
@@ -331,7 +359,8 @@ def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smo
     for v in out:
         v.update(chunk=256 if smoke else 2048, launcher=launcher if v["gpus"] > 1 else "local", profile=v["gpus"] == 1)
         v["pack"] = 256 if smoke else pick_pack(v, gpu_bytes)
-        v.update(variant=f"{v['model']} {v['gpus']}gpu zero{v['zero']}" + (" compiled" if v["compile"] else "") + (" ckpt" if v["ckpt"] else ""),
+        v.update(variant=f"{v['model']} {v['gpus']}gpu zero{v['zero']}" + (" compiled" if v["compile"] else "") + (" ckpt" if v["ckpt"] else "")
+                         + (f" {v['kernels']}" if v.get("kernels", "torch") != "torch" else ""),
                  warmup=2 if v["compile"] else 1, steps=1 if smoke else 3, tokens=4 * v["pack"] * v["gpus"],
                  prompt=16 if smoke else 256, lo=8 if smoke else 256, hi=64 if smoke else 1792)
     return out
@@ -378,6 +407,7 @@ def main(argv=None) -> int:
     p.add_argument("--variant-limit-s", type=float, default=240, help="kill a variant after this many seconds")
     p.add_argument("--launcher", choices=["auto", "ray", "mp"], default="auto", help="2-GPU part: Ray actors (the learner group) or spawned processes; auto: Ray when installed")
     p.add_argument("--smoke", action="store_true", help="tiny model on CPU (fp32, gloo): checks the script here")
+    p.add_argument("--only", default="", help="comma-separated substrings: run only the variants whose name contains one; a trailing $ means 'ends with' (e.g. 'liger,zero1$')")
     p.add_argument("--smoke-compile", action="store_true", help="smoke: also a torch.compile variant (slow on a small CPU)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one variant (JSON) and print its record
     a = p.parse_args(argv)
@@ -404,6 +434,7 @@ def main(argv=None) -> int:
         if part == "2gpu": print(f"the 2-GPU part needs 2 visible GPUs (found {n_gpus}): use --part 1gpu", file=sys.stderr); return 2
         print("one GPU visible: the 2-GPU part is left out", flush=True); part = "1gpu"
     vs = variants(part, a.smoke, ["tiny"] if a.smoke else a.models.split(","), gpu_bytes, launcher, a.smoke_compile)
+    if a.only: vs = [v for v in vs if any(v["variant"].endswith(x[:-1]) if x.endswith("$") else x in v["variant"] for x in a.only.split(","))]
     meta = {"versions": versions(), "command": " ".join(sys.argv)}
     records, starts = [], {}
     for v in vs:

@@ -32,6 +32,7 @@ class ModelConfig:
     dtype:Literal["auto","bfloat16","float16","float32"]="auto" # "auto": bfloat16 on GPU, float32 on CPU
     attn_implementation:Literal["sdpa","flash_attention_2","eager"]="sdpa" # attention kernel of the learner
     gradient_checkpointing:bool=True # recompute activations in backward (less memory, about 30% more compute)
+    kernels:Literal["auto","torch","liger"]="torch" # learner's RMSNorm, SwiGLU and rotary kernels: the model's own ("torch"), Liger-Kernel's fused Triton ones ("liger", GPU only; faster, not bit-identical in bf16), or liger where it can run ("auto")
 
 # %% ../nbs/00_config.ipynb 10
 @dataclass
@@ -67,6 +68,9 @@ class RolloutConfig:
     hf_cache:Literal["dynamic","static"]="dynamic" # transformers backend: KV cache grown per token, or allocated once per generation (faster on GPU)
     startup_timeout_s:float=900.0 # seconds engines may take to load their model before the run gives up (a 32B model with TP=2 can take 15-20 min from a cold file system)
     sync_backend:Literal["auto","nccl","gloo"]="auto" # weight sync into split engines: "auto" is NCCL from GPU learners and gloo on CPU; gloo goes through host memory over TCP (slower, but sidesteps NCCL network set-up while bringing a cluster up)
+    verify_every:int=0 # steps between checks that every engine computes what the learner computes (greedy log-probs on fixed prompts; bit-wise checksums where the engine keeps raw tensors). A stale engine is synced once more; a second mismatch stops the run with the fix. 0: never
+    verify_atol:float=0.0 # largest |engine - learner| log-prob the check accepts; 0: 1e-4 when the policy runs in float32, else 0.1 (bf16 kernels differ)
+    fault_skip_sync_step:int=0 # testing: skip the weight sync after this step once, leaving the engines a step stale (verify_every must catch it); 0: never
     chunked_prefill:Literal["auto","on","off"]="auto" # vLLM chunked prefill (long prompts split across scheduler steps): "auto" keeps vLLM's default
     sleep_level:int=1 # colocated: 1 offloads the engine's weights to CPU and frees its KV cache while the learner steps; 2 frees the weights too (the sync refills them); 0 keeps both
 
@@ -352,7 +356,8 @@ def validate(cfg:TrainConfig) -> TrainConfig:
                      ("reward.math_timeout_s", cfg.reward.math_timeout_s), ("cluster.cpus_per_learner", C.cpus_per_learner),
                      ("cluster.cpus_per_engine_worker", C.cpus_per_engine_worker),
                      ("cluster.gpus_per_node", C.gpus_per_node), ("learner.entropy_coef", L.entropy_coef),
-                     ("learner.num_mini_batches", L.num_mini_batches)]:
+                     ("learner.num_mini_batches", L.num_mini_batches), ("rollout.verify_every", R.verify_every),
+                     ("rollout.verify_atol", R.verify_atol), ("rollout.fault_skip_sync_step", R.fault_skip_sync_step)]:
         _check(v >= 0, where, f"must not be negative (got {v}).", f"--{where}=0")
     _check(R.num_samples_per_prompt >= 2, "rollout.num_samples_per_prompt",
            f"GRPO normalises rewards within a group of G samples; G={R.num_samples_per_prompt} leaves every advantage at zero.",

@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_ddp.ipynb 3
 from __future__ import annotations
-import argparse, dataclasses, json, math, os, random, signal, sys, time
+import argparse, dataclasses, json, math, os, random, re, signal, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -22,8 +22,8 @@ from .learner import (CheckpointError, checkpoint_name, checkpoint_files, commit
 # %% auto 0
 __all__ = ['DDP_PRESETS', 'DDP_SBATCH', 'DDPOptions', 'load_run', 'BatchPlan', 'plan_batches', 'plan_table', 'prompt_indices',
            'load_rows', 'pass_at_1', 'LogProbPolicy', 'model_path', 'load_policy', 'sample_groups', 'train_on_samples',
-           'save_checkpoint', 'find_resume', 'load_checkpoint', 'MetricsLog', 'DistEnv', 'dist_env', 'evaluate',
-           'train', 'main', 'render_scripts']
+           'pick_precision', 'save_checkpoint', 'find_resume', 'load_checkpoint', 'MetricsLog', 'DistEnv', 'dist_env',
+           'evaluate', 'train', 'main', 'ddp_sbatch', 'render_scripts']
 
 # %% ../nbs/10_ddp.ipynb 6
 @dataclass
@@ -81,6 +81,10 @@ def load_run(source:str|Path|dict="ddp-tiny", # YAML path, preset name (`DDP_PRE
     if L.entropy_coef: raise ConfigError("learner.entropy_coef", "the torchrun launcher computes no entropy bonus.", "--learner.entropy_coef=0")
     if L.pack_length: raise ConfigError("learner.pack_length", "this launcher trains padded micro-batches.", "--learner.pack_length=0")
     if cfg.rollout.mode != "sync": raise ConfigError("rollout.mode", "generation runs in the training process, so it is always on-policy.", "--rollout.mode=sync")
+    if cfg.logging.wandb != "off":
+        raise ConfigError("logging.wandb", "this launcher does not report to Weights & Biases (it would be ignored).",
+                          "--logging.wandb=off; metrics go to <output_dir>/metrics.jsonl and TensorBoard (logging.tensorboard=true), "
+                          "or run the Ray trainer (grpo_nb train), which reports to W&B")
     return cfg, opts
 
 # %% ../nbs/10_ddp.ipynb 13
@@ -281,6 +285,7 @@ def train_on_samples(policy:nn.Module, # `LogProbPolicy`, DDP-wrapped when W > 1
                      total_opt_steps:int, # optimizer steps in the whole run
                      norm_len:int, # rollout.max_new_tokens (seq-mean-token-sum-norm's constant)
                      autocast=nullcontext, # context of each forward (bf16 autocast on GPU)
+                     scaler=None, # `torch.amp.GradScaler` for fp16 autocast (dynamic loss scaling); None: no scaling
                     ) -> dict:
     "Optimizer steps of one rank on its samples; metrics averaged over them (identical on every rank where global)."
     W, n, mb = plan.world_size, plan.sequences_per_rank, plan.micro_batch
@@ -303,17 +308,36 @@ def train_on_samples(policy:nn.Module, # `LogProbPolicy`, DDP-wrapped when W > 1
                 with autocast(): logp = policy(ids[r], am[r]).float()  # [mb,T-1]
                 loss, m = policy_loss(logp, None if old is None else old[r], advantages[r], mask[r], num_tokens=counts[0],
                                       num_seqs=counts[1], norm_len=norm_len, **kw)
-                (loss * W).backward()
+                (loss * W if scaler is None else scaler.scale(loss * W)).backward()
             mets.append(m); loss_sum += m["loss"].double()
         params = [p for p in policy.parameters() if p.grad is not None]
+        if scaler is not None: scaler.unscale_(optimizer)   # clip the true gradients
         norm = torch.nn.utils.clip_grad_norm_(params, learner.max_grad_norm if learner.max_grad_norm > 0 else float("inf"))
-        optimizer.step(); optimizer.zero_grad(set_to_none=True)
+        if scaler is None: optimizer.step()
+        else: scaler.step(optimizer); scaler.update()   # an inf/NaN gradient skips the step and halves the scale
+        optimizer.zero_grad(set_to_none=True)
         norms.append(float(norm))
     out = {k: float(torch.stack([m[k].float() for m in mets]).mean()) for k in ("clip_frac", "ratio_mean")}  # this rank's
     out["loss"] = float(_all_sum(loss_sum, W)) / plan.optimizer_steps  # the global loss, per optimizer step
+    if scaler is not None: out["loss_scale"] = float(scaler.get_scale())
     return {**out, "grad_norm": sum(norms) / len(norms), "lr": optimizer.param_groups[0]["lr"], "optimizer_steps": plan.optimizer_steps}
 
 # %% ../nbs/10_ddp.ipynb 40
+def pick_precision(device:str, # "cuda" or "cpu"
+                   dtype:str, # model.dtype
+                   bf16_ok:bool, # the GPU runs bf16 (`torch.cuda.is_bf16_supported()`)
+                  ) -> tuple[str, str, str]: # (precision, weights dtype for `load_policy`, warning or "")
+    "How a run computes: 'bf16-autocast', 'fp16-autocast' (with dynamic loss scaling) or 'weights' (in the weights' own dtype)."
+    if device != "cuda": return ("weights", dtype, "")
+    if dtype == "float16": return ("fp16-autocast", "auto", "")
+    if dtype == "auto": return ("bf16-autocast", "auto", "") if bf16_ok else \
+        ("fp16-autocast", "auto", "this GPU has no bf16 (e.g. V100): fp16 autocast with dynamic loss scaling over fp32 weights instead")
+    if dtype == "bfloat16" and not bf16_ok:
+        return ("fp16-autocast", "auto", "model.dtype=bfloat16 on a GPU without bf16 (e.g. V100): replaced by fp16 autocast with dynamic "
+                                         "loss scaling over fp32 weights (set model.dtype=float16 to say so and silence this)")
+    return ("weights", dtype, "")
+
+# %% ../nbs/10_ddp.ipynb 45
 def _barrier(world_size:int):
     if world_size > 1: torch.distributed.barrier()
 
@@ -352,7 +376,7 @@ def save_checkpoint(root:str|Path, # checkpoint directory (derive(cfg).checkpoin
     _barrier(world_size)
     return final
 
-# %% ../nbs/10_ddp.ipynb 41
+# %% ../nbs/10_ddp.ipynb 46
 def find_resume(resume:str, # checkpoint.resume: "auto", "none" or a checkpoint path
                 root:str|Path, # checkpoint directory
                 rank:int=0, # this rank
@@ -387,7 +411,7 @@ def load_checkpoint(path:str|Path, # a verified checkpoint directory
         seed_everything(state.get("seed", 0) + 7919 * state["step"] + rank)
     return state
 
-# %% ../nbs/10_ddp.ipynb 45
+# %% ../nbs/10_ddp.ipynb 50
 class MetricsLog:
     "metrics.jsonl (+ TensorBoard) of rank 0; other ranks get a logger that does nothing."
     def __init__(self, out_dir:str|Path, # logging.output_dir
@@ -417,7 +441,7 @@ class MetricsLog:
     def close(self):
         if self.tb: self.tb.close()
 
-# %% ../nbs/10_ddp.ipynb 47
+# %% ../nbs/10_ddp.ipynb 52
 @dataclass
 class DistEnv:
     "This process's place in the run."
@@ -440,7 +464,7 @@ def dist_env(device:str="auto", # cluster.device
                           f"torchrun --nproc_per_node={torch.cuda.device_count()}")
     return DistEnv(rank, world, local, torch.device("cuda", local) if cuda else torch.device("cpu"))
 
-# %% ../nbs/10_ddp.ipynb 50
+# %% ../nbs/10_ddp.ipynb 55
 _STOP = {"flag": 0}
 
 def _on_signal(signum, frame): _STOP["flag"] = 1
@@ -461,7 +485,8 @@ def _build(cfg:TrainConfig, env:DistEnv):
     L = cfg.learner
     if env.rank == 0: model_path(cfg.model.name_or_path)  # builds (and caches) a tiny model once, before the others look
     _barrier(env.world_size)
-    lm, tok = load_policy(cfg.model.name_or_path, cfg.model.dtype, env.device, cfg.seed, cfg.model.attn_implementation)
+    prec, wdtype, _ = pick_precision(env.device.type, cfg.model.dtype, env.device.type == "cuda" and torch.cuda.is_bf16_supported())
+    lm, tok = load_policy(cfg.model.name_or_path, wdtype, env.device, cfg.seed, cfg.model.attn_implementation)
     lm.train()
     if cfg.model.gradient_checkpointing: lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy = LogProbPolicy(lm, L.logprob_chunk, cfg.rollout.temperature)
@@ -475,7 +500,7 @@ def _build(cfg:TrainConfig, env:DistEnv):
     else: opt = torch.optim.AdamW(lm.parameters(), **akw)
     return lm, tok, policy, opt
 
-# %% ../nbs/10_ddp.ipynb 51
+# %% ../nbs/10_ddp.ipynb 56
 def _step_metrics(rewards:list[float], n_tokens:int, env:DistEnv) -> dict:
     "Reward statistics and token count summed over ranks."
     r = torch.tensor(rewards, dtype=torch.float64)
@@ -503,7 +528,7 @@ def evaluate(lm, # the unwrapped policy
         r = pass_at_1(complete, rows, cfg.reward.code_timeout_s, cfg.reward.code_workers, cfg.reward.allow_unisolated, limits)
     return {"eval/pass@1": r["pass@1"], "eval/passed": r["passed"], "eval/problems": r["problems"]}
 
-# %% ../nbs/10_ddp.ipynb 52
+# %% ../nbs/10_ddp.ipynb 57
 def train(cfg:TrainConfig, # the validated run config
           opts:DDPOptions, # the launcher's options
           env:DistEnv, # this rank's place (from `dist_env`)
@@ -537,7 +562,12 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan) -> dic
     if ck is not None:
         state = load_checkpoint(ck, lm, opt, env.rank, env.device); step = state["step"]
         if env.rank == 0: print(f"[grpo_nb.ddp] resumed from {ck} (step {step}, data position {state['position']})", flush=True)
-    autocast = (lambda: torch.autocast("cuda", torch.bfloat16)) if (env.device.type == "cuda" and cfg.model.dtype == "auto") else nullcontext
+    prec, _, warn = pick_precision(env.device.type, cfg.model.dtype, env.device.type == "cuda" and torch.cuda.is_bf16_supported())
+    if warn and env.rank == 0: print(f"[grpo_nb.ddp] warning: {warn}", flush=True)
+    autocast = {"bf16-autocast": lambda: torch.autocast("cuda", torch.bfloat16),
+                "fp16-autocast": lambda: torch.autocast(env.device.type, torch.float16)}.get(prec, nullcontext)
+    scaler = torch.amp.GradScaler(env.device.type) if prec == "fp16-autocast" else None
+    if scaler is not None and state.get("loss_scale"): scaler.load_state_dict(state["loss_scale"])   # resumed: the scale goes on
     total_opt = cfg.total_steps * plan.optimizer_steps * cfg.learner.epochs_per_batch
     last_saved, stopped = step, False
     while step < cfg.total_steps:
@@ -555,7 +585,8 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan) -> dic
         rw = compute_rewards(smp["texts"], answers, cfg.reward.functions, ctx)
         adv = group_advantages(torch.tensor(rw.total), plan.group_size, cfg.learner.advantage).to(env.device)
         t2 = time.perf_counter()
-        tm = train_on_samples(policy, opt, smp, adv, plan, cfg.learner, state["opt_steps"], total_opt, R.max_new_tokens, autocast)
+        tm = train_on_samples(policy, opt, smp, adv, plan, cfg.learner, state["opt_steps"], total_opt, R.max_new_tokens, autocast, scaler)
+        if scaler is not None: state["loss_scale"] = scaler.state_dict()
         if env.device.type == "cuda": torch.cuda.synchronize()
         t3 = time.perf_counter()
         step += 1
@@ -580,7 +611,7 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan) -> dic
     log.close()
     return summary
 
-# %% ../nbs/10_ddp.ipynb 54
+# %% ../nbs/10_ddp.ipynb 59
 def main(argv:list[str]|None=None, # CONFIG [--section.field=value ...] [--resume auto] (None: sys.argv[1:])
         ) -> int:
     "The torchrun entry point: 0 on success or a clean stop, 2 on a configuration error."
@@ -610,20 +641,21 @@ def main(argv:list[str]|None=None, # CONFIG [--section.field=value ...] [--resum
               f"weights identical on all {env.world_size} ranks: {summary['weights_identical']}", flush=True)
     return 0
 
-# %% ../nbs/10_ddp.ipynb 55
+# %% ../nbs/10_ddp.ipynb 60
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())  # `python -m grpo_nb.ddp` (a notebook kernel has no __file__)
 
-# %% ../nbs/10_ddp.ipynb 61
+# %% ../nbs/10_ddp.ipynb 66
 DDP_SBATCH = r'''#!/bin/bash
 # ddp.sbatch: GRPO on ONE node with torchrun (one process per GPU, DDP), no Ray.
 # Generated by grpo_nb.ddp (nbs/10_ddp.ipynb): change the notebook and re-export; do not edit by hand.
 #
-#   sbatch [--gpus-per-node=N] [--time=T] ddp.sbatch CONFIG [--section.field=value ...]
+#   sbatch [--time=T] ddp.sbatch CONFIG [--section.field=value ...]
 #
+# GPUs: {{gpu_request_doc}}
 #SBATCH --job-name=grpo-ddp
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node=2
+#SBATCH {{gpu_request}}
 #SBATCH --cpus-per-task=16
 #SBATCH --mem=0
 #SBATCH --time=12:00:00
@@ -673,11 +705,22 @@ fi
 exit "$RC"
 '''
 
+def ddp_sbatch(gpus:int=2, # GPUs of the node (one process each)
+               gres:str="", # a generic-resource request instead, for sites that name GPU types, e.g. "gpu:volta:2" (MIT Supercloud)
+              ) -> str: # the script
+    "`ddp.sbatch` asking for `gpus` GPUs with --gpus-per-node, or with `--gres=GRES` where the site wants that form."
+    if gres and not re.fullmatch(r"gpu(:[A-Za-z0-9_-]+)?:\d+", gres):
+        raise ValueError(f"gres {gres!r} is not of the form gpu:N or gpu:TYPE:N (e.g. gpu:volta:2).")
+    req = f"--gres={gres}" if gres else f"--gpus-per-node={gpus}"
+    doc = (f"--gres={gres} (change the type and count for your site)" if gres else
+           f"--gpus-per-node={gpus}; override with sbatch --gpus-per-node=N, or render with ddp_sbatch(gres='gpu:TYPE:N')")
+    return DDP_SBATCH.replace("{{gpu_request_doc}}", doc).replace("{{gpu_request}}", req)
+
 def render_scripts(out_dir:str|Path="sbatch", # where the scripts go
                   ) -> list[Path]:
     "Write `ddp.sbatch` into `out_dir`; return its path in a list."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    p = out / "ddp.sbatch"
-    if not p.exists() or p.read_text() != DDP_SBATCH: p.write_text(DDP_SBATCH)
+    p, text = out / "ddp.sbatch", ddp_sbatch()
+    if not p.exists() or p.read_text() != text: p.write_text(text)
     p.chmod(0o755)
     return [p]

@@ -20,14 +20,14 @@ from .actors import submit, gather, call, GPU_SAFETY_ENV
 from .weight_sync import WeightSyncSource, make_plan, full_numel
 
 # %% auto 0
-__all__ = ['logger', 'MANIFEST', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch', 'pack_sequences', 'MicroBatch',
+__all__ = ['logger', 'MANIFEST', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch', 'pack_sequences', 'MicroBatch',
            'make_micro_batch', 'LogProbHead', 'use_logprob_head', 'PolicyLogProbs', 'per_sequence_sdpa',
            'varlen_attention', 'check_varlen', 'pick_attention', 'attention_kernel', 'step_counts', 'micro_batch_loss',
            'ds_config', 'lr_factor', 'seed_everything', 'rng_state', 'set_rng_state', 'tree_digest', 'CheckpointError',
            'checkpoint_name', 'file_digest', 'checkpoint_files', 'commit_checkpoint', 'verify_checkpoint',
            'list_checkpoints', 'latest_checkpoint', 'prune_checkpoints', 'LearnerSpec', 'model_source', 'build_policy',
-           'LearnerWorker', 'compile_layers', 'train_flops', 'shard_batch', 'peak_flops_for', 'combine_metrics',
-           'LearnerGroup', 'each', 'create_learner_group', 'mfu_records', 'mfu_table']
+           'LearnerWorker', 'compile_layers', 'apply_kernels', 'train_flops', 'shard_batch', 'peak_flops_for',
+           'combine_metrics', 'LearnerGroup', 'each', 'create_learner_group', 'mfu_records', 'mfu_table']
 
 # %% ../nbs/07_learner.ipynb 7
 logger = logging.getLogger("grpo_nb.learner")
@@ -513,6 +513,7 @@ class LearnerSpec:
     attn_implementation:str="sdpa" # "sdpa" (varlen flash on cuda when it checks out), "flash_attention_2", "eager"
     gradient_checkpointing:bool=False # recompute each layer in backward (less memory, ~30% more compute)
     compile:bool=False # torch.compile every decoder layer (fuses norms, rotary, SwiGLU; ZeRO 0-2 on CUDA)
+    kernels:str="torch" # "torch", "liger" (Liger-Kernel's fused RMSNorm, SwiGLU, rotary) or "auto" (liger where it can run)
     temperature:float=1.0 # sampling temperature of the engines (the learner's log-probs use the same)
     norm_len:int|None=None # the constant C of seq-mean-token-sum-norm (rollout.max_new_tokens)
     total_optimizer_steps:int=0 # for linear/cosine learning-rate decay
@@ -624,6 +625,7 @@ def setup(self:LearnerWorker,
                                        self.ds_cfg if L.zero_stage == 3 else None)
     policy.config.use_cache = False
     if spec.gradient_checkpointing: policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    self.kernels = apply_kernels(policy, spec.kernels, spec.device)
     if spec.compile: compile_layers(policy, L.zero_stage)
     module = PolicyLogProbs(policy)
     sched = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, partial(lr_factor, warmup=L.warmup_steps, total=spec.total_optimizer_steps,
@@ -635,7 +637,7 @@ def setup(self:LearnerWorker,
     self.loss_kw = loss_kwargs(L)
     self.flop_params = _flop_params(policy)
     return {"rank": self.rank, "params": sum(full_numel(p) for p in policy.parameters()), "attention": self.attn,
-            "attention_kernel": attention_kernel(self.attn),
+            "attention_kernel": attention_kernel(self.attn), "kernels": self.kernels,
             "device": str(self.device), "zero_stage": L.zero_stage, "dtype": dname}
 
 # %% ../nbs/07_learner.ipynb 65
@@ -667,14 +669,40 @@ def compile_layers(policy:nn.Module, # the HF causal LM
     for layer in layers: layer.compile(dynamic=True)
     return len(layers)
 
-# %% ../nbs/07_learner.ipynb 68
+# %% ../nbs/07_learner.ipynb 69
+KERNELS = ("auto", "torch", "liger")
+"`model.kernels`: the learner's elementwise kernels."
+
+def apply_kernels(policy:nn.Module, # the HF causal LM, before DeepSpeed wraps it
+                  kernels:str, # "torch": the model's own modules; "liger": Liger-Kernel's fused Triton kernels; "auto": liger where it can run
+                  device:str, # "cuda" or "cpu"
+                 ) -> str: # the kernels in use: "torch" or "liger"
+    "Swap RMSNorm, SwiGLU and rotary embeddings for Liger's fused kernels where asked and possible; refuse what cannot run."
+    if kernels not in KERNELS: raise ValueError(f"model.kernels must be one of {KERNELS} (got {kernels!r}).")
+    if kernels == "torch": return "torch"
+    why = None
+    if device != "cuda": why = "Liger's kernels are Triton kernels and need a CUDA GPU"
+    else:
+        try: from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+        except ImportError: why, MODEL_TYPE_TO_APPLY_LIGER_FN = "liger-kernel is not installed", {}
+        fn = MODEL_TYPE_TO_APPLY_LIGER_FN.get(policy.config.model_type)
+        if why is None and fn is None: why = f"Liger has no kernels for model type {policy.config.model_type!r}"
+    if why:
+        if kernels == "liger": raise ValueError(f"model.kernels=liger: {why}. Fix: --model.kernels=auto (torch where Liger cannot run) or install liger-kernel.")
+        return "torch"
+    import inspect
+    want = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=policy)
+    fn(**{k: v for k, v in want.items() if k in inspect.signature(fn).parameters})
+    return "liger"
+
+# %% ../nbs/07_learner.ipynb 71
 def _flop_params(policy:nn.Module) -> int:
     "Parameters that do matmul work on every token: all but the input embedding and the output projection."
     emb, head = policy.get_input_embeddings().weight, policy.get_output_embeddings().weight
     total = sum(full_numel(p) for p in policy.parameters())  # a tied matrix is counted once
     return total - full_numel(emb) - (0 if head is emb else full_numel(head))
 
-# %% ../nbs/07_learner.ipynb 70
+# %% ../nbs/07_learner.ipynb 73
 def train_flops(body_params:int, # parameters doing matmul work per token (no embedding, no output projection)
                 vocab:int, # V
                 hidden:int, # H
@@ -686,7 +714,7 @@ def train_flops(body_params:int, # parameters doing matmul work per token (no em
     T = sum(seq_lens)
     return 6.0 * body_params * T + 6.0 * vocab * hidden * scored + 6.0 * layers * hidden * sum(s * s for s in seq_lens)
 
-# %% ../nbs/07_learner.ipynb 73
+# %% ../nbs/07_learner.ipynb 76
 @patch
 def _forward(self:LearnerWorker, engine, mb:MicroBatch, with_entropy:bool=False):
     "Log-probs (and entropy) of one micro-batch's scored tokens through `engine`."
@@ -720,7 +748,7 @@ def _score(self:LearnerWorker, engine, batch:TrainBatch) -> list[Tensor]:
         for i in sid[mb.mask].unique().tolist(): out[i] = lp[(sid == i) & mb.mask]
     return [torch.zeros(0) if o is None else o for o in out]
 
-# %% ../nbs/07_learner.ipynb 75
+# %% ../nbs/07_learner.ipynb 78
 _MEAN_KEYS = ("clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "entropy",
               "tis_weight_mean", "tis_clip_frac", "rollout_kl")
 
@@ -758,7 +786,7 @@ def _metric_sums(ms:list[dict], # `policy_loss` metrics of every micro-batch (te
     out.update({f"{k}_sum": sum(x * t for x, t in zip(v[k], n)) for k in _MEAN_KEYS if k in v})
     return out
 
-# %% ../nbs/07_learner.ipynb 76
+# %% ../nbs/07_learner.ipynb 79
 def _grad_norm(module:nn.Module) -> float:
     "L2 norm of all gradients of `module` (replicated parameters: ZeRO-0)."
     gs = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
@@ -797,7 +825,7 @@ def _flops(self:LearnerWorker, seq_lens, scored) -> float:
     c = self.sync_module().config
     return train_flops(self.flop_params, c.vocab_size, c.hidden_size, c.num_hidden_layers, seq_lens, scored)
 
-# %% ../nbs/07_learner.ipynb 78
+# %% ../nbs/07_learner.ipynb 81
 @patch
 def save(self:LearnerWorker,
          tmp:str, # temporary directory (the same on every rank, on a shared filesystem)
@@ -842,7 +870,7 @@ def load(self:LearnerWorker,
     self.step = int(meta["step"])
     return meta
 
-# %% ../nbs/07_learner.ipynb 80
+# %% ../nbs/07_learner.ipynb 83
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                     "tokenizer.model", "chat_template.jinja", "chat_template.json", "added_tokens.json", "generation_config.json")
 
@@ -896,7 +924,7 @@ def close(self:LearnerWorker) -> None:
         import deepspeed.comm
         deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups, so a new world can be made here
 
-# %% ../nbs/07_learner.ipynb 82
+# %% ../nbs/07_learner.ipynb 85
 def shard_batch(lengths:Sequence[int], # tokens of each sequence
                 world_size:int, # ranks W
                ) -> list[list[int]]: # sequence indices of each rank
@@ -908,7 +936,7 @@ def shard_batch(lengths:Sequence[int], # tokens of each sequence
         out[r].append(i); tok[r] += lengths[i]; big += len(out[r]) == base + 1
     return [sorted(o) for o in out]
 
-# %% ../nbs/07_learner.ipynb 84
+# %% ../nbs/07_learner.ipynb 87
 PEAK_BF16_TFLOPS:dict[str, float] = {"GH200": 989.4, "H200": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
                                      "A100": 312.0, "L40S": 362.1, "V100": 125.0}
 "Dense (no sparsity) bf16 tensor-core peak per GPU, by a substring of `torch.cuda.get_device_name()`, most specific first (V100: fp16)."
@@ -921,7 +949,7 @@ def peak_flops_for(device_name:str|None, # e.g. "NVIDIA H100 80GB HBM3"
     return None
 
 
-# %% ../nbs/07_learner.ipynb 86
+# %% ../nbs/07_learner.ipynb 89
 def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
                     peak_flops:float|None=None, # per-GPU peak FLOP/s for MFU
                    ) -> dict:
@@ -943,7 +971,7 @@ def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
     if peak_flops: out["mfu"] = out["flops"] / out["time_s"] / (peak_flops * W)
     return out
 
-# %% ../nbs/07_learner.ipynb 87
+# %% ../nbs/07_learner.ipynb 90
 _PASS_ENV = ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "TORCH_EXTENSIONS_DIR", "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "DS_BUILD_OPS",
              "TORCH_CUDA_ARCH_LIST", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "GRPO_NB_CACHE")
 
@@ -963,7 +991,7 @@ class LearnerGroup:
         return (f"LearnerGroup({self.world_size} × {i['device']}, ZeRO-{i['zero_stage']}, {i['dtype']}, {i['params'] / 1e6:.2f}M params, "
                 f"attention {i['attention']}, step {self.step_count})")
 
-# %% ../nbs/07_learner.ipynb 89
+# %% ../nbs/07_learner.ipynb 92
 def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
          method:str, # the method to call on every rank
          *args, # the same arguments for every rank ...
@@ -975,7 +1003,7 @@ def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
     if len(actors) == 1 and isinstance(actors[0], LearnerWorker): return [getattr(actors[0], method)(*argv[0])]
     return gather([submit(a, method, *av) for a, av in zip(actors, argv)], timeout_s)
 
-# %% ../nbs/07_learner.ipynb 90
+# %% ../nbs/07_learner.ipynb 93
 def create_learner_group(spec:LearnerSpec, # what every rank builds
                          world_size:int, # learner ranks W
                          groups=None, # `grpo_nb.placement.PlacementGroups`: actors go into the learner bundles
@@ -1012,7 +1040,7 @@ def create_learner_group(spec:LearnerSpec, # what every rank builds
         raise
     return LearnerGroup(actors, spec, info)
 
-# %% ../nbs/07_learner.ipynb 91
+# %% ../nbs/07_learner.ipynb 94
 @patch
 def minibatches(self:LearnerGroup, n:int) -> int:
     "Optimizer steps per epoch for a step of `n` sequences: `num_mini_batches`, or n / (micro_batch_size × gradient_accumulation_steps × W)."
@@ -1032,7 +1060,7 @@ def step(self:LearnerGroup,
     self.step_count += 1
     return combine_metrics(parts, self.spec.peak_flops)
 
-# %% ../nbs/07_learner.ipynb 92
+# %% ../nbs/07_learner.ipynb 95
 @patch
 def save(self:LearnerGroup,
          ckpt_dir:str|Path, # the run's checkpoint directory
@@ -1101,7 +1129,7 @@ def shutdown(self:LearnerGroup,
         for a in self.actors: ray.kill(a, no_restart=True)
     self.actors = []
 
-# %% ../nbs/07_learner.ipynb 101
+# %% ../nbs/07_learner.ipynb 104
 @patch(cls_method=True)
 def from_config(cls:LearnerGroup,
                 cfg, # a `grpo_nb.config.TrainConfig`
@@ -1116,12 +1144,12 @@ def from_config(cls:LearnerGroup,
         device = groups.layout.device if groups is not None else ("cuda" if cfg.cluster.gpus_per_node > 0 and torch.cuda.is_available() else "cpu")
     spec = LearnerSpec(model=cfg.model.name_or_path, learner=cfg.learner, device=device, dtype=cfg.model.dtype,
                        attn_implementation=cfg.model.attn_implementation, gradient_checkpointing=cfg.model.gradient_checkpointing,
-                       temperature=cfg.rollout.temperature, norm_len=cfg.rollout.max_new_tokens,
+                       kernels=cfg.model.kernels, temperature=cfg.rollout.temperature, norm_len=cfg.rollout.max_new_tokens,
                        total_optimizer_steps=cfg.total_steps * max(1, d.optimizer_steps_per_step), seed=cfg.learner.seed,
                        peak_flops=None)   # each rank looks its GPU up by name: an unknown GPU gets no MFU, not a wrong one
     return create_learner_group(spec, d.learner_world_size, groups, **kwargs)
 
-# %% ../nbs/07_learner.ipynb 104
+# %% ../nbs/07_learner.ipynb 107
 def mfu_records(path:str|Path="bench/results/learner_mfu.json", # written by bench/learner_mfu.py
                ) -> list[dict]: # its records ([] when the file is not there yet)
     "The learner benchmark's records."

@@ -5,7 +5,7 @@
 # %% ../nbs/01_memory.ipynb 3
 from __future__ import annotations
 import dataclasses, functools, json, math, sys
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field, asdict, replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -408,9 +408,12 @@ def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or
                    adam:str="fused", # torch AdamW implementation: "fused" (grpo-nb on GPU) | "foreach" | "single-tensor" (CPU)
                    knobs:ZeroKnobs=ZeroKnobs(), # DeepSpeed buckets and ZeRO-3 settings
                    overheads:Overheads=Overheads(), # fixed and outside-the-allocator memory
+                   head:str="lm", # "lm": the output projection over the vocabulary; "score": a one-output head (reward models, critics)
                   ) -> LearnerMemory:
     "Per-GPU memory of a DeepSpeed learner, term by term and phase by phase."
-    s = get_shape(model)
+    if head not in ("lm", "score"): raise ValueError(f"head must be 'lm' or 'score' (got {head!r}).")
+    score, s = head == "score", get_shape(model)
+    if score: s = replace(s, name=f"{s.name} (score head)", tie_word_embeddings=True)   # no lm_head matrix; the h-weight head is negligible
     _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, logprob_chunk, optimizer, ref_policy)
     P, tokens = param_counts(s)["total"], micro_batch * seq_len
     pers = persistent_params(s, knobs.stage3_param_persistence_threshold)
@@ -437,6 +440,9 @@ def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or
         "step": {**zero_terms, **base, "grads_bytes": g_end, "buffers_bytes": buf if zero == 3 else 0,
                  "step_transient_bytes": step_transient_bytes(P, zero, learners, offload, knobs, adam, s.vocab * s.hidden)},
     }
+    if score:   # one score per sequence: the loss holds the last hidden states' gradient, not logits
+        phases["loss"]["logits_bytes"] = tokens * s.hidden * 2 + micro_batch * 4 * 2
+        if zero >= 2: phases["backward_start"]["grads_bytes"] -= 2 * s.vocab * s.hidden   # no lm_head gradient waits for the embedding's
     totals = {k: sum(v.values()) for k, v in phases.items()}
     phase = max(totals, key=totals.get)
     peak = totals[phase]
@@ -458,7 +464,7 @@ def _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, 
     moment_bytes_per_param(optimizer)
     if ref_policy not in ("none", "gpu", "cpu"): raise ValueError(f"ref_policy must be none, gpu or cpu (got {ref_policy!r}).")
 
-# %% ../nbs/01_memory.ipynb 61
+# %% ../nbs/01_memory.ipynb 63
 def kv_heads_per_gpu(s:ModelShape, # the model
                      tp:int=1, # GPUs of one engine
                     ) -> int:
@@ -486,7 +492,7 @@ def kv_bytes_per_token(s:ModelShape, # the model
     "KV-cache bytes one token costs on each engine GPU: 2·L·(k/TP)·d·dtype_bytes."
     return 2 * s.layers * kv_heads_per_gpu(s, tp) * s.head_dim * dtype_bytes
 
-# %% ../nbs/01_memory.ipynb 63
+# %% ../nbs/01_memory.ipynb 65
 def engine_weights_bytes(s:ModelShape, # the model
                          tp:int=1, # GPUs of one engine
                          dtype_bytes:int=2, # bf16 weights
@@ -511,7 +517,7 @@ def engine_activation_bytes(s:ModelShape, # the model
     per_token = 2 * (2 * s.hidden) + 2 * (3 * math.ceil(s.intermediate / tp))  # residual + normed; gate_up + act
     return max_num_batched_tokens * per_token + 2 * 4 * max_num_seqs * s.vocab
 
-# %% ../nbs/01_memory.ipynb 64
+# %% ../nbs/01_memory.ipynb 66
 @dataclass
 class EngineMemory:
     "Per-GPU memory of one rollout engine (vLLM) and what its KV cache holds."
@@ -552,7 +558,7 @@ def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or 
     return EngineMemory(tp, w, act, over, budget, kvt, cache, max_tokens, per_seq,
                         min(max_num_seqs, max_tokens // per_seq), max_tokens >= per_seq)
 
-# %% ../nbs/01_memory.ipynb 67
+# %% ../nbs/01_memory.ipynb 69
 def _learner_fits(m:LearnerMemory, gpu_mem_gib:float) -> bool: return m.total_bytes <= gpu_mem_gib * GiB
 
 def min_learner_gpus(model:str|ModelShape, # the model
@@ -577,7 +583,7 @@ def min_engine_tp(model:str|ModelShape, # the model
     s = get_shape(model)
     return next((t for t in valid_tps(s) if engine_memory(s, tp=t, **kw).fits), None)
 
-# %% ../nbs/01_memory.ipynb 69
+# %% ../nbs/01_memory.ipynb 71
 @dataclass
 class Plan:
     "A whole job's verdict: learner and engine memory per GPU, whether they fit, and what to change."
@@ -592,7 +598,7 @@ class Plan:
     @property
     def fits(self) -> bool: return self.learner_fits and self.engine_fits
 
-# %% ../nbs/01_memory.ipynb 70
+# %% ../nbs/01_memory.ipynb 72
 def _gib(b) -> str: return f"{b / GiB:.1f} GiB"
 
 def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool) -> list[str]:
@@ -633,7 +639,7 @@ def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool)
                    + f"; each engine holds {em.max_concurrent_seqs} sequences of {st['engine_seq_len']} tokens")
     return out
 
-# %% ../nbs/01_memory.ipynb 72
+# %% ../nbs/01_memory.ipynb 74
 _LEARNER_ARGS = ("learners", "zero", "offload", "micro_batch", "seq_len", "grad_ckpt", "attn", "logits",
                  "logprob_chunk", "optimizer", "ref_policy")
 
@@ -666,7 +672,7 @@ def plan(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelS
     lfit, efit = _learner_fits(lm, gpu_mem_gib), em.fits
     return Plan(s, st, lm, em, lfit, efit, _advice(s, st, lm, em, lfit, efit))
 
-# %% ../nbs/01_memory.ipynb 75
+# %% ../nbs/01_memory.ipynb 77
 def plan_json(p:Plan, # a plan
              ) -> dict: # JSON-ready
     "The plan as plain data with the documented keys."
@@ -700,7 +706,7 @@ def format_plan(p:Plan, # a plan
     rows += [f"  - {a}" for a in p.advice]
     return "\n".join(rows)
 
-# %% ../nbs/01_memory.ipynb 77
+# %% ../nbs/01_memory.ipynb 79
 def plan_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb plan --model NAME|PATH ...` or `grpo_nb plan --config CONFIG [--section.field=value ...]`: per-GPU memory, the verdict and the fix."
     import argparse
@@ -748,7 +754,7 @@ def plan_cli(argv:list[str]|None=None) -> int:
     print(json.dumps(plan_json(pl), indent=2) if a.json else format_plan(pl))
     return 0
 
-# %% ../nbs/01_memory.ipynb 80
+# %% ../nbs/01_memory.ipynb 82
 def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 model:str|ModelShape|None=None, # override `cfg.model.name_or_path` (e.g. a shape for a built-in tiny model)
                ) -> Plan:
@@ -767,7 +773,7 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 R.tensor_parallel_size, R.gpu_memory_utilization, C.gpu_mem_gib, cfg.model.attn_implementation,
                 "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq)
 
-# %% ../nbs/01_memory.ipynb 82
+# %% ../nbs/01_memory.ipynb 84
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -793,7 +799,7 @@ def _plan_config_cli(source:str, # YAML file or preset
               f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
     return 0
 
-# %% ../nbs/01_memory.ipynb 86
+# %% ../nbs/01_memory.ipynb 88
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -815,7 +821,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(sweep); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=7, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 90
+# %% ../nbs/01_memory.ipynb 92
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."
@@ -839,7 +845,7 @@ def planner_widget(model:str="Qwen2.5-7B", # initial model
     redraw()
     return W.VBox([W.HBox(list(ctl.values())[i:i + 4]) for i in range(0, len(ctl), 4)] + [out])
 
-# %% ../nbs/01_memory.ipynb 100
+# %% ../nbs/01_memory.ipynb 102
 def accuracy_table(path:str|Path="bench/results/memory_accuracy.json", # the benchmark's output
                   ) -> str: # a table, or why there is none
     "Predicted vs measured peak memory from `bench/memory_accuracy.py`."

@@ -213,21 +213,12 @@ def classifier_memory(model:str|ModelShape, # base causal LM
                       adam:str="fused", # torch AdamW implementation ("fused" on GPU)
                       **kw, # other `learner_memory` arguments (offload, attn, knobs, overheads, ...)
                      ) -> dict: # peak_bytes, total_bytes, peak_phase, terms (bytes at the peak phase), phases (phase -> terms), params
-    "Per-GPU memory of a reward-model learner: the planner's terms with the score head in place of the LM head."
+    "Per-GPU memory of a reward-model learner: the planner's own terms with its score head (`learner_memory(head='score')`)."
     s = classifier_shape(model)
-    B = 2 * micro_batch_pairs
-    lm = learner_memory(s, learners=gpus, zero=zero, micro_batch=B, seq_len=seq_len, grad_ckpt=grad_ckpt, adam=adam, **kw)
-    head = B * seq_len * s.hidden * 2 + B * 4 * 2  # gradient of the last hidden states (bf16) + fp32 scores and their gradient
-    vh2 = 2 * s.vocab * s.hidden
-    phases = {ph: dict(t) for ph, t in lm.phases.items()}
-    phases["loss"]["logits_bytes"] = head
-    if zero >= 2: phases["backward_start"]["grads_bytes"] -= vh2  # no lm_head gradient waits for the embedding's
-    totals = {ph: sum(t.values()) for ph, t in phases.items()}
-    peak_phase = max(totals, key=totals.get)
-    ov = kw.get("overheads", Overheads())
-    total = int(totals[peak_phase] * ov.fragmentation) + ov.cuda_context_bytes + (ov.nccl_bytes if gpus > 1 else 0)
-    return {"peak_bytes": totals[peak_phase], "total_bytes": total, "peak_phase": peak_phase, "terms": phases[peak_phase], "phases": phases,
-            "params": param_counts(s)["total"] + s.hidden}
+    m = learner_memory(model, learners=gpus, zero=zero, micro_batch=2 * micro_batch_pairs, seq_len=seq_len, grad_ckpt=grad_ckpt,
+                       adam=adam, head="score", **kw)
+    return {"peak_bytes": m.peak_bytes, "total_bytes": m.total_bytes, "peak_phase": m.peak_phase, "terms": m.phases[m.peak_phase],
+            "phases": m.phases, "params": param_counts(s)["total"] + s.hidden}
 
 # %% ../nbs/11_reward_model.ipynb 37
 SEED_ROWS:list[tuple[int, int, int, int]] = [(64, 4, 2, 8), (128, 8, 2, 8), (256, 16, 2, 8), (256, 8, 4, 8), (512, 16, 4, 8)]

@@ -281,6 +281,7 @@ def receive_weights(self:HFEngine, plan:dict, # `SyncPlan.to_dict()` of this syn
     if self.sync_group is None: raise RuntimeError("receive_weights before join_weight_sync. Fix: connect_weight_sync(learners, engines) first.")
     stats = {}
     load_into_module(self.model, receive_buckets(self.sync_group, SyncPlan.from_dict(plan), stats, timing))
+    self._weights_version = int(plan.get("version", 0))
     return stats
 
 @patch
@@ -310,7 +311,13 @@ def receive_weights(self:VllmEngine, plan:dict, timing:bool=False) -> dict:
     "Every TP worker receives the full tensors and loads them through vLLM's loader (which shards them); then the prefix cache is reset."
     stats = self.llm.collective_rpc("grpo_receive_weights", args=(plan, timing))
     self.llm.reset_prefix_cache()
+    self._weights_version = int(plan.get("version", 0))
     return stats[0]
+
+@patch
+def weights_version(self:HFEngine|VllmEngine) -> int:
+    "The policy version of the weights held: the `version` of the last sync received (0: the weights loaded at start)."
+    return getattr(self, "_weights_version", 0)
 
 @patch
 def leave_weight_sync(self:VllmEngine) -> None:
@@ -416,6 +423,7 @@ class RolloutEngine(Protocol):
     def receive_weights(self, plan:dict, timing:bool=False) -> dict: "Receive one sync (`grpo_nb.weight_sync.SyncPlan` as data) and load it."
     def leave_weight_sync(self) -> None: "Leave the weight-sync group."
     def weight_checksums(self) -> dict|None: "Exact per-tensor checksums, or None where the engine repacks weights."
+    def weights_version(self) -> int: "The `version` of the last sync received (0: the weights loaded at start)."
     def reset_prefix_cache(self) -> None: "Forget cached prefixes computed with older weights."
     def sleep(self, level:int=1) -> None: "Release GPU memory while a colocated learner steps."
     def wake_up(self, tags:list|None=None) -> None: "Take back the memory released by `sleep`."

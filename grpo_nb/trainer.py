@@ -539,12 +539,16 @@ def loop(self:Run):
         t1 = time.perf_counter()
         if pending is not None: wait_ready(pending.calls)   # one-step-off: the engines finish step+1 before taking new weights
         t2 = time.perf_counter()
-        sync_weights(self.actors.learner.actors, eng, version=step)
+        st = {}
+        if R.fault_skip_sync_step == step: self.events.append(f"step {step}: weight sync skipped on purpose (rollout.fault_skip_sync_step)")
+        else: st = sync_weights(self.actors.learner.actors, eng, version=step)
         t3 = time.perf_counter()
         if sleepy: gather([submit(e, "wake_up", ["kv_cache"]) for e in eng])
         self.step, self.consumed, self.version = step, ro.start + P, step
         rec = self.step_record(ro, learn, t3 - t2, t_step)
+        if R.verify_every and step % R.verify_every == 0: rec |= self.verify(step)
         rec["time/wait_rollout"] = t2 - t1
+        rec |= {f"sync/{k}": st[k] for k in ("prepare_s", "gather_s", "send_s", "recv_s", "load_s") if k in st}   # phases, not synchronised one by one
         if sleepy: rec |= {"time/sleep": sleep_s, "time/wake": (t1 - t0) + (time.perf_counter() - t3)}
         if self.eval_prompts and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.total_steps):
             rec |= self.run_eval()
@@ -554,6 +558,24 @@ def loop(self:Run):
         self.emit(rec)
     if self.stop:   # a signal during start-up stops before the first step: nothing new to save
         self.events.append(f"stopped by {self.stop.reason} after step {self.step}" + (f" (checkpoint {self.last_ckpt.name})" if self.last_ckpt else ""))
+
+@patch
+def verify(self:Run, step:int) -> dict:
+    "After a sync: check every engine against the learner; a stale engine is synced once more, a second mismatch raises with the fix."
+    from grpo_nb.weight_sync import WeightSyncError, sync_weights, verify_weight_sync
+    R, M, t0 = self.cfg.rollout, self.cfg.model, time.perf_counter()
+    fp32 = M.dtype == "float32" or (M.dtype == "auto" and self.layout.device == "cpu")
+    atol = R.verify_atol or (1e-4 if fp32 else 0.1)
+    L, E, stale = self.actors.learner.actors, self.actors.engines, 0
+    try: rep = verify_weight_sync(L, E, atol=atol, version=step)
+    except WeightSyncError as e:
+        stale = 1
+        self.events.append(f"step {step}: an engine did not match the learner ({str(e)[:160]}...); synced again")
+        sync_weights(L, E, version=step)
+        rep = verify_weight_sync(L, E, atol=atol, version=step)   # a second mismatch propagates: its message names the fix
+    n = rep["checksums"].split()[0]
+    return {"sync/max_abs_logprob_diff": rep["max_abs_logprob_diff"], "sync/stale_detected": stale,
+            "sync/checksums_compared": int(n) if n.isdigit() else 0, "time/verify": time.perf_counter() - t0}
 
 @patch
 def run_eval(self:Run) -> dict:

@@ -22,7 +22,7 @@ __all__ = ['ALIGN', 'DEFAULT_BUCKET_BYTES', 'DEFAULT_VERIFY_PROMPTS', 'sync_unit
            'join_group', 'WeightSyncError', 'NonFiniteWeightsError', 'nonfinite_flags', 'nonfinite_params',
            'send_weights', 'receive_buckets', 'load_into_module', 'refresh_shared_modules', 'VllmWorkerExtension',
            'tensor_checksum', 'module_checksums', 'gathered_checksums', 'sequence_logprobs', 'verify_sync',
-           'WeightSyncSource', 'connect_weight_sync', 'sync_weights', 'verify_weight_sync', 'bench_table']
+           'WeightSyncSource', 'connect_weight_sync', 'sync_weights', 'verify_weight_sync', 'bench_table', 'tp2_table']
 
 # %% ../nbs/06_weight_sync.ipynb 6
 _UNIT = re.compile(r"^(.*?\.\d+)\.")
@@ -414,12 +414,19 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
                 atol:float=1e-4, # largest allowed |engine - learner| log-prob (fp32; use ~0.1 for bf16)
                 checksums:dict[str, int]|None=None, # the learner's `gathered_checksums`; None: log-probs only
                 timeout_s:float|None=None, # give up (TimeoutError) after this many seconds per call
+                version:int|None=None, # the policy version every engine must hold (`weights_version`); None: not compared
                ) -> dict: # what was compared, and the largest difference
     "Check that every engine computes what the learner computes; raise `WeightSyncError` where it does not."
+    if version is not None:   # a missed sync is invisible to log-probs when one step moves them less than the tolerance
+        held = gather([submit(e, "weights_version") for e in engines], timeout_s)
+        stale = [(i, v) for i, v in enumerate(held) if v != version]
+        if stale:
+            raise WeightSyncError(f"engine {stale[0][0]} holds the weights of version {stale[0][1]}, the learner is at version {version} "
+                                  f"({len(stale)} engine(s) stale: a sync was missed). Fix: sync again; if it persists, re-create the engine.")
     prompts = list(prompts or DEFAULT_VERIFY_PROMPTS)
     spec = SamplingSpec(n=1, max_new_tokens=max_new_tokens, temperature=0.0, seed=None)
     outs = gather([submit(e, "generate", prompts, spec) for e in engines], timeout_s)
-    report = {"engines": len(engines), "tokens": 0, "max_abs_logprob_diff": 0.0, "checksums": "not compared"}
+    report = {"engines": len(engines), "tokens": 0, "max_abs_logprob_diff": 0.0, "checksums": "not compared", "version": version}
     for i, samples in enumerate(outs):
         ref = score([s.prompt_ids + s.completion_ids for s in samples], [len(s.prompt_ids) for s in samples])
         for s, r in zip(samples, ref):
@@ -550,6 +557,7 @@ def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
                        bucket_bytes:int|None=DEFAULT_BUCKET_BYTES, # gather granularity of the checksums
                        max_new_tokens:int=8, # greedy tokens per prompt
                        timeout_s:float|None=None, # give up (TimeoutError) after this many seconds per call
+                       version:int|None=None, # the policy version the engines must hold (the last sync's); None: not compared
                       ) -> dict:
     "`verify_sync` with the learner group as the scorer; raises `WeightSyncError` on any difference."
     def score(seqs, lens): return gather([submit(l, "ws_logprobs", seqs, lens) for l in learners], timeout_s)[0]
@@ -557,7 +565,7 @@ def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
     if checksums:   # every learner rank takes part: the NaN check and the ZeRO-3 gathers are collective
         plan = gather([submit(l, "ws_prepare", bucket_bytes) for l in learners], timeout_s)[0]["plan"]
         sums = gather([submit(l, "ws_checksums", plan) for l in learners], timeout_s)[0]
-    return verify_sync(engines, score, prompts, max_new_tokens, atol, sums, timeout_s)
+    return verify_sync(engines, score, prompts, max_new_tokens, atol, sums, timeout_s, version)
 
 # %% ../nbs/06_weight_sync.ipynb 56
 def _ms(x) -> str: return "—" if x is None else f"{x * 1e3:.1f}"
@@ -581,3 +589,21 @@ def bench_table(path:str|Path="bench/results/weight_sync.json", # results writte
     if not rows: out.append("| _no completed measurement_ | | | | | | | | | |")
     out += [f"\n- **{e.get('stage', '?')}** failed: {e.get('error', '')[:300]}" for e in errors]
     return "\n".join(out)
+
+# %% ../nbs/06_weight_sync.ipynb 62
+def tp2_table(path:str|Path="bench/results/tp2_gpu.json", # results written by bench/tp2_gpu.py
+             ) -> str: # markdown
+    "The records of `bench/tp2_gpu.py` as a table, and which layouts have not been measured yet."
+    res = json.loads(Path(path).read_text())
+    f = lambda x, nd=3: "—" if x is None else f"{x:.{nd}f}"
+    rows = ["| layout | learners | engines × TP | device | s/step mean / median / p90 | sync s | gather / send / load s | max abs log-prob diff | checksums | stale sync detected |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["records"]:
+        st = r.get("step_stats") or {}
+        rows.append(f"| {r['layout']} | {r.get('learners', '—')} | {r.get('engines', '—')} × {r.get('tp', '—')} | {r.get('device', '—')} | "
+                    f"{f(st.get('mean'), 2)} / {f(st.get('median'), 2)} / {f(st.get('p90'), 2)} | {f(r.get('sync_s'))} | "
+                    f"{f(r.get('gather_s'))} / {f(r.get('send_s'))} / {f(r.get('load_s'))} | {f(r.get('max_abs_logprob_diff'), 4)} | "
+                    f"{'match' if r.get('checksums_match') else 'n/a (vLLM repacks)' if r.get('checksums_match') is None else '**differ**'} | "
+                    f"{'yes' if r.get('stale_detected') else '**no**'} |" + (f" error: {r['error'][:120]}" if r.get("error") else ""))
+    missing = [k for k in ("tp2", "tp1x2", "dry") if k not in {r["layout"] for r in res["records"]}]
+    return "\n".join(rows) + (f"\n\nNot measured yet: {', '.join(missing)} (the TP=2 layouts need a machine with four GPUs)." if missing else "")

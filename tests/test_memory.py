@@ -162,7 +162,8 @@ def test_plan_config_reads_train_config():
     p = plan_config(cfg)
     assert (p.settings["learners"], p.settings["micro_batch"], p.settings["seq_len"]) == (4, 1, 8192)
     assert p.settings["engine_seq_len"] == cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
-    with pytest.raises(ValueError, match="model.name_or_path"): plan_config(load_config("default"))  # tiny-arith is not a shape here
+    assert plan_config(load_config("default")).fits   # a built-in tiny policy is planned from its config, without building it
+    with pytest.raises(ValueError, match="model.name_or_path"): plan_config(load_config("default", ["--model.name_or_path=no-such-model"]))
 
 
 # ---------------------------------------------------------------- the command
@@ -215,3 +216,21 @@ def test_accuracy_table(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps({"meta": {}, "records": [rec]}))
     t = mem.accuracy_table(tmp_path / "r.json")
     assert "+10.0%" in t and "NVIDIA H200" in t and "1 within 10%" in t
+
+
+def test_score_head_is_one_model_for_both_seed002_tables():
+    """Seed 002's reward model: `learner_memory(head="score")` is what `classifier_memory` reports (its numbers are
+    pinned from before the score head moved into the planner), and the LM head would predict more."""
+    from grpo_nb.memory import learner_memory
+    from grpo_nb.reward_model import classifier_memory, seed_table
+    pinned = {(4, 2, 3): (24157373440, 28183723520, "step"), (8, 2, 2): (19897729664, 23498115366, "backward_end")}
+    for (n, p, z), want in pinned.items():
+        m = classifier_memory("Qwen3-4B", gpus=n, micro_batch_pairs=p, seq_len=2048, zero=z)
+        s = learner_memory("Qwen3-4B", learners=n, zero=z, micro_batch=2 * p, seq_len=2048, head="score")
+        assert (m["peak_bytes"], m["total_bytes"], m["peak_phase"]) == want == (s.peak_bytes, s.total_bytes, s.peak_phase)
+        lm = learner_memory("Qwen3-4B", learners=n, zero=z, micro_batch=2 * p, seq_len=2048)
+        assert lm.total_bytes >= s.total_bytes and lm.phases["loss"]["logits_bytes"] > 10 * s.phases["loss"]["logits_bytes"]
+    for r in seed_table("Qwen3-4B", 2048, 24.0):
+        s = learner_memory("Qwen3-4B", learners=r["gpus"], zero=3, micro_batch=2 * r["micro_batch_pairs"], seq_len=2048, head="score")
+        assert abs(s.total_bytes / 2**30 - r["total_gib"]) < 1e-9
+    with pytest.raises(ValueError, match="head must be"): learner_memory("Qwen3-4B", head="value")

@@ -83,3 +83,12 @@ def test_engine_knobs_reach_the_engine():
     cfg = load_config("seed003-isambard-7b")
     assert (cfg.rollout.sync_backend, cfg.rollout.startup_timeout_s) == ("gloo", 1800)
     with pytest.raises(ConfigError, match="sync_backend"): load_config("demo", ["--rollout.sync_backend=mpi"])
+
+
+def test_seed001_ddp_on_v100s():
+    from grpo_nb.ddp import ddp_sbatch, load_run, pick_precision
+    cfg, _ = load_run("seed001-ddp-2xv100")
+    assert pick_precision("cuda", cfg.model.dtype, bf16_ok=False)[0] == "fp16-autocast"     # V100: no bf16
+    assert pick_precision("cuda", "bfloat16", bf16_ok=False)[2]                              # replaced, with a warning
+    with pytest.raises(ConfigError, match="logging.wandb"): load_run("seed001-ddp-2xv100", ["--logging.wandb=online"])
+    assert "#SBATCH --gres=gpu:volta:2" in ddp_sbatch(gres="gpu:volta:2")

@@ -5,7 +5,8 @@ a real vLLM engine (CPU build) and a DeepSpeed learner on a tiny Qwen2 policy.
 - sync mode: the loop runs and logs every metric; SIGKILL in the middle, then `--resume auto`: every step
   appears exactly once in metrics.jsonl and each step's data position follows the previous one;
 - one-step off-policy mode: SIGUSR1 -> checkpoint at the next step boundary, `latest`, exit 0; resuming
-  continues at the next step with the next prompts.
+  continues at the next step with the next prompts; with `rollout.verify_every=1` a deliberately skipped sync
+  is caught by the check after it, the engine is synced again, and the run goes on.
 """
 import json, os, re, signal, subprocess, sys, tempfile, time
 from pathlib import Path
@@ -138,9 +139,15 @@ def test_one_step_off_sigusr1_and_resume():
     stopped = max(r["step"] for r in recs)
     assert stopped < 50 and (out / "checkpoints" / "latest").read_text().strip().endswith(str(stopped))
     assert all(r["staleness"] == 1 for r in recs if "reward_mean" in r and r["step"] > 1)   # the next batch was made while the learner trained
-    proc = _start(out, f"--total_steps={stopped + 2}", *off, "--resume", "auto")
+    # resumed with a check after every sync, and the sync after the first resumed step skipped on purpose
+    proc = _start(out, f"--total_steps={stopped + 2}", *off, "--resume", "auto", "--rollout.verify_every=1",
+                  f"--rollout.fault_skip_sync_step={stopped + 1}")
     assert _finish(proc, out) == 0, _log_tail(out)
-    _check_continuity(_records(out), stopped + 2)
+    recs = _records(out)
+    _check_continuity(recs, stopped + 2)
+    checked = {r["step"]: r for r in recs if "sync/stale_detected" in r}
+    assert checked[stopped + 1]["sync/stale_detected"] == 1 and checked[stopped + 2]["sync/stale_detected"] == 0, checked
+    assert all(r["sync/max_abs_logprob_diff"] <= 1e-4 for r in checked.values())   # after the re-sync, the engine matches
 
 
 @pytest.mark.parametrize("delay", ["ready", 3.0])
