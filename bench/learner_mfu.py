@@ -77,7 +77,8 @@ def predicted(v:dict, seq_len:int) -> int|None:
         model = shape_from_hf(hf_config("tiny")) if v["model"] == "tiny" else v["model"]
         # varlen and per-sequence sdpa keep what flash attention keeps (no [L, L] scores)
         return int(learner_memory(model, learners=v["gpus"], zero=v["zero"], micro_batch=1, seq_len=seq_len, grad_ckpt=v["ckpt"],
-                                  attn="flash_attention_2", logits="chunked", logprob_chunk=v["chunk"], adam="fused").peak_bytes)
+                                  attn="flash_attention_2", logits="chunked", logprob_chunk=v["chunk"], adam="fused",
+                                  fused=v["compile"] or v.get("kernels") == "liger").peak_bytes)
     except Exception as e:
         print(f"planner: {type(e).__name__}: {e}", flush=True); return None
 

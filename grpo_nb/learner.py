@@ -27,7 +27,8 @@ __all__ = ['logger', 'MANIFEST', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'c
            'checkpoint_name', 'file_digest', 'checkpoint_files', 'commit_checkpoint', 'verify_checkpoint',
            'list_checkpoints', 'latest_checkpoint', 'prune_checkpoints', 'LearnerSpec', 'model_source', 'build_policy',
            'LearnerWorker', 'compile_layers', 'apply_kernels', 'train_flops', 'shard_batch', 'peak_flops_for',
-           'combine_metrics', 'LearnerGroup', 'each', 'create_learner_group', 'mfu_records', 'mfu_table']
+           'combine_metrics', 'LearnerGroup', 'each', 'create_learner_group', 'mfu_records', 'planned_peak',
+           'mfu_table']
 
 # %% ../nbs/07_learner.ipynb 7
 logger = logging.getLogger("grpo_nb.learner")
@@ -1158,6 +1159,18 @@ def mfu_records(path:str|Path="bench/results/learner_mfu.json", # written by ben
     data = json.loads(p.read_text())
     return data.get("records", []) if isinstance(data, dict) else data
 
+def planned_peak(rec:dict, # a record of bench/learner_mfu.py (model, gpus, zero, grad_ckpt, compile, kernels, longest_row)
+                 chunk:int=2048, # the benchmark's log-prob chunk on GPUs
+                ) -> int|None: # the planner's peak bytes for that variant today (None for shapes it does not know)
+    "What the memory planner predicts now for a measured learner variant (so the page follows the planner as it improves)."
+    from grpo_nb.memory import learner_memory
+    try:
+        return int(learner_memory(rec["model"], learners=rec["gpus"], zero=rec["zero"], micro_batch=1,
+                                  seq_len=rec.get("longest_row") or rec["pack_length"], grad_ckpt=bool(rec.get("grad_ckpt")),
+                                  attn="flash_attention_2", logits="chunked", logprob_chunk=chunk, adam="fused",
+                                  fused=bool(rec.get("compile")) or rec.get("kernels") == "liger").peak_bytes)
+    except (ValueError, KeyError): return rec.get("predicted_bytes")
+
 def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench/learner_mfu.py
              ) -> str: # a markdown table, or a note that there are no results yet
     "The learner benchmark's results as a markdown table (failed and skipped variants say why)."
@@ -1167,9 +1180,10 @@ def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench
     head = ("| model | GPUs | ZeRO | variant | attention | device | row tokens | tokens/s | MFU | measured GiB | predicted GiB | predicted / measured |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|")
     def line(r):
-        variant = ("compiled" if r.get("compile") else "eager") + (", checkpointing" if r.get("grad_ckpt") else "")
+        variant = ("compiled" if r.get("compile") else "Liger kernels" if r.get("kernels") == "liger" else "eager") + (", checkpointing" if r.get("grad_ckpt") else "")
         start = f"| {r['model']} | {r['gpus']} | {r['zero']} | {variant} | {r.get('attention') or '–'} | {r['device']} | {r.get('pack_length', '')} | "
         if not r.get("tokens_per_s"): return start + f"{r.get('error', '?')[:80]} | | | | | |"
-        ratio = f"{r['predicted_bytes'] / r['measured_bytes']:.2f}" if r.get("predicted_bytes") and r.get("measured_bytes") else "–"
-        return start + f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | {g(r['measured_bytes'])} | {g(r['predicted_bytes'])} | {ratio} |"
+        pred = planned_peak(r) if r.get("device", "").startswith("NVIDIA") else r.get("predicted_bytes")
+        ratio = f"{pred / r['measured_bytes']:.2f}" if pred and r.get("measured_bytes") else "–"
+        return start + f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | {g(r['measured_bytes'])} | {g(pred)} | {ratio} |"
     return "\n".join([head] + [line(r) for r in rows])

@@ -14,11 +14,11 @@ __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer'
            'ModelShape', 'layer_modules', 'param_counts', 'matches_published', 'shape_from_hf', 'get_shape',
            'weights_bytes', 'moment_bytes_per_param', 'optimizer_bytes', 'ZeroKnobs', 'grads_bytes', 'buffers_bytes',
            'embedding_grad_bytes', 'step_transient_bytes', 'layer_activation_bytes', 'backward_working_bytes',
-           'activations_bytes', 'logits_bytes', 'zero3_gathered', 'persistent_params', 'Overheads', 'ref_policy_bytes',
-           'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu', 'valid_tps', 'kv_bytes_per_token',
-           'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory', 'engine_memory', 'min_learner_gpus',
-           'min_engine_tp', 'Plan', 'plan', 'plan_json', 'format_plan', 'plan_cli', 'plan_config', 'plot_terms',
-           'planner_widget', 'accuracy_table']
+           'fused_saving_bytes', 'activations_bytes', 'logits_bytes', 'zero3_gathered', 'persistent_params',
+           'Overheads', 'ref_policy_bytes', 'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu', 'valid_tps',
+           'kv_bytes_per_token', 'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory', 'engine_memory',
+           'min_learner_gpus', 'min_engine_tp', 'Plan', 'plan', 'plan_json', 'format_plan', 'plan_cli', 'plan_config',
+           'plot_terms', 'planner_widget', 'accuracy_table']
 
 # %% ../nbs/01_memory.ipynb 6
 GiB = 2**30
@@ -270,21 +270,28 @@ def backward_working_bytes(s:ModelShape, # the model
     "Gradient tensors alive at once while one layer runs backward (bf16)."
     return 3 * 2 * s.intermediate + 2 * 2 * s.hidden
 
-# %% ../nbs/01_memory.ipynb 40
+# %% ../nbs/01_memory.ipynb 41
+def fused_saving_bytes(s:ModelShape, # the model
+                      ) -> int: # bytes per token per layer
+    "Activation bytes a layer no longer saves when its elementwise ops are fused: SwiGLU's product and RMSNorm's fp32 copies."
+    return 2 * s.intermediate + 8 * s.hidden
+
+# %% ../nbs/01_memory.ipynb 43
 def activations_bytes(s:ModelShape, # the model
                       tokens:int, # B·T tokens in one micro-batch
                       seq_len:int, # `T`
                       grad_ckpt:bool=True, # gradient checkpointing (keep only each layer's input)
                       attn:str="sdpa", # attention implementation
+                      fused:bool=False, # elementwise ops fused (torch.compile'd layers, or Liger's RMSNorm/SwiGLU kernels)
                      ) -> dict[str, int]: # saved (all layers), working (one layer's backward) in bytes
     "Activation memory of one micro-batch: saved for backward, and one layer's backward working set."
-    per_layer = layer_activation_bytes(s, seq_len, attn)
+    per_layer = layer_activation_bytes(s, seq_len, attn) - (fused_saving_bytes(s) if fused else 0)
     saved_per_layer = 2 * s.hidden if grad_ckpt else per_layer
     saved = tokens * (s.layers * saved_per_layer + 8 * s.hidden)
     working = tokens * (backward_working_bytes(s) + (per_layer if grad_ckpt else 0))
     return {"saved": saved, "working": working}
 
-# %% ../nbs/01_memory.ipynb 43
+# %% ../nbs/01_memory.ipynb 46
 LogitsMode = Literal["chunked", "full"]
 
 def logits_bytes(tokens:int, # B·T tokens in the micro-batch
@@ -299,7 +306,7 @@ def logits_bytes(tokens:int, # B·T tokens in the micro-batch
     if mode == "chunked": return 8 * min(chunk, tokens) * vocab + 6 * vocab * hidden + 2 * tokens * hidden
     raise ValueError(f"logits mode must be 'chunked' or 'full' (got {mode!r}).")
 
-# %% ../nbs/01_memory.ipynb 46
+# %% ../nbs/01_memory.ipynb 49
 def _trace(s:ModelShape, grad_ckpt:bool, threshold:int) -> list[tuple[str, int, int]]:
     "(module, partitioned elements, its largest parameter) in the order a step uses them."
     mods = layer_modules(s)
@@ -346,7 +353,7 @@ def persistent_params(s:ModelShape, # the model
     "Parameters ZeRO-3 never partitions (smaller than the threshold: norms, biases)."
     return sum(n for n in layer_modules(s).values() if n < threshold) * s.layers + s.hidden
 
-# %% ../nbs/01_memory.ipynb 49
+# %% ../nbs/01_memory.ipynb 52
 @dataclass(frozen=True)
 class Overheads:
     "Memory outside the formulas: inside the allocator (fixed) and outside it (context, NCCL, fragmentation)."
@@ -356,7 +363,7 @@ class Overheads:
     fragmentation:float=1.10 # reserved / allocated of PyTorch's caching allocator
     engine_cuda_graph_bytes:int=GiB // 2 # vLLM CUDA graphs (0 with enforce_eager)
 
-# %% ../nbs/01_memory.ipynb 51
+# %% ../nbs/01_memory.ipynb 54
 RefPolicy = Literal["none", "gpu", "cpu"]
 
 def ref_policy_bytes(n_params:int, # `P`
@@ -368,7 +375,7 @@ def ref_policy_bytes(n_params:int, # `P`
     if where != "gpu": return 0
     return 2 * (math.ceil(n_params / learners) if zero == 3 else n_params)
 
-# %% ../nbs/01_memory.ipynb 53
+# %% ../nbs/01_memory.ipynb 56
 @dataclass
 class LearnerMemory:
     "Per-GPU memory of one learner; the terms are their values at the peak phase and sum to `peak_bytes`."
@@ -388,7 +395,7 @@ class LearnerMemory:
     host_bytes:int # CPU memory for offloaded states and a CPU reference policy
     phases:dict # phase -> {term: bytes}
 
-# %% ../nbs/01_memory.ipynb 54
+# %% ../nbs/01_memory.ipynb 57
 TERMS = ["params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
          "gathered_params_bytes", "buffers_bytes", "step_transient_bytes", "ref_policy_bytes", "fixed_bytes"]
 
@@ -409,6 +416,7 @@ def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or
                    knobs:ZeroKnobs=ZeroKnobs(), # DeepSpeed buckets and ZeRO-3 settings
                    overheads:Overheads=Overheads(), # fixed and outside-the-allocator memory
                    head:str="lm", # "lm": the output projection over the vocabulary; "score": a one-output head (reward models, critics)
+                   fused:bool=False, # elementwise ops fused (compiled layers or Liger kernels): fewer saved activations
                   ) -> LearnerMemory:
     "Per-GPU memory of a DeepSpeed learner, term by term and phase by phase."
     if head not in ("lm", "score"): raise ValueError(f"head must be 'lm' or 'score' (got {head!r}).")
@@ -424,7 +432,7 @@ def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or
     buf = buffers_bytes(P, zero, learners, knobs)
     buf_fwd = buf if zero == 3 else 0  # ZeRO-2 allocates its bucket at the first gradient
     buf_bwd = buf if zero >= 2 else 0  # ZeRO-0/1 all-reduce after backward
-    act = activations_bytes(s, tokens, seq_len, grad_ckpt, attn)
+    act = activations_bytes(s, tokens, seq_len, grad_ckpt, attn, fused)
     head = logits_bytes(tokens, s.vocab, s.hidden, logits, logprob_chunk, keep_logits)
     gath = {k: 2 * v for k, v in zero3_gathered(s, grad_ckpt, knobs).items()} if zero == 3 else {}
     ref = ref_policy_bytes(P, ref_policy, zero, learners)
@@ -464,7 +472,7 @@ def _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, 
     moment_bytes_per_param(optimizer)
     if ref_policy not in ("none", "gpu", "cpu"): raise ValueError(f"ref_policy must be none, gpu or cpu (got {ref_policy!r}).")
 
-# %% ../nbs/01_memory.ipynb 63
+# %% ../nbs/01_memory.ipynb 66
 def kv_heads_per_gpu(s:ModelShape, # the model
                      tp:int=1, # GPUs of one engine
                     ) -> int:
@@ -492,7 +500,7 @@ def kv_bytes_per_token(s:ModelShape, # the model
     "KV-cache bytes one token costs on each engine GPU: 2·L·(k/TP)·d·dtype_bytes."
     return 2 * s.layers * kv_heads_per_gpu(s, tp) * s.head_dim * dtype_bytes
 
-# %% ../nbs/01_memory.ipynb 65
+# %% ../nbs/01_memory.ipynb 68
 def engine_weights_bytes(s:ModelShape, # the model
                          tp:int=1, # GPUs of one engine
                          dtype_bytes:int=2, # bf16 weights
@@ -517,7 +525,7 @@ def engine_activation_bytes(s:ModelShape, # the model
     per_token = 2 * (2 * s.hidden) + 2 * (3 * math.ceil(s.intermediate / tp))  # residual + normed; gate_up + act
     return max_num_batched_tokens * per_token + 2 * 4 * max_num_seqs * s.vocab
 
-# %% ../nbs/01_memory.ipynb 66
+# %% ../nbs/01_memory.ipynb 69
 @dataclass
 class EngineMemory:
     "Per-GPU memory of one rollout engine (vLLM) and what its KV cache holds."
@@ -558,7 +566,7 @@ def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or 
     return EngineMemory(tp, w, act, over, budget, kvt, cache, max_tokens, per_seq,
                         min(max_num_seqs, max_tokens // per_seq), max_tokens >= per_seq)
 
-# %% ../nbs/01_memory.ipynb 69
+# %% ../nbs/01_memory.ipynb 72
 def _learner_fits(m:LearnerMemory, gpu_mem_gib:float) -> bool: return m.total_bytes <= gpu_mem_gib * GiB
 
 def min_learner_gpus(model:str|ModelShape, # the model
@@ -583,7 +591,7 @@ def min_engine_tp(model:str|ModelShape, # the model
     s = get_shape(model)
     return next((t for t in valid_tps(s) if engine_memory(s, tp=t, **kw).fits), None)
 
-# %% ../nbs/01_memory.ipynb 71
+# %% ../nbs/01_memory.ipynb 74
 @dataclass
 class Plan:
     "A whole job's verdict: learner and engine memory per GPU, whether they fit, and what to change."
@@ -598,7 +606,7 @@ class Plan:
     @property
     def fits(self) -> bool: return self.learner_fits and self.engine_fits
 
-# %% ../nbs/01_memory.ipynb 72
+# %% ../nbs/01_memory.ipynb 75
 def _gib(b) -> str: return f"{b / GiB:.1f} GiB"
 
 def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool) -> list[str]:
@@ -639,9 +647,9 @@ def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool)
                    + f"; each engine holds {em.max_concurrent_seqs} sequences of {st['engine_seq_len']} tokens")
     return out
 
-# %% ../nbs/01_memory.ipynb 74
+# %% ../nbs/01_memory.ipynb 77
 _LEARNER_ARGS = ("learners", "zero", "offload", "micro_batch", "seq_len", "grad_ckpt", "attn", "logits",
-                 "logprob_chunk", "optimizer", "ref_policy")
+                 "logprob_chunk", "optimizer", "ref_policy", "fused")
 
 def plan(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelShape`
          learners:int=1, # `N` learner GPUs
@@ -659,20 +667,21 @@ def plan(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelS
          optimizer:str="adamw", # "adamw" | "adamw-8bit"
          ref_policy:str="none", # "none" | "gpu" | "cpu"
          engine_seq_len:Optional[int]=None, # prompt + generated tokens per engine sequence (default: seq_len)
+         fused:bool=False, # learner's elementwise ops fused (Liger kernels or compiled layers)
         ) -> Plan:
     "Learner and engine memory per GPU for one configuration, with the verdict and the changes that make it fit."
     s = get_shape(model)
     st = dict(learners=learners, zero=zero, offload=offload, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=grad_ckpt,
               engine_tp=engine_tp, gpu_memory_utilization=gpu_memory_utilization, gpu_mem_gib=gpu_mem_gib, attn=attn,
               logits=logits, logprob_chunk=logprob_chunk, optimizer=optimizer, ref_policy=ref_policy,
-              engine_seq_len=engine_seq_len or seq_len)
+              engine_seq_len=engine_seq_len or seq_len, fused=fused)
     if gpu_mem_gib <= 0: raise ValueError(f"gpu_mem_gib must be > 0 (got {gpu_mem_gib}).")
     lm = learner_memory(s, **{k: st[k] for k in _LEARNER_ARGS})
     em = engine_memory(s, engine_tp, gpu_memory_utilization, gpu_mem_gib, st["engine_seq_len"])
     lfit, efit = _learner_fits(lm, gpu_mem_gib), em.fits
     return Plan(s, st, lm, em, lfit, efit, _advice(s, st, lm, em, lfit, efit))
 
-# %% ../nbs/01_memory.ipynb 77
+# %% ../nbs/01_memory.ipynb 80
 def plan_json(p:Plan, # a plan
              ) -> dict: # JSON-ready
     "The plan as plain data with the documented keys."
@@ -706,7 +715,7 @@ def format_plan(p:Plan, # a plan
     rows += [f"  - {a}" for a in p.advice]
     return "\n".join(rows)
 
-# %% ../nbs/01_memory.ipynb 79
+# %% ../nbs/01_memory.ipynb 82
 def plan_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb plan --model NAME|PATH ...` or `grpo_nb plan --config CONFIG [--section.field=value ...]`: per-GPU memory, the verdict and the fix."
     import argparse
@@ -754,7 +763,7 @@ def plan_cli(argv:list[str]|None=None) -> int:
     print(json.dumps(plan_json(pl), indent=2) if a.json else format_plan(pl))
     return 0
 
-# %% ../nbs/01_memory.ipynb 82
+# %% ../nbs/01_memory.ipynb 85
 def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 model:str|ModelShape|None=None, # override `cfg.model.name_or_path` (e.g. a shape for a built-in tiny model)
                ) -> Plan:
@@ -771,9 +780,9 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
         else: raise ValueError(f"model.name_or_path: {e} Fix: point --model.name_or_path at a HF directory, or pass model= to plan_config.") from None
     return plan(s, derive(cfg).learner_world_size, L.zero_stage, L.offload, B, T, cfg.model.gradient_checkpointing,
                 R.tensor_parallel_size, R.gpu_memory_utilization, C.gpu_mem_gib, cfg.model.attn_implementation,
-                "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq)
+                "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq, fused=cfg.model.kernels == "liger")
 
-# %% ../nbs/01_memory.ipynb 84
+# %% ../nbs/01_memory.ipynb 87
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -799,7 +808,7 @@ def _plan_config_cli(source:str, # YAML file or preset
               f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
     return 0
 
-# %% ../nbs/01_memory.ipynb 88
+# %% ../nbs/01_memory.ipynb 91
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -821,7 +830,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(sweep); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=7, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 92
+# %% ../nbs/01_memory.ipynb 95
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."
@@ -845,7 +854,7 @@ def planner_widget(model:str="Qwen2.5-7B", # initial model
     redraw()
     return W.VBox([W.HBox(list(ctl.values())[i:i + 4]) for i in range(0, len(ctl), 4)] + [out])
 
-# %% ../nbs/01_memory.ipynb 102
+# %% ../nbs/01_memory.ipynb 105
 def accuracy_table(path:str|Path="bench/results/memory_accuracy.json", # the benchmark's output
                   ) -> str: # a table, or why there is none
     "Predicted vs measured peak memory from `bench/memory_accuracy.py`."
