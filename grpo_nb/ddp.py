@@ -17,13 +17,14 @@ from torch import nn, Tensor
 from .config import TrainConfig, ConfigError, load_config, parse_overrides, derive, from_dict, to_dict, PRESETS, config_data, trainer_of
 from .loss import group_advantages, policy_loss, loss_kwargs, token_logprobs, agg_counts
 from .learner import (CheckpointError, checkpoint_name, checkpoint_files, commit_checkpoint, file_digest, latest_checkpoint,
-                             prune_checkpoints, verify_checkpoint, lr_factor, rng_state, set_rng_state, seed_everything, tree_digest)
+                             prune_checkpoints, verify_checkpoint, lr_factor, rng_state, set_rng_state, seed_everything, tree_digest,
+                             save_checkpoint_files, find_resume, _barrier)
 
 # %% auto 0
 __all__ = ['DDP_PRESETS', 'DDP_SBATCH', 'DDPOptions', 'load_run', 'BatchPlan', 'plan_batches', 'plan_table', 'prompt_indices',
            'load_rows', 'pass_at_1', 'LogProbPolicy', 'model_path', 'load_policy', 'sample_groups', 'train_on_samples',
-           'pick_precision', 'save_checkpoint', 'find_resume', 'load_checkpoint', 'MetricsLog', 'DistEnv', 'dist_env',
-           'evaluate', 'train', 'main', 'ddp_sbatch', 'render_scripts']
+           'pick_precision', 'save_checkpoint', 'load_checkpoint', 'MetricsLog', 'DistEnv', 'dist_env', 'evaluate',
+           'train', 'main', 'ddp_sbatch', 'render_scripts']
 
 # %% ../nbs/10_ddp.ipynb 6
 @dataclass
@@ -338,15 +339,6 @@ def pick_precision(device:str, # "cuda" or "cpu"
     return ("weights", dtype, "")
 
 # %% ../nbs/10_ddp.ipynb 45
-def _barrier(world_size:int):
-    if world_size > 1: torch.distributed.barrier()
-
-def _write_latest(root:Path, step:int):
-    "`<root>/latest` = 'step_XXXXXXXX <step>', replaced atomically."
-    tmp = root / ".latest.tmp"
-    with open(tmp, "w") as f: f.write(f"{checkpoint_name(step)} {step}\n"); f.flush(); os.fsync(f.fileno())
-    os.replace(tmp, root / "latest")
-
 def save_checkpoint(root:str|Path, # checkpoint directory (derive(cfg).checkpoint_dir)
                     step:int, # GRPO steps completed
                     lm:nn.Module, # the unwrapped policy
@@ -357,43 +349,11 @@ def save_checkpoint(root:str|Path, # checkpoint directory (derive(cfg).checkpoin
                     keep_last:int=2, # checkpoint.keep_last
                    ) -> Path:
     "Collective: every rank writes its RNG file, rank 0 the model, optimizer and state; atomic commit by rank 0."
-    root = Path(root); final = root / checkpoint_name(step); tmp = root / f".tmp-{final.name}"
-    if rank == 0:
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
-    _barrier(world_size)
-    torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
     if hasattr(optimizer, "consolidate_state_dict"): optimizer.consolidate_state_dict(to=0)  # ZeRO-1: gather shards
-    _barrier(world_size)
-    if rank == 0:
-        torch.save(lm.state_dict(), tmp / "model.pt")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "world_size": world_size}, indent=1))
-        digests = {rel: file_digest(tmp / rel) for rel in checkpoint_files(tmp)}
-        commit_checkpoint(tmp, final, digests, meta={"step": step, "world_size": world_size})
-        _write_latest(root, step)
-        prune_checkpoints(root, keep_last)
-    _barrier(world_size)
-    return final
+    blobs = {"model.pt": lm.state_dict(), "optimizer.pt": optimizer.state_dict()} if rank == 0 else {}
+    return save_checkpoint_files(root, step, blobs, state, rank, world_size, keep_last)
 
 # %% ../nbs/10_ddp.ipynb 46
-def find_resume(resume:str, # checkpoint.resume: "auto", "none" or a checkpoint path
-                root:str|Path, # checkpoint directory
-                rank:int=0, # this rank
-                world_size:int=1, # W
-               ) -> Path|None:
-    "The checkpoint every rank loads (rank 0 decides, the others receive it), or None to start fresh."
-    path = None
-    if rank == 0:
-        if resume == "auto": path = latest_checkpoint(root)
-        elif resume not in ("none", ""):
-            path = Path(resume); verify_checkpoint(path)
-    if world_size > 1:
-        box = [str(path) if path else ""]
-        torch.distributed.broadcast_object_list(box, src=0)
-        path = Path(box[0]) if box[0] else None
-    return path
-
 def load_checkpoint(path:str|Path, # a verified checkpoint directory
                     lm:nn.Module, # the unwrapped policy (before DDP wraps it)
                     optimizer, # its optimizer (ZeRO-1 takes the full state and keeps its shard)

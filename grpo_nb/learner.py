@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_learner.ipynb 3
 from __future__ import annotations
-import hashlib, json, logging, math, os, random, shutil, socket, sys, time, uuid
+import hashlib, json, logging, math, os, random, re, shutil, socket, sys, time, uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, field, asdict, replace
 from datetime import timedelta
@@ -25,10 +25,10 @@ __all__ = ['logger', 'MANIFEST', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'c
            'varlen_attention', 'check_varlen', 'pick_attention', 'attention_kernel', 'step_counts', 'micro_batch_loss',
            'ds_config', 'lr_factor', 'seed_everything', 'rng_state', 'set_rng_state', 'tree_digest', 'CheckpointError',
            'checkpoint_name', 'file_digest', 'checkpoint_files', 'commit_checkpoint', 'verify_checkpoint',
-           'list_checkpoints', 'latest_checkpoint', 'prune_checkpoints', 'LearnerSpec', 'model_source', 'build_policy',
-           'LearnerWorker', 'compile_layers', 'apply_kernels', 'train_flops', 'shard_batch', 'peak_flops_for',
-           'combine_metrics', 'LearnerGroup', 'each', 'create_learner_group', 'mfu_records', 'planned_peak',
-           'mfu_table']
+           'list_checkpoints', 'latest_checkpoint', 'prune_checkpoints', 'write_latest', 'read_latest',
+           'save_checkpoint_files', 'find_resume', 'LearnerSpec', 'model_source', 'build_policy', 'LearnerWorker',
+           'compile_layers', 'apply_kernels', 'train_flops', 'shard_batch', 'peak_flops_for', 'combine_metrics',
+           'LearnerGroup', 'each', 'create_learner_group', 'mfu_records', 'planned_peak', 'mfu_table']
 
 # %% ../nbs/07_learner.ipynb 7
 logger = logging.getLogger("grpo_nb.learner")
@@ -504,6 +504,73 @@ def prune_checkpoints(root:str|Path, # the checkpoint directory
     return removed
 
 # %% ../nbs/07_learner.ipynb 56
+def write_latest(ckpt_dir:str|Path, # the run's checkpoint directory
+                 step:int, # the step of the checkpoint just completed
+                 name:str="", # the checkpoint's directory name
+                ) -> Path:
+    "Replace `<ckpt_dir>/latest` atomically (write, fsync, rename) with text ending in `step`."
+    p = Path(ckpt_dir) / "latest"
+    tmp = p.with_name(f".latest.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(f"checkpoint: {name}\nstep: {step}\n"); f.flush(); os.fsync(f.fileno())
+    os.replace(tmp, p)
+    return p
+
+def read_latest(ckpt_dir:str|Path) -> int|None:
+    "The step in `<ckpt_dir>/latest`, or None."
+    p = Path(ckpt_dir) / "latest"
+    if not p.exists(): return None
+    m = re.search(r"(\d+)\s*$", p.read_text())
+    return int(m.group(1)) if m else None
+
+# %% ../nbs/07_learner.ipynb 58
+def _barrier(world_size:int):
+    if world_size > 1: torch.distributed.barrier()
+
+def save_checkpoint_files(root:str|Path, # the checkpoint directory
+                          step:int, # steps completed
+                          blobs:dict, # file name -> object for `torch.save`, written by rank 0
+                          state:dict, # run state (JSON): data position, metrics, ...
+                          rank:int=0, # this rank
+                          world_size:int=1, # W (a torch.distributed group when > 1)
+                          keep_last:int=2, # complete checkpoints kept
+                          rank_blob:object=None, # this rank's own object (e.g. its RNG states), saved as `rng_rank<r>.pt`
+                         ) -> Path:
+    "Collective: each rank writes its own file, rank 0 the shared ones; atomic commit, `latest` and pruning by rank 0."
+    root = Path(root); final = root / checkpoint_name(step); tmp = root / f".tmp-{final.name}"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+    _barrier(world_size)
+    torch.save(rng_state() if rank_blob is None else rank_blob, tmp / f"rng_rank{rank}.pt")
+    _barrier(world_size)
+    if rank == 0:
+        for name, obj in blobs.items(): torch.save(obj, tmp / name)
+        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "world_size": world_size}, indent=1))
+        digests = {rel: file_digest(tmp / rel) for rel in checkpoint_files(tmp)}
+        commit_checkpoint(tmp, final, digests, meta={"step": step, "world_size": world_size})
+        write_latest(root, step, final.name)
+        prune_checkpoints(root, keep_last)
+    _barrier(world_size)
+    return final
+
+def find_resume(resume:str, # "auto" (the newest intact checkpoint under `root`), "none"/"", or a checkpoint path
+                root:str|Path, # the checkpoint directory
+                rank:int=0, # this rank
+                world_size:int=1, # W
+               ) -> Path|None:
+    "The checkpoint every rank loads (rank 0 decides, the others receive it), or None to start fresh."
+    path = None
+    if rank == 0:
+        if resume == "auto": path = latest_checkpoint(root)
+        elif resume not in ("none", ""):
+            path = Path(resume); verify_checkpoint(path)
+    if world_size > 1:
+        box = [str(path) if path else ""]
+        torch.distributed.broadcast_object_list(box, src=0)
+        path = Path(box[0]) if box[0] else None
+    return path
+
+# %% ../nbs/07_learner.ipynb 61
 @dataclass
 class LearnerSpec:
     "What every learner rank builds: the policy, the optimisation, the device (plain data, sent to each actor)."
@@ -529,7 +596,7 @@ class LearnerSpec:
         return {"auto": torch.bfloat16 if self.device == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
                 "float16": torch.float16, "float32": torch.float32}[self.dtype]
 
-# %% ../nbs/07_learner.ipynb 58
+# %% ../nbs/07_learner.ipynb 63
 def model_source(model:str|dict, # HF directory, tiny model name, or config dict
                 ) -> str|dict:
     "Resolve a `grpo_nb.tiny` name to its (cached) directory; anything else is returned as it is."
@@ -565,7 +632,7 @@ def build_policy(model:str|dict, # HF directory or config dict (see `model_sourc
     m = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation=attn)
     return m, keep
 
-# %% ../nbs/07_learner.ipynb 59
+# %% ../nbs/07_learner.ipynb 64
 class LearnerWorker(WeightSyncSource):
     "One learner rank: a DeepSpeed engine around `PolicyLogProbs`, its optimizer, and its share of every step."
     def __init__(self, rank:int, # rank in the learner world
@@ -586,7 +653,7 @@ class LearnerWorker(WeightSyncSource):
 
     def learner_rank(self) -> int: return self.rank
 
-# %% ../nbs/07_learner.ipynb 61
+# %% ../nbs/07_learner.ipynb 66
 @patch
 def init_distributed(self:LearnerWorker,
                      master_addr:str, # rank 0's node IP
@@ -605,7 +672,7 @@ def init_distributed(self:LearnerWorker,
     if backend == "gloo": sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
 
-# %% ../nbs/07_learner.ipynb 63
+# %% ../nbs/07_learner.ipynb 68
 @patch
 def setup(self:LearnerWorker,
           spec:LearnerSpec, # what to build
@@ -641,7 +708,7 @@ def setup(self:LearnerWorker,
             "attention_kernel": attention_kernel(self.attn), "kernels": self.kernels,
             "device": str(self.device), "zero_stage": L.zero_stage, "dtype": dname}
 
-# %% ../nbs/07_learner.ipynb 65
+# %% ../nbs/07_learner.ipynb 70
 @patch
 def _build_ref(self:LearnerWorker, spec:LearnerSpec):
     "A frozen copy of the initial policy as a DeepSpeed inference engine."
@@ -659,7 +726,7 @@ def _build_ref(self:LearnerWorker, spec:LearnerSpec):
     self._ref_keep = keep
     return eng
 
-# %% ../nbs/07_learner.ipynb 67
+# %% ../nbs/07_learner.ipynb 72
 def compile_layers(policy:nn.Module, # the HF causal LM
                    zero_stage:int, # ZeRO-3's parameter hooks and torch.compile do not mix: refused
                   ) -> int: # layers compiled
@@ -670,7 +737,7 @@ def compile_layers(policy:nn.Module, # the HF causal LM
     for layer in layers: layer.compile(dynamic=True)
     return len(layers)
 
-# %% ../nbs/07_learner.ipynb 69
+# %% ../nbs/07_learner.ipynb 74
 KERNELS = ("auto", "torch", "liger")
 "`model.kernels`: the learner's elementwise kernels."
 
@@ -696,14 +763,14 @@ def apply_kernels(policy:nn.Module, # the HF causal LM, before DeepSpeed wraps i
     fn(**{k: v for k, v in want.items() if k in inspect.signature(fn).parameters})
     return "liger"
 
-# %% ../nbs/07_learner.ipynb 71
+# %% ../nbs/07_learner.ipynb 76
 def _flop_params(policy:nn.Module) -> int:
     "Parameters that do matmul work on every token: all but the input embedding and the output projection."
     emb, head = policy.get_input_embeddings().weight, policy.get_output_embeddings().weight
     total = sum(full_numel(p) for p in policy.parameters())  # a tied matrix is counted once
     return total - full_numel(emb) - (0 if head is emb else full_numel(head))
 
-# %% ../nbs/07_learner.ipynb 73
+# %% ../nbs/07_learner.ipynb 78
 def train_flops(body_params:int, # parameters doing matmul work per token (no embedding, no output projection)
                 vocab:int, # V
                 hidden:int, # H
@@ -715,7 +782,7 @@ def train_flops(body_params:int, # parameters doing matmul work per token (no em
     T = sum(seq_lens)
     return 6.0 * body_params * T + 6.0 * vocab * hidden * scored + 6.0 * layers * hidden * sum(s * s for s in seq_lens)
 
-# %% ../nbs/07_learner.ipynb 76
+# %% ../nbs/07_learner.ipynb 81
 @patch
 def _forward(self:LearnerWorker, engine, mb:MicroBatch, with_entropy:bool=False):
     "Log-probs (and entropy) of one micro-batch's scored tokens through `engine`."
@@ -749,7 +816,7 @@ def _score(self:LearnerWorker, engine, batch:TrainBatch) -> list[Tensor]:
         for i in sid[mb.mask].unique().tolist(): out[i] = lp[(sid == i) & mb.mask]
     return [torch.zeros(0) if o is None else o for o in out]
 
-# %% ../nbs/07_learner.ipynb 78
+# %% ../nbs/07_learner.ipynb 83
 _MEAN_KEYS = ("clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "entropy",
               "tis_weight_mean", "tis_clip_frac", "rollout_kl")
 
@@ -787,7 +854,7 @@ def _metric_sums(ms:list[dict], # `policy_loss` metrics of every micro-batch (te
     out.update({f"{k}_sum": sum(x * t for x, t in zip(v[k], n)) for k in _MEAN_KEYS if k in v})
     return out
 
-# %% ../nbs/07_learner.ipynb 79
+# %% ../nbs/07_learner.ipynb 84
 def _grad_norm(module:nn.Module) -> float:
     "L2 norm of all gradients of `module` (replicated parameters: ZeRO-0)."
     gs = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
@@ -826,7 +893,7 @@ def _flops(self:LearnerWorker, seq_lens, scored) -> float:
     c = self.sync_module().config
     return train_flops(self.flop_params, c.vocab_size, c.hidden_size, c.num_hidden_layers, seq_lens, scored)
 
-# %% ../nbs/07_learner.ipynb 81
+# %% ../nbs/07_learner.ipynb 86
 @patch
 def save(self:LearnerWorker,
          tmp:str, # temporary directory (the same on every rank, on a shared filesystem)
@@ -871,7 +938,7 @@ def load(self:LearnerWorker,
     self.step = int(meta["step"])
     return meta
 
-# %% ../nbs/07_learner.ipynb 83
+# %% ../nbs/07_learner.ipynb 88
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                     "tokenizer.model", "chat_template.jinja", "chat_template.json", "added_tokens.json", "generation_config.json")
 
@@ -925,7 +992,7 @@ def close(self:LearnerWorker) -> None:
         import deepspeed.comm
         deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups, so a new world can be made here
 
-# %% ../nbs/07_learner.ipynb 85
+# %% ../nbs/07_learner.ipynb 90
 def shard_batch(lengths:Sequence[int], # tokens of each sequence
                 world_size:int, # ranks W
                ) -> list[list[int]]: # sequence indices of each rank
@@ -937,7 +1004,7 @@ def shard_batch(lengths:Sequence[int], # tokens of each sequence
         out[r].append(i); tok[r] += lengths[i]; big += len(out[r]) == base + 1
     return [sorted(o) for o in out]
 
-# %% ../nbs/07_learner.ipynb 87
+# %% ../nbs/07_learner.ipynb 92
 PEAK_BF16_TFLOPS:dict[str, float] = {"GH200": 989.4, "H200": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
                                      "A100": 312.0, "L40S": 362.1, "V100": 125.0}
 "Dense (no sparsity) bf16 tensor-core peak per GPU, by a substring of `torch.cuda.get_device_name()`, most specific first (V100: fp16)."
@@ -950,7 +1017,7 @@ def peak_flops_for(device_name:str|None, # e.g. "NVIDIA H100 80GB HBM3"
     return None
 
 
-# %% ../nbs/07_learner.ipynb 89
+# %% ../nbs/07_learner.ipynb 94
 def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
                     peak_flops:float|None=None, # per-GPU peak FLOP/s for MFU
                    ) -> dict:
@@ -972,7 +1039,7 @@ def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
     if peak_flops: out["mfu"] = out["flops"] / out["time_s"] / (peak_flops * W)
     return out
 
-# %% ../nbs/07_learner.ipynb 90
+# %% ../nbs/07_learner.ipynb 95
 _PASS_ENV = ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "TORCH_EXTENSIONS_DIR", "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "DS_BUILD_OPS",
              "TORCH_CUDA_ARCH_LIST", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "GRPO_NB_CACHE")
 
@@ -992,7 +1059,7 @@ class LearnerGroup:
         return (f"LearnerGroup({self.world_size} × {i['device']}, ZeRO-{i['zero_stage']}, {i['dtype']}, {i['params'] / 1e6:.2f}M params, "
                 f"attention {i['attention']}, step {self.step_count})")
 
-# %% ../nbs/07_learner.ipynb 92
+# %% ../nbs/07_learner.ipynb 97
 def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
          method:str, # the method to call on every rank
          *args, # the same arguments for every rank ...
@@ -1004,7 +1071,7 @@ def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
     if len(actors) == 1 and isinstance(actors[0], LearnerWorker): return [getattr(actors[0], method)(*argv[0])]
     return gather([submit(a, method, *av) for a, av in zip(actors, argv)], timeout_s)
 
-# %% ../nbs/07_learner.ipynb 93
+# %% ../nbs/07_learner.ipynb 98
 def create_learner_group(spec:LearnerSpec, # what every rank builds
                          world_size:int, # learner ranks W
                          groups=None, # `grpo_nb.placement.PlacementGroups`: actors go into the learner bundles
@@ -1041,7 +1108,7 @@ def create_learner_group(spec:LearnerSpec, # what every rank builds
         raise
     return LearnerGroup(actors, spec, info)
 
-# %% ../nbs/07_learner.ipynb 94
+# %% ../nbs/07_learner.ipynb 99
 @patch
 def minibatches(self:LearnerGroup, n:int) -> int:
     "Optimizer steps per epoch for a step of `n` sequences: `num_mini_batches`, or n / (micro_batch_size × gradient_accumulation_steps × W)."
@@ -1061,7 +1128,7 @@ def step(self:LearnerGroup,
     self.step_count += 1
     return combine_metrics(parts, self.spec.peak_flops)
 
-# %% ../nbs/07_learner.ipynb 95
+# %% ../nbs/07_learner.ipynb 100
 @patch
 def save(self:LearnerGroup,
          ckpt_dir:str|Path, # the run's checkpoint directory
@@ -1130,7 +1197,7 @@ def shutdown(self:LearnerGroup,
         for a in self.actors: ray.kill(a, no_restart=True)
     self.actors = []
 
-# %% ../nbs/07_learner.ipynb 104
+# %% ../nbs/07_learner.ipynb 109
 @patch(cls_method=True)
 def from_config(cls:LearnerGroup,
                 cfg, # a `grpo_nb.config.TrainConfig`
@@ -1150,7 +1217,7 @@ def from_config(cls:LearnerGroup,
                        peak_flops=None)   # each rank looks its GPU up by name: an unknown GPU gets no MFU, not a wrong one
     return create_learner_group(spec, d.learner_world_size, groups, **kwargs)
 
-# %% ../nbs/07_learner.ipynb 107
+# %% ../nbs/07_learner.ipynb 112
 def mfu_records(path:str|Path="bench/results/learner_mfu.json", # written by bench/learner_mfu.py
                ) -> list[dict]: # its records ([] when the file is not there yet)
     "The learner benchmark's records."

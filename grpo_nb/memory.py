@@ -12,13 +12,13 @@ from typing import Literal, Optional
 # %% auto 0
 __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer', 'Attn', 'LogitsMode', 'RefPolicy', 'TERMS',
            'ModelShape', 'layer_modules', 'param_counts', 'matches_published', 'shape_from_hf', 'get_shape',
-           'weights_bytes', 'moment_bytes_per_param', 'optimizer_bytes', 'ZeroKnobs', 'grads_bytes', 'buffers_bytes',
-           'embedding_grad_bytes', 'step_transient_bytes', 'layer_activation_bytes', 'backward_working_bytes',
-           'fused_saving_bytes', 'activations_bytes', 'logits_bytes', 'zero3_gathered', 'persistent_params',
-           'Overheads', 'ref_policy_bytes', 'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu', 'valid_tps',
-           'kv_bytes_per_token', 'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory', 'engine_memory',
-           'min_learner_gpus', 'min_engine_tp', 'Plan', 'plan', 'plan_json', 'format_plan', 'plan_cli', 'plan_config',
-           'plot_terms', 'planner_widget', 'accuracy_table']
+           'shape_to_hf', 'weights_bytes', 'moment_bytes_per_param', 'optimizer_bytes', 'ZeroKnobs', 'grads_bytes',
+           'buffers_bytes', 'embedding_grad_bytes', 'step_transient_bytes', 'layer_activation_bytes',
+           'backward_working_bytes', 'fused_saving_bytes', 'activations_bytes', 'logits_bytes', 'zero3_gathered',
+           'persistent_params', 'Overheads', 'ref_policy_bytes', 'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu',
+           'valid_tps', 'kv_bytes_per_token', 'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory',
+           'engine_memory', 'min_learner_gpus', 'min_engine_tp', 'Plan', 'plan', 'plan_json', 'format_plan', 'plan_cli',
+           'plan_config', 'plot_terms', 'planner_widget', 'accuracy_table']
 
 # %% ../nbs/01_memory.ipynb 6
 GiB = 2**30
@@ -149,6 +149,14 @@ def get_shape(model:str|Path|ModelShape, # built-in name (case-insensitive, org 
                      f"built-in names: {', '.join(ARCHS)}.")
 
 # %% ../nbs/01_memory.ipynb 23
+def shape_to_hf(s:ModelShape, # the model
+               ) -> dict: # HF config fields (`model_type` first), for `AutoConfig.for_model(**d)`
+    "The HF config fields of a shape: the inverse of `shape_from_hf`."
+    return {"model_type": s.family, "hidden_size": s.hidden, "intermediate_size": s.intermediate, "num_hidden_layers": s.layers,
+            "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim, "vocab_size": s.vocab,
+            "tie_word_embeddings": s.tie_word_embeddings, "attention_bias": s.attention_bias}
+
+# %% ../nbs/01_memory.ipynb 26
 Zero = Literal[0, 1, 2, 3]
 Offload = Literal["none", "optimizer", "all"]
 
@@ -162,7 +170,7 @@ def weights_bytes(n_params:int, # `P`
     if zero < 3: return 2 * n_params
     return 2 * persistent + (0 if offload == "all" else 2 * math.ceil(n_params / learners))
 
-# %% ../nbs/01_memory.ipynb 26
+# %% ../nbs/01_memory.ipynb 29
 Optimizer = Literal["adamw", "adamw-8bit"]
 
 def moment_bytes_per_param(optimizer:str="adamw", # "adamw" (fp32 m, v) | "adamw-8bit" (int8 m, v + block scales)
@@ -183,7 +191,7 @@ def optimizer_bytes(n_params:int, # `P`
     owned = n_params if zero == 0 else math.ceil(n_params / learners)
     return int(owned * (4 + moment_bytes_per_param(optimizer)))
 
-# %% ../nbs/01_memory.ipynb 29
+# %% ../nbs/01_memory.ipynb 32
 @dataclass(frozen=True)
 class ZeroKnobs:
     "DeepSpeed `zero_optimization` settings that change memory (DeepSpeed's defaults)."
@@ -198,7 +206,7 @@ class ZeroKnobs:
 
     def overlap(self, zero:int) -> bool: return (zero == 3) if self.overlap_comm is None else self.overlap_comm
 
-# %% ../nbs/01_memory.ipynb 30
+# %% ../nbs/01_memory.ipynb 33
 def grads_bytes(n_params:int, # `P`
                 zero:int, # ZeRO stage 0-3
                 learners:int, # `N`
@@ -218,7 +226,7 @@ def buffers_bytes(n_params:int, # `P`
     if zero <= 1: return (2 if zero == 0 else 4) * min(n_params, knobs.allreduce_bucket_size) if learners > 1 else 0
     return 2 * knobs.reduce_bucket_size * (2 if knobs.overlap(zero) else 1)
 
-# %% ../nbs/01_memory.ipynb 31
+# %% ../nbs/01_memory.ipynb 34
 def embedding_grad_bytes(s:ModelShape, # the model
                          zero:int, # ZeRO stage 0-3
                          phase:str, # "backward_start" (the head's gradient is waiting) or "backward_end" (the embedding's joins)
@@ -229,7 +237,7 @@ def embedding_grad_bytes(s:ModelShape, # the model
     if phase == "backward_start": return waiting
     return waiting + (vh2 if zero >= 2 or s.tie_word_embeddings else 0)
 
-# %% ../nbs/01_memory.ipynb 34
+# %% ../nbs/01_memory.ipynb 37
 def step_transient_bytes(n_params:int, # `P`
                          zero:int, # ZeRO stage 0-3
                          learners:int, # `N`
@@ -251,7 +259,7 @@ def step_transient_bytes(n_params:int, # `P`
     update = 4 * own + tmp - (2 * own if zero == 2 else 0)  # the fp32 copy during Adam (ZeRO-2 has freed its bf16 partition)
     return max(convert, update)
 
-# %% ../nbs/01_memory.ipynb 37
+# %% ../nbs/01_memory.ipynb 40
 Attn = Literal["sdpa", "flash_attention_2", "eager"]
 
 def layer_activation_bytes(s:ModelShape, # the model
@@ -270,13 +278,13 @@ def backward_working_bytes(s:ModelShape, # the model
     "Gradient tensors alive at once while one layer runs backward (bf16)."
     return 3 * 2 * s.intermediate + 2 * 2 * s.hidden
 
-# %% ../nbs/01_memory.ipynb 41
+# %% ../nbs/01_memory.ipynb 44
 def fused_saving_bytes(s:ModelShape, # the model
                       ) -> int: # bytes per token per layer
     "Activation bytes a layer no longer saves when its elementwise ops are fused: SwiGLU's product and RMSNorm's fp32 copies."
     return 2 * s.intermediate + 8 * s.hidden
 
-# %% ../nbs/01_memory.ipynb 43
+# %% ../nbs/01_memory.ipynb 46
 def activations_bytes(s:ModelShape, # the model
                       tokens:int, # B·T tokens in one micro-batch
                       seq_len:int, # `T`
@@ -291,7 +299,7 @@ def activations_bytes(s:ModelShape, # the model
     working = tokens * (backward_working_bytes(s) + (per_layer if grad_ckpt else 0))
     return {"saved": saved, "working": working}
 
-# %% ../nbs/01_memory.ipynb 46
+# %% ../nbs/01_memory.ipynb 49
 LogitsMode = Literal["chunked", "full"]
 
 def logits_bytes(tokens:int, # B·T tokens in the micro-batch
@@ -306,7 +314,7 @@ def logits_bytes(tokens:int, # B·T tokens in the micro-batch
     if mode == "chunked": return 8 * min(chunk, tokens) * vocab + 6 * vocab * hidden + 2 * tokens * hidden
     raise ValueError(f"logits mode must be 'chunked' or 'full' (got {mode!r}).")
 
-# %% ../nbs/01_memory.ipynb 49
+# %% ../nbs/01_memory.ipynb 52
 def _trace(s:ModelShape, grad_ckpt:bool, threshold:int) -> list[tuple[str, int, int]]:
     "(module, partitioned elements, its largest parameter) in the order a step uses them."
     mods = layer_modules(s)
@@ -353,7 +361,7 @@ def persistent_params(s:ModelShape, # the model
     "Parameters ZeRO-3 never partitions (smaller than the threshold: norms, biases)."
     return sum(n for n in layer_modules(s).values() if n < threshold) * s.layers + s.hidden
 
-# %% ../nbs/01_memory.ipynb 52
+# %% ../nbs/01_memory.ipynb 55
 @dataclass(frozen=True)
 class Overheads:
     "Memory outside the formulas: inside the allocator (fixed) and outside it (context, NCCL, fragmentation)."
@@ -363,7 +371,7 @@ class Overheads:
     fragmentation:float=1.10 # reserved / allocated of PyTorch's caching allocator
     engine_cuda_graph_bytes:int=GiB // 2 # vLLM CUDA graphs (0 with enforce_eager)
 
-# %% ../nbs/01_memory.ipynb 54
+# %% ../nbs/01_memory.ipynb 57
 RefPolicy = Literal["none", "gpu", "cpu"]
 
 def ref_policy_bytes(n_params:int, # `P`
@@ -375,7 +383,7 @@ def ref_policy_bytes(n_params:int, # `P`
     if where != "gpu": return 0
     return 2 * (math.ceil(n_params / learners) if zero == 3 else n_params)
 
-# %% ../nbs/01_memory.ipynb 56
+# %% ../nbs/01_memory.ipynb 59
 @dataclass
 class LearnerMemory:
     "Per-GPU memory of one learner; the terms are their values at the peak phase and sum to `peak_bytes`."
@@ -395,7 +403,7 @@ class LearnerMemory:
     host_bytes:int # CPU memory for offloaded states and a CPU reference policy
     phases:dict # phase -> {term: bytes}
 
-# %% ../nbs/01_memory.ipynb 57
+# %% ../nbs/01_memory.ipynb 60
 TERMS = ["params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
          "gathered_params_bytes", "buffers_bytes", "step_transient_bytes", "ref_policy_bytes", "fixed_bytes"]
 
@@ -472,7 +480,7 @@ def _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, 
     moment_bytes_per_param(optimizer)
     if ref_policy not in ("none", "gpu", "cpu"): raise ValueError(f"ref_policy must be none, gpu or cpu (got {ref_policy!r}).")
 
-# %% ../nbs/01_memory.ipynb 66
+# %% ../nbs/01_memory.ipynb 69
 def kv_heads_per_gpu(s:ModelShape, # the model
                      tp:int=1, # GPUs of one engine
                     ) -> int:
@@ -500,7 +508,7 @@ def kv_bytes_per_token(s:ModelShape, # the model
     "KV-cache bytes one token costs on each engine GPU: 2·L·(k/TP)·d·dtype_bytes."
     return 2 * s.layers * kv_heads_per_gpu(s, tp) * s.head_dim * dtype_bytes
 
-# %% ../nbs/01_memory.ipynb 68
+# %% ../nbs/01_memory.ipynb 71
 def engine_weights_bytes(s:ModelShape, # the model
                          tp:int=1, # GPUs of one engine
                          dtype_bytes:int=2, # bf16 weights
@@ -525,7 +533,7 @@ def engine_activation_bytes(s:ModelShape, # the model
     per_token = 2 * (2 * s.hidden) + 2 * (3 * math.ceil(s.intermediate / tp))  # residual + normed; gate_up + act
     return max_num_batched_tokens * per_token + 2 * 4 * max_num_seqs * s.vocab
 
-# %% ../nbs/01_memory.ipynb 69
+# %% ../nbs/01_memory.ipynb 72
 @dataclass
 class EngineMemory:
     "Per-GPU memory of one rollout engine (vLLM) and what its KV cache holds."
@@ -566,7 +574,7 @@ def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or 
     return EngineMemory(tp, w, act, over, budget, kvt, cache, max_tokens, per_seq,
                         min(max_num_seqs, max_tokens // per_seq), max_tokens >= per_seq)
 
-# %% ../nbs/01_memory.ipynb 72
+# %% ../nbs/01_memory.ipynb 75
 def _learner_fits(m:LearnerMemory, gpu_mem_gib:float) -> bool: return m.total_bytes <= gpu_mem_gib * GiB
 
 def min_learner_gpus(model:str|ModelShape, # the model
@@ -591,7 +599,7 @@ def min_engine_tp(model:str|ModelShape, # the model
     s = get_shape(model)
     return next((t for t in valid_tps(s) if engine_memory(s, tp=t, **kw).fits), None)
 
-# %% ../nbs/01_memory.ipynb 74
+# %% ../nbs/01_memory.ipynb 77
 @dataclass
 class Plan:
     "A whole job's verdict: learner and engine memory per GPU, whether they fit, and what to change."
@@ -606,7 +614,7 @@ class Plan:
     @property
     def fits(self) -> bool: return self.learner_fits and self.engine_fits
 
-# %% ../nbs/01_memory.ipynb 75
+# %% ../nbs/01_memory.ipynb 78
 def _gib(b) -> str: return f"{b / GiB:.1f} GiB"
 
 def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool) -> list[str]:
@@ -647,7 +655,7 @@ def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool)
                    + f"; each engine holds {em.max_concurrent_seqs} sequences of {st['engine_seq_len']} tokens")
     return out
 
-# %% ../nbs/01_memory.ipynb 77
+# %% ../nbs/01_memory.ipynb 80
 _LEARNER_ARGS = ("learners", "zero", "offload", "micro_batch", "seq_len", "grad_ckpt", "attn", "logits",
                  "logprob_chunk", "optimizer", "ref_policy", "fused")
 
@@ -681,7 +689,7 @@ def plan(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelS
     lfit, efit = _learner_fits(lm, gpu_mem_gib), em.fits
     return Plan(s, st, lm, em, lfit, efit, _advice(s, st, lm, em, lfit, efit))
 
-# %% ../nbs/01_memory.ipynb 80
+# %% ../nbs/01_memory.ipynb 83
 def plan_json(p:Plan, # a plan
              ) -> dict: # JSON-ready
     "The plan as plain data with the documented keys."
@@ -715,7 +723,7 @@ def format_plan(p:Plan, # a plan
     rows += [f"  - {a}" for a in p.advice]
     return "\n".join(rows)
 
-# %% ../nbs/01_memory.ipynb 82
+# %% ../nbs/01_memory.ipynb 85
 def plan_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb plan --model NAME|PATH ...` or `grpo_nb plan --config CONFIG [--section.field=value ...]`: per-GPU memory, the verdict and the fix."
     import argparse
@@ -763,7 +771,7 @@ def plan_cli(argv:list[str]|None=None) -> int:
     print(json.dumps(plan_json(pl), indent=2) if a.json else format_plan(pl))
     return 0
 
-# %% ../nbs/01_memory.ipynb 85
+# %% ../nbs/01_memory.ipynb 88
 def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 model:str|ModelShape|None=None, # override `cfg.model.name_or_path` (e.g. a shape for a built-in tiny model)
                ) -> Plan:
@@ -782,7 +790,7 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 R.tensor_parallel_size, R.gpu_memory_utilization, C.gpu_mem_gib, cfg.model.attn_implementation,
                 "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq, fused=cfg.model.kernels == "liger")
 
-# %% ../nbs/01_memory.ipynb 87
+# %% ../nbs/01_memory.ipynb 90
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -808,7 +816,7 @@ def _plan_config_cli(source:str, # YAML file or preset
               f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
     return 0
 
-# %% ../nbs/01_memory.ipynb 91
+# %% ../nbs/01_memory.ipynb 94
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -830,7 +838,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(sweep); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=7, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 95
+# %% ../nbs/01_memory.ipynb 98
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."
@@ -854,7 +862,7 @@ def planner_widget(model:str="Qwen2.5-7B", # initial model
     redraw()
     return W.VBox([W.HBox(list(ctl.values())[i:i + 4]) for i in range(0, len(ctl), 4)] + [out])
 
-# %% ../nbs/01_memory.ipynb 105
+# %% ../nbs/01_memory.ipynb 108
 def accuracy_table(path:str|Path="bench/results/memory_accuracy.json", # the benchmark's output
                   ) -> str: # a table, or why there is none
     "Predicted vs measured peak memory from `bench/memory_accuracy.py`."

@@ -4,19 +4,29 @@
 
 # %% ../nbs/12_self_correction.ipynb 3
 from __future__ import annotations
-import argparse, copy, hashlib, json, math, os, sys, time
+import argparse, copy, hashlib, json, math, os, shlex, sys, time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, Optional
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from .memory import GiB, ModelShape, get_shape, learner_memory, param_counts
+from .config import ConfigError, _merge, config_data, from_dict, parse_overrides, trainer_of
+from .learner import find_resume, latest_checkpoint, rng_state, save_checkpoint_files, set_rng_state
+from .loss import token_logprobs
+from .memory import GiB, ModelShape, activations_bytes, get_shape, logits_bytes, param_counts, shape_to_hf
+from .reward_model import classifier_shape
+from .rewards import REWARDS, RewardContext
+from .slurm import fill
+from .tiny import TINY_MODELS, _no_progress_bars, make_arithmetic, resolve_model, tiny_model_dir
 
 # %% auto 0
-__all__ = ['ROLES', 'TRAINED', 'SEED_PLACEMENT', 'SC_SBATCH', 'resolve_placement', 'polyak_update_', 'SCConfig', 'load_models',
-           'load_sc_config', 'sample', 'completion_logprobs', 'Episodes', 'run_episodes', 'critic_values',
-           'make_optimizers', 'update', 'param_digest', 'train', 'five_model_memory', 'device_totals',
-           'self_correction_cli', 'render_scripts']
+__all__ = ['ROLES', 'TRAINED', 'SEED_PLACEMENT', 'SAVED', 'SC_SBATCH', 'resolve_placement', 'polyak_update_', 'SCConfig',
+           'load_sc_config', 'rank_placement', 'load_models', 'sample', 'completion_logprobs', 'Episodes',
+           'run_episodes', 'MasterAdamW', 'make_optimizers', 'critic_values', 'micro_batches', 'sum_grads', 'update',
+           'param_digest', 'save_sc_checkpoint', 'load_sc_checkpoint', 'train', 'sc_role_memory', 'five_model_memory',
+           'sc_memory', 'device_totals', 'sc_gpu_table', 'self_correction_cli', 'render_scripts']
 
 # %% ../nbs/12_self_correction.ipynb 6
 ROLES:tuple[str, ...] = ("policy", "guidance", "reference", "critic", "target_critic")
@@ -76,12 +86,13 @@ def polyak_update_(target:torch.nn.Module, # updated in place: θ' ← (1-τ)θ'
 @dataclass
 class SCConfig:
     "A self-correction run."
-    policy:str="tiny-arith" # causal LM directory or tiny model name
+    policy:str="tiny-arith" # causal LM: a HF directory, a tiny model name (`tiny-arith@N` warm-started), or `random:<shape>` (random weights, e.g. `random:Llama-3.2-3B`)
     guidance:str="tiny-arith" # causal LM for the critique (a separate model; tiny: another seed)
     critic:str="tiny-1kv-tied" # base of the critic (a one-label classifier head is added)
-    placement:dict[str,str]=field(default_factory=lambda: {"*": "cpu"}) # role (or "*") -> "cuda:i" | "cpu"
+    placement:dict[str,str]=field(default_factory=lambda: {"*": "cpu"}) # role (or "*") -> "cuda:i" | "cpu" (under torchrun: GPUs counted from the rank's first)
     steps:int=4 # updates
-    episodes:int=4 # `B` problems per update
+    episodes:int=4 # `B` problems per update, over all ranks
+    micro_batch:int=0 # episodes per forward and backward (0: all of a rank's episodes at once); gradients accumulate
     max_new_tokens:int=4 # tokens per attempt and per critique
     lr:float=1e-3 # AdamW learning rate of policy, guidance and critic
     kl_beta:float=0.05 # KL(policy ‖ reference) coefficient on turn 2
@@ -91,39 +102,21 @@ class SCConfig:
     guidance_every:int=2 # guidance is updated on steps divisible by this
     seed:int=0 # sampling and data seed
     dtype:str="float32" # weights dtype (bfloat16 on GPUs)
-
-def load_models(cfg:SCConfig, # the run
-                gpus:int|None=None, # visible GPUs (None: ask torch)
-               ) -> tuple[dict, object, dict]: # (role -> module on its device, tokenizer, role -> device)
-    "The five models, each on the device the placement spec gives it."
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-    from grpo_nb.tiny import TINY_MODELS, tiny_model_dir, _no_progress_bars
-    where = resolve_placement(cfg.placement, gpus)
-    path = lambda name, seed: tiny_model_dir(name, seed=seed) if name in TINY_MODELS else Path(name)
-    dt = getattr(torch, cfg.dtype)
-    level = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
-    try:
-        with _no_progress_bars():
-            pol = AutoModelForCausalLM.from_pretrained(path(cfg.policy, 0), dtype=dt)
-            gui = AutoModelForCausalLM.from_pretrained(path(cfg.guidance, 1), dtype=dt)
-            torch.manual_seed(cfg.seed)
-            cri = AutoModelForSequenceClassification.from_pretrained(path(cfg.critic, 2), num_labels=1, dtype=dt)
-    finally: hf_logging.set_verbosity(level)
-    tok = AutoTokenizer.from_pretrained(path(cfg.policy, 0))
-    cri.config.pad_token_id = tok.pad_token_id
-    models = {"policy": pol, "guidance": gui, "reference": copy.deepcopy(pol), "critic": cri, "target_critic": copy.deepcopy(cri)}
-    for r, m in models.items():
-        m.to(where[r])
-        if r in ("reference", "target_critic"): m.requires_grad_(False).eval()
-    return models, tok, where
+    master_weights:bool=True # trained models keep fp32 master weights and AdamW moments when `dtype` is lower (False: AdamW updates the low-precision weights in place)
+    optimizer_offload:bool=False # master weights and moments in CPU memory; the GPU holds weights and gradients only, the step runs on the CPU
+    grad_ckpt:bool=False # gradient checkpointing in the trained models (recompute each layer in backward)
+    kv_cache:bool=True # sample with a KV cache (False: re-run the whole sequence for every new token)
+    logprob_chunk:int=1024 # tokens per chunk of the log-prob head (bounds its [chunk, V] buffers)
+    checkpoint_dir:str="" # where checkpoints go ("": none)
+    checkpoint_every:int=0 # steps between checkpoints (0: only after the last step)
+    keep_last:int=2 # complete checkpoints kept
+    resume:str="auto" # "auto": the newest intact checkpoint in `checkpoint_dir`; "none"; or a checkpoint path
 
 # %% ../nbs/12_self_correction.ipynb 16
 def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset name, dict, or None (the defaults)
                    overrides:list[str]|dict|None=None, # `--field=value` strings (`--placement.policy=cuda:0` or a JSON `--placement`) or plain data
                   ) -> SCConfig:
     "A validated `SCConfig` from a file or preset and overrides; errors name the field and the fix."
-    from grpo_nb.config import ConfigError, _merge, config_data, from_dict, parse_overrides, trainer_of
     t, data = ("self-correction", {}) if source is None else trainer_of(config_data(source, {}), str(source), "self-correction")
     if t != "self-correction":
         raise ConfigError("trainer", f"{source} is a config of the {t} trainer.", "give a self-correction config (`grpo_nb config --list`)")
@@ -133,60 +126,141 @@ def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset n
         except json.JSONDecodeError as e:
             raise ConfigError("placement", f"is not JSON ({e}).", "--placement='{\"*\": \"cpu\"}' or --placement.policy=cuda:0") from None
     cfg = from_dict(SCConfig, _merge(data, over))
-    for k in ("steps", "episodes", "max_new_tokens", "guidance_every", "polyak_chunk"):
+    for k in ("steps", "episodes", "max_new_tokens", "guidance_every", "polyak_chunk", "keep_last", "logprob_chunk"):
         if getattr(cfg, k) < 1: raise ConfigError(k, f"must be at least 1 (got {getattr(cfg, k)}).", f"--{k}=1")
+    for k in ("micro_batch", "checkpoint_every"):
+        if getattr(cfg, k) < 0: raise ConfigError(k, f"must be 0 or more (got {getattr(cfg, k)}).", f"--{k}=0")
+    if cfg.dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError("dtype", f"{cfg.dtype!r} is not a weights dtype this trainer runs.", "--dtype=bfloat16 (GPUs with bf16), float16 or float32")
+    if cfg.resume not in ("auto", "none") and not Path(cfg.resume).is_dir():
+        raise ConfigError("resume", f"{cfg.resume!r} is neither auto, none nor a checkpoint directory.", "--resume=auto")
+    if cfg.checkpoint_every and not cfg.checkpoint_dir:
+        raise ConfigError("checkpoint_every", "is set but checkpoint_dir is empty: nothing would be saved.", "--checkpoint_dir=runs/sc/checkpoints")
     try: resolve_placement(cfg.placement, gpus=1 << 16)   # roles and device names now; the GPU count at run time
     except ValueError as e: raise ConfigError("placement", str(e)) from None
     return cfg
 
 # %% ../nbs/12_self_correction.ipynb 19
+def _role_model(name:str, # see `SCConfig.policy`
+                seed:int, # tiny models: which of the built-in seeds; `random:` shapes: the init seed
+                kind:str, # "lm" (causal LM) | "score" (one-label sequence classifier)
+                dtype:torch.dtype, # weights dtype
+                device:str, # where it goes
+               ) -> torch.nn.Module:
+    "One role's model: loaded from a directory or tiny model, or built with random weights from a shape."
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+    cls, kw = (AutoModelForCausalLM, {}) if kind == "lm" else (AutoModelForSequenceClassification, {"num_labels": 1})
+    if name.startswith("random:"):
+        try: cfg = AutoConfig.for_model(**shape_to_hf(get_shape(name[7:])), **kw)
+        except ValueError as e: raise ConfigError("policy", str(e), "random:<built-in shape>, e.g. random:Llama-3.2-3B") from None
+        torch.manual_seed(seed)
+        with torch.device(device): return cls.from_config(cfg, dtype=dtype)   # built where it runs: no host copy
+    path = tiny_model_dir(name, seed=seed) if name in TINY_MODELS else Path(resolve_model(name))
+    torch.manual_seed(seed)   # the classifier head is new: its init follows the seed
+    return cls.from_pretrained(path, dtype=dtype, **kw).to(device)
+
+def rank_placement(where:dict[str, str], # role -> device for one process
+                   local_rank:int=0, # this process's index on its node
+                  ) -> dict[str, str]: # role -> device of this rank
+    "Under data parallelism each rank gets its own block of GPUs: `cuda:i` of the spec is `cuda:(local_rank·k + i)`, k GPUs per rank."
+    k = 1 + max([int(d[5:]) for d in where.values() if d != "cpu"], default=-1)
+    return {r: d if d == "cpu" else f"cuda:{local_rank * k + int(d[5:])}" for r, d in where.items()}
+
+def load_models(cfg:SCConfig, # the run
+                gpus:int|None=None, # visible GPUs (None: ask torch)
+                local_rank:int=0, # this process's index on its node (data parallelism)
+               ) -> tuple[dict, object, dict]: # (role -> module on its device, tokenizer, role -> device)
+    "The five models, each on the device the placement spec gives it."
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    where = rank_placement(resolve_placement(cfg.placement), local_rank)
+    resolve_placement(where, gpus)   # this rank's GPUs exist
+    dt = getattr(torch, cfg.dtype)
+    if dt == torch.bfloat16 and any(d != "cpu" for d in where.values()) and not torch.cuda.is_bf16_supported():
+        raise ConfigError("dtype", f"bfloat16, but {torch.cuda.get_device_name()} has no bf16 (V100 and older).", "--dtype=float16 or --dtype=float32")
+    level = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
+    try:
+        with _no_progress_bars():
+            pol = _role_model(cfg.policy, 0, "lm", dt, where["policy"])
+            gui = _role_model(cfg.guidance, 1, "lm", dt, where["guidance"])
+            cri = _role_model(cfg.critic, 2, "score", dt, where["critic"])
+    finally: hf_logging.set_verbosity(level)
+    tok_src = cfg.policy if not cfg.policy.startswith("random:") else "tiny-arith"   # random shapes: the tiny character tokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir(tok_src) if tok_src in TINY_MODELS else resolve_model(tok_src))
+    cri.config.pad_token_id = tok.pad_token_id
+    models = {"policy": pol, "guidance": gui, "reference": copy.deepcopy(pol).to(where["reference"]), "critic": cri,
+              "target_critic": copy.deepcopy(cri).to(where["target_critic"])}
+    for r, m in models.items():
+        if r in ("reference", "target_critic"): m.requires_grad_(False).eval()
+        else:
+            m.train()   # (the models have no dropout; train mode is what turns gradient checkpointing on)
+            if cfg.grad_ckpt: m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return models, tok, where
+
+# %% ../nbs/12_self_correction.ipynb 22
 def sample(model, # a causal LM
            tok, # its tokenizer
            texts:list[str], # B prompts
            max_new_tokens:int=4, # tokens to generate
            generator:torch.Generator|None=None, # sampling randomness (CPU generator)
            temperature:float=1.0, # softmax temperature
+           kv_cache:bool=True, # keep keys and values of earlier tokens (False: re-run the whole sequence every token)
           ) -> list[list[int]]: # B completions (token ids, stopped at <eos>)
-    "Sample completions token by token (temperature sampling, no cache: tiny models, exact control of randomness)."
+    "Sample completions token by token (left-padded prompts; draws from a CPU generator, so the cache does not change them)."
     dev = next(model.parameters()).device
     ids = [tok(t).input_ids for t in texts]
-    out = [[] for _ in texts]
-    done = [False] * len(texts)
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            seqs = [i + o for i, o in zip(ids, out)]
-            T = max(map(len, seqs))
-            x = torch.tensor([[tok.pad_token_id] * (T - len(s)) + s for s in seqs], device=dev)                  # B, T (left-padded)
-            m = (torch.arange(T, device=dev)[None] >= torch.tensor([T - len(s) for s in seqs], device=dev)[:, None]).long()
-            pos = (m.cumsum(-1) - 1).clamp(min=0)
-            logits = model(input_ids=x, attention_mask=m, position_ids=pos).logits[:, -1].float() / temperature  # B, V
-            nxt = torch.multinomial(torch.softmax(logits, -1).cpu(), 1, generator=generator)[:, 0].tolist()
-            for b, t in enumerate(nxt):
-                if not done[b]: out[b].append(t); done[b] = t == tok.eos_token_id
-            if all(done): break
+    out, done = [[] for _ in texts], [False] * len(texts)
+    def batch(seqs):
+        T = max(map(len, seqs))
+        x = torch.tensor([[tok.pad_token_id] * (T - len(s)) + s for s in seqs], device=dev)                  # B, T (left-padded)
+        m = (torch.arange(T, device=dev)[None] >= torch.tensor([T - len(s) for s in seqs], device=dev)[:, None]).long()
+        return x, m, (m.cumsum(-1) - 1).clamp(min=0)
+    x, m, pos = batch(ids)
+    past, was_training = None, model.training
+    model.eval()   # (in train mode, gradient checkpointing turns the cache off)
+    try:
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                if not kv_cache: x, m, pos = batch([i + o for i, o in zip(ids, out)])
+                o = model(input_ids=x, attention_mask=m, position_ids=pos, past_key_values=past, use_cache=kv_cache)
+                logits = o.logits[:, -1].float() / temperature                                                        # B, V
+                if logits.shape[-1] > len(tok): logits[:, len(tok):] = -math.inf   # padded vocabulary rows: never sampled
+                nxt = torch.multinomial(torch.softmax(logits, -1).cpu(), 1, generator=generator)[:, 0]
+                for b, t in enumerate(nxt.tolist()):
+                    if not done[b]: out[b].append(t); done[b] = t == tok.eos_token_id
+                if all(done): break
+                if kv_cache:   # feed only the new token; finished rows keep going, their tokens are not kept
+                    past, x = o.past_key_values, nxt.to(dev)[:, None]                                                 # B, 1
+                    m, pos = torch.cat([m, m.new_ones(len(texts), 1)], 1), pos[:, -1:] + 1
+    finally: model.train(was_training)
     return out
 
 def completion_logprobs(model, # a causal LM
                         prompts:list[list[int]], # B prompt token ids
                         completions:list[list[int]], # B completion token ids
                         with_entropy:bool=False, # also return the mean entropy per completion
+                        chunk:int=1024, # tokens per chunk of the log-prob head (`grpo_nb.loss.token_logprobs`)
                        ) -> tuple[list[torch.Tensor], Optional[torch.Tensor]]: # B tensors of (len(completion),) log-probs, and (B,) entropies
-    "Token log-probs of each completion under `model` (on the model's device; gradients flow)."
+    "Token log-probs of each completion under `model` (on its device; gradients flow), never holding [B, T, V] logits."
     dev = next(model.parameters()).device
     seqs = [p + c for p, c in zip(prompts, completions)]
     T = max(map(len, seqs))
     x = torch.tensor([s + [0] * (T - len(s)) for s in seqs], device=dev)                                          # B, T
     m = torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in seqs], device=dev)
-    logp = torch.log_softmax(model(input_ids=x, attention_mask=m).logits.float(), -1)                              # B, T, V
-    out, ent = [], []
-    for b, (p, c) in enumerate(zip(prompts, completions)):
-        if not c: out.append(logp.new_zeros(0)); ent.append(logp.new_zeros(())); continue
-        lp = logp[b, len(p) - 1:len(p) - 1 + len(c)]                                                               # len(c), V
-        out.append(lp.gather(-1, torch.tensor(c, device=dev)[:, None])[:, 0])
-        ent.append(-(lp.exp() * lp).sum(-1).mean())
-    return out, (torch.stack(ent) if with_entropy else None)
+    hidden = model.base_model(input_ids=x, attention_mask=m, use_cache=False).last_hidden_state                    # B, T, H
+    rows = torch.tensor([b for b, c in enumerate(completions) for _ in c], dtype=torch.long, device=dev)          # N
+    cols = torch.tensor([len(p) - 1 + j for p, c in zip(prompts, completions) for j in range(len(c))], dtype=torch.long, device=dev)
+    tgt = torch.tensor([t for c in completions for t in c], dtype=torch.long, device=dev)                          # N
+    lens = [len(c) for c in completions]
+    if not sum(lens):   # nothing to score (every completion empty)
+        z = hidden.sum() * 0.0
+        return [z.new_zeros(0) for _ in completions], (z.new_zeros(len(completions)) if with_entropy else None)
+    lp, ent = token_logprobs(hidden[rows, cols], model.get_output_embeddings().weight, tgt, chunk, with_entropy=True)  # N, N
+    lps, ents = lp.split(lens), ent.split(lens)
+    ent_seq = torch.stack([e.mean() if len(e) else hidden.new_zeros((), dtype=torch.float32) for e in ents])       # B
+    return list(lps), (ent_seq if with_entropy else None)
 
-# %% ../nbs/12_self_correction.ipynb 21
+# %% ../nbs/12_self_correction.ipynb 25
 @dataclass
 class Episodes:
     "A batch of two-turn episodes."
@@ -205,22 +279,67 @@ def run_episodes(models:dict, # role -> module
                  rows:list[dict], # B problems {'prompt', 'answer'}
                  max_new_tokens:int=4, # tokens per attempt and per critique
                  generator:torch.Generator|None=None, # sampling randomness
+                 kv_cache:bool=True, # sample with a KV cache
                 ) -> Episodes:
     "Attempt → guidance → revised attempt → rewards, for a batch of problems."
-    from grpo_nb.rewards import REWARDS, RewardContext
     arith, ctx = REWARDS["arith"], RewardContext()
     probs, ans = [r["prompt"] for r in rows], [r["answer"] for r in rows]
-    t1 = sample(models["policy"], tok, probs, max_new_tokens, generator)
+    t1 = sample(models["policy"], tok, probs, max_new_tokens, generator, kv_cache=kv_cache)
     txt1 = [tok.decode(c, skip_special_tokens=True) for c in t1]
     gp = [f"{p}{a} hint:" for p, a in zip(probs, txt1)]
-    g = sample(models["guidance"], tok, gp, max_new_tokens, generator)
+    g = sample(models["guidance"], tok, gp, max_new_tokens, generator, kv_cache=kv_cache)
     t2p = [f"{p}{a} hint:{tok.decode(c, skip_special_tokens=True)} again: {p}" for p, a, c in zip(probs, txt1, g)]
-    t2 = sample(models["policy"], tok, t2p, max_new_tokens, generator)
+    t2 = sample(models["policy"], tok, t2p, max_new_tokens, generator, kv_cache=kv_cache)
     r1 = arith(txt1, ans, ctx)
     r2 = arith([tok.decode(c, skip_special_tokens=True) for c in t2], ans, ctx)
     return Episodes(probs, ans, t1, gp, g, t2p, t2, list(map(float, r1)), list(map(float, r2)))
 
-# %% ../nbs/12_self_correction.ipynb 23
+# %% ../nbs/12_self_correction.ipynb 27
+class MasterAdamW:
+    "AdamW for a low-precision model: fp32 master weights and moments (on the GPU, or in CPU memory), copied back after each step."
+    def __init__(self, params, # the model's parameters (those with requires_grad are trained)
+                 lr:float, # learning rate
+                 master:bool=True, # fp32 master copies when the weights are lower precision
+                 offload:bool=False, # masters and moments in CPU memory (the step runs on the CPU)
+                 weight_decay:float=0.0, # AdamW decay
+                ):
+        self.params = [p for p in params if p.requires_grad]
+        self.copies = offload or (master and any(p.dtype != torch.float32 for p in self.params))
+        if self.copies:
+            where = lambda p: torch.device("cpu") if offload else p.device
+            self.masters = [p.detach().to(where(p), torch.float32, copy=True) for p in self.params]
+        else: self.masters = self.params
+        fast = {"fused": True} if all(t.is_cuda for t in self.masters) else {"foreach": True}
+        self.opt = torch.optim.AdamW(self.masters, lr=lr, weight_decay=weight_decay, **fast)
+
+    def zero_grad(self):
+        for p in self.params: p.grad = None
+
+    def step(self):
+        if self.copies:
+            for p, m in zip(self.params, self.masters): m.grad = None if p.grad is None else p.grad.to(m.device, torch.float32)
+        self.opt.step()
+        if self.copies:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters): p.copy_(m); m.grad = None   # (copy_ rounds to the weights' dtype)
+        self.zero_grad()   # gradients are not kept between updates: sampling gets their memory
+
+    def state_dict(self) -> dict: return {"opt": self.opt.state_dict(), "masters": self.masters if self.copies else None}
+
+    def load_state_dict(self, sd:dict):
+        self.opt.load_state_dict(sd["opt"])
+        if self.copies:
+            with torch.no_grad():
+                for m, s in zip(self.masters, sd["masters"]): m.copy_(s)
+
+def make_optimizers(models:dict, # role -> module
+                    cfg:SCConfig|float=1e-3, # the run (or, as before, just the learning rate: fp32 AdamW on the weights)
+                   ) -> dict:
+    "`MasterAdamW` (no weight decay) for each trained role; frozen roles get none."
+    cfg = cfg if isinstance(cfg, SCConfig) else SCConfig(lr=cfg)
+    return {r: MasterAdamW(models[r].parameters(), cfg.lr, cfg.master_weights, cfg.optimizer_offload) for r in ("policy", "guidance", "critic")}
+
+# %% ../nbs/12_self_correction.ipynb 30
 def critic_values(critic, # a one-label sequence classifier
                   tok, # tokenizer
                   texts:list[str], # B states
@@ -230,53 +349,85 @@ def critic_values(critic, # a one-label sequence classifier
     ids = [tok(t).input_ids for t in texts]
     T = max(map(len, ids))
     x = torch.tensor([i + [tok.pad_token_id] * (T - len(i)) for i in ids], device=dev)
-    return critic(input_ids=x, attention_mask=(x != tok.pad_token_id).long()).logits[:, 0].float()
+    return critic(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), use_cache=False).logits[:, 0].float()
 
-def make_optimizers(models:dict, # role -> module
-                    lr:float=1e-3, # AdamW learning rate
-                   ) -> dict:
-    "AdamW (no weight decay) for each trained role; frozen roles get none."
-    return {r: torch.optim.AdamW(models[r].parameters(), lr=lr, weight_decay=0.0) for r in ("policy", "guidance", "critic")}
+def micro_batches(n:int, # a rank's episodes
+                  size:int=0, # episodes per micro-batch (0: all at once)
+                 ) -> list[list[int]]: # episode indices of each micro-batch
+    "Split `n` episodes into micro-batches of at most `size`."
+    size = size or n
+    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+
+def sum_grads(model:torch.nn.Module) -> None:
+    "Sum every gradient over the ranks (each rank's loss is already divided by the global number of episodes)."
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1: return
+    for p in model.parameters():
+        if p.requires_grad:
+            if p.grad is None: p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+
+def _k3(lp:torch.Tensor, ref:torch.Tensor) -> torch.Tensor:   # KL(π‖π_ref) per token, k3 estimator, mean over the completion
+    d = ref.to(lp.device) - lp
+    return (torch.exp(d) - d - 1).mean() if len(lp) else lp.new_zeros(())
 
 def update(models:dict, # role -> module
            opts:dict, # from `make_optimizers`
            tok, # tokenizer
-           ep:Episodes, # a batch of episodes
+           ep:Episodes, # this rank's batch of episodes
            step:int, # update index (1-based: guidance trains when step % guidance_every == 0)
            cfg:SCConfig, # coefficients and schedule
-          ) -> dict: # metrics
-    "One update of every role by its rule."
+           total:int|None=None, # episodes of this update over all ranks (None: this rank's)
+          ) -> dict: # metrics (over all ranks)
+    "One update of every role by its rule: losses are sums over episodes divided by `total`, in micro-batches, gradients summed over ranks."
+    N = total or len(ep.problems)
     pol, ref, dev = models["policy"], models["reference"], next(models["policy"].parameters()).device
     p2 = [tok(t).input_ids for t in ep.turn2_prompts]
-    r2 = torch.tensor(ep.reward2, device=dev)
-    with torch.no_grad():
-        base = critic_values(models["target_critic"], tok, ep.turn2_prompts).to(dev)                       # B
-        ref_lp, _ = completion_logprobs(ref, p2, ep.turn2)
-    lp, ent = completion_logprobs(pol, p2, ep.turn2, with_entropy=True)
-    adv = r2 - base                                                                                            # B
-    pg = -torch.stack([a * l.sum() for a, l in zip(adv, lp)]).mean()
-    kl = torch.stack([(torch.exp(r.to(dev) - l) - (r.to(dev) - l) - 1).mean() if len(l) else l.new_zeros(()) for l, r in zip(lp, ref_lp)]).mean()
-    loss = pg + cfg.kl_beta * kl - cfg.entropy_coef * ent.mean()
-    opts["policy"].zero_grad(); loss.backward(); opts["policy"].step()
+    mbs = micro_batches(len(ep.problems), cfg.micro_batch)
+    pick = lambda xs, idx: [xs[i] for i in idx]
+    sums = dict(policy_loss=0.0, kl=0.0, critic_loss=0.0, guidance_loss=0.0)
 
-    v = critic_values(models["critic"], tok, ep.turn2_prompts)
-    vloss = F.mse_loss(v, r2.to(v.device))
-    opts["critic"].zero_grad(); vloss.backward(); opts["critic"].step()
+    opts["policy"].zero_grad()
+    for idx in mbs:
+        r2 = torch.tensor(pick(ep.reward2, idx), device=dev)                                                   # b
+        with torch.no_grad():
+            base = critic_values(models["target_critic"], tok, pick(ep.turn2_prompts, idx)).to(dev)           # b
+            ref_lp, _ = completion_logprobs(ref, pick(p2, idx), pick(ep.turn2, idx), chunk=cfg.logprob_chunk)
+        lp, ent = completion_logprobs(pol, pick(p2, idx), pick(ep.turn2, idx), with_entropy=True, chunk=cfg.logprob_chunk)
+        pg = -torch.stack([a * l.sum() for a, l in zip(r2 - base, lp)]).sum()
+        kl = torch.stack([_k3(l, r) for l, r in zip(lp, ref_lp)]).sum()
+        loss = (pg + cfg.kl_beta * kl - cfg.entropy_coef * ent.sum()) / N
+        loss.backward()
+        sums["policy_loss"] += loss.item(); sums["kl"] += kl.item() / N
+    sum_grads(pol); opts["policy"].step()
+
+    opts["critic"].zero_grad()
+    for idx in mbs:
+        v = critic_values(models["critic"], tok, pick(ep.turn2_prompts, idx))                                  # b
+        vloss = ((v - torch.tensor(pick(ep.reward2, idx), device=v.device)) ** 2).sum() / N
+        vloss.backward(); sums["critic_loss"] += vloss.item()
+    sum_grads(models["critic"]); opts["critic"].step()
     polyak_update_(models["target_critic"], models["critic"], cfg.tau, cfg.polyak_chunk)
 
-    m = {"step": step, "reward1": sum(ep.reward1) / len(ep.reward1), "reward2": sum(ep.reward2) / len(ep.reward2),
-         "policy_loss": loss.item(), "kl": kl.item(), "critic_loss": vloss.item(), "guidance_updated": step % cfg.guidance_every == 0}
-    if m["guidance_updated"]:
+    guided = step % cfg.guidance_every == 0
+    if guided:
         gp = [tok(t).input_ids for t in ep.guidance_prompts]
-        glp, gent = completion_logprobs(models["guidance"], gp, ep.guidance, with_entropy=True)
-        gdev = gent.device
-        gadv = torch.tensor(ep.reward2, device=gdev) - torch.tensor(ep.reward1, device=gdev)
-        gloss = -torch.stack([a * l.sum() for a, l in zip(gadv, glp)]).mean() - cfg.entropy_coef * gent.mean()
-        opts["guidance"].zero_grad(); gloss.backward(); opts["guidance"].step()
-        m["guidance_loss"] = gloss.item()
+        opts["guidance"].zero_grad()
+        for idx in mbs:
+            glp, gent = completion_logprobs(models["guidance"], pick(gp, idx), pick(ep.guidance, idx), with_entropy=True, chunk=cfg.logprob_chunk)
+            gadv = torch.tensor([ep.reward2[i] - ep.reward1[i] for i in idx], device=gent.device)
+            gloss = (-torch.stack([a * l.sum() for a, l in zip(gadv, glp)]).sum() - cfg.entropy_coef * gent.sum()) / N
+            gloss.backward(); sums["guidance_loss"] += gloss.item()
+        sum_grads(models["guidance"]); opts["guidance"].step()
+
+    tot = torch.tensor([sum(ep.reward1), sum(ep.reward2), *sums.values()], dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        tot = tot.to(dev if dist.get_backend() == "nccl" else "cpu"); dist.all_reduce(tot)
+    r1, r2, *vals = tot.tolist()
+    m = {"step": step, "reward1": r1 / N, "reward2": r2 / N, **dict(zip(sums, vals)), "guidance_updated": guided}
+    if not guided: m.pop("guidance_loss")
     return m
 
-# %% ../nbs/12_self_correction.ipynb 25
+# %% ../nbs/12_self_correction.ipynb 33
 def param_digest(model:torch.nn.Module) -> str:
     "SHA-256 (16 hex digits) of a model's parameters, in name order."
     h = hashlib.sha256()
@@ -284,63 +435,180 @@ def param_digest(model:torch.nn.Module) -> str:
         h.update(n.encode()); h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
+SAVED:tuple[str, ...] = ("policy", "guidance", "critic", "target_critic")
+"Roles whose weights a checkpoint holds (the reference is the starting policy: rebuilt, and checked by digest)."
+
+def save_sc_checkpoint(cfg:SCConfig, # the run (`checkpoint_dir`, `keep_last`)
+                       step:int, # updates completed
+                       models:dict, # role -> module
+                       opts:dict, # role -> `MasterAdamW`
+                       gen:torch.Generator, # this rank's sampling generator
+                       state:dict, # metrics and digests so far, the reference's digest (JSON)
+                       rank:int=0, # this rank
+                       world:int=1, # ranks
+                      ) -> Path:
+    "Collective: the trained models, their optimizers (masters and moments), each rank's random streams; atomic."
+    blobs = {**{f"{r}.pt": models[r].state_dict() for r in SAVED}, **{f"optimizer_{r}.pt": o.state_dict() for r, o in opts.items()}} if rank == 0 else {}
+    return save_checkpoint_files(cfg.checkpoint_dir, step, blobs, state, rank, world, cfg.keep_last,
+                                 rank_blob={"rng": rng_state(), "sampler": gen.get_state()})
+
+def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
+                       models:dict, # role -> module (as `load_models` built them)
+                       opts:dict, # role -> `MasterAdamW`
+                       gen:torch.Generator, # this rank's sampling generator
+                       rank:int=0, # this rank
+                      ) -> dict: # the saved state
+    "Restore weights, optimizers and this rank's random streams; refuse a checkpoint of another run."
+    path = Path(path)
+    state = json.loads((path / "state.json").read_text())
+    ref = param_digest(models["reference"])
+    if state.get("reference_digest") not in (None, ref):
+        raise ConfigError("policy", f"{path} was saved by a run whose starting policy (the reference) differs from this one's "
+                          f"(digest {state['reference_digest']} vs {ref}).", "resume with the same --policy, or --resume=none with a new --checkpoint_dir")
+    for r in SAVED:
+        dev = next(models[r].parameters()).device
+        models[r].load_state_dict(torch.load(path / f"{r}.pt", map_location=dev, weights_only=True))
+    for r, o in opts.items(): o.load_state_dict(torch.load(path / f"optimizer_{r}.pt", map_location="cpu", weights_only=True))
+    f = path / f"rng_rank{rank}.pt"
+    if not f.exists(): raise ConfigError("resume", f"{path} has no random state for rank {rank} (saved with {state['world_size']} ranks).",
+                                         f"resume with {state['world_size']} processes")
+    rs = torch.load(f, weights_only=False)
+    set_rng_state(rs["rng"]); gen.set_state(rs["sampler"])
+    return state
+
+def _world() -> tuple[int, int, int]:
+    "(rank, world size, local rank) from the torchrun environment."
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
 def train(cfg:SCConfig, # the run
           gpus:int|None=None, # visible GPUs (None: ask torch)
           on_step:Callable|None=None, # called as on_step(step, models) after each update (tests snapshot here)
-         ) -> dict: # {placement, metrics, digests: role -> [digest before, after step 1, ...]}
-    "Load and place the five models, run `cfg.steps` updates of two-turn episodes, and record who changed."
-    from grpo_nb.tiny import make_arithmetic
+          digests:bool=True, # record every model's parameter digest after each step (a pass over all weights)
+         ) -> dict: # {placement, metrics, digests: role -> [digest before, after step 1, ...], params, resumed_from}
+    "Load and place the five models, run `cfg.steps` updates of two-turn episodes (on every rank under torchrun), checkpoint and resume."
+    rank, world, local = _world()
+    if world > 1 and not dist.is_initialized():
+        cuda = all(d != "cpu" for r, d in resolve_placement(cfg.placement, 1 << 16).items() if r in ("policy", "guidance", "critic"))
+        dist.init_process_group("nccl" if cuda else "gloo")
+    if cfg.episodes < world: raise ConfigError("episodes", f"{cfg.episodes} episodes cannot be shared by {world} ranks.", f"--episodes={world} or more")
     torch.manual_seed(cfg.seed)
-    models, tok, where = load_models(cfg, gpus)
-    opts = make_optimizers(models, cfg.lr)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    models, tok, where = load_models(cfg, gpus, local)
+    opts = make_optimizers(models, cfg)
+    gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * rank)
     rows = make_arithmetic(cfg.steps * cfg.episodes, seed=cfg.seed)
-    digests = {r: [param_digest(m)] for r, m in models.items()}
-    metrics, t0 = [], time.time()
-    for step in range(1, cfg.steps + 1):
-        ep = run_episodes(models, tok, rows[(step - 1) * cfg.episodes: step * cfg.episodes], cfg.max_new_tokens, gen)
-        metrics.append({**update(models, opts, tok, ep, step, cfg), "seconds": round(time.time() - t0, 2)})
-        for r, m in models.items(): digests[r].append(param_digest(m))
+    ref_digest = param_digest(models["reference"])
+    state = {"metrics": [], "digests": {r: [param_digest(m)] for r, m in models.items()} if digests else {}, "reference_digest": ref_digest}
+    if cfg.checkpoint_dir and cfg.resume == "none" and (old := latest_checkpoint(cfg.checkpoint_dir)):
+        raise ConfigError("resume", f"none, but {old} holds a checkpoint of an earlier run, which this run would overwrite.",
+                          "--resume=auto to continue it, or a new --checkpoint_dir")
+    path = find_resume(cfg.resume, cfg.checkpoint_dir, rank, world) if cfg.checkpoint_dir else None
+    if path: state = load_sc_checkpoint(path, models, opts, gen, rank)
+    start = len(state["metrics"])
+    for step in range(start + 1, cfg.steps + 1):
+        t0 = time.time()
+        mine = rows[(step - 1) * cfg.episodes: step * cfg.episodes][rank::world]
+        ep = run_episodes(models, tok, mine, cfg.max_new_tokens, gen, cfg.kv_cache)
+        state["metrics"].append({**update(models, opts, tok, ep, step, cfg, total=cfg.episodes), "step_s": round(time.time() - t0, 3)})
+        if digests:
+            for r, m in models.items(): state["digests"].setdefault(r, []).append(param_digest(m))
+        if cfg.checkpoint_dir and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
+            save_sc_checkpoint(cfg, step, models, opts, gen, state, rank, world)
         if on_step: on_step(step, models)
-    return {"placement": where, "metrics": metrics, "digests": digests,
+    return {"placement": where, "metrics": state["metrics"], "digests": state["digests"], "resumed_from": str(path) if path else None,
             "params": {r: sum(p.numel() for p in m.parameters()) for r, m in models.items()}}
 
-# %% ../nbs/12_self_correction.ipynb 29
-def five_model_memory(policy:str="Llama-3.2-3B", # policy, guidance and reference model
+# %% ../nbs/12_self_correction.ipynb 39
+def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_shape`)
+                   trained:bool, # policy, guidance, critic
+                   score:bool=False, # a one-label head instead of the LM head
+                   micro_batch:int=4, # episodes per forward and backward
+                   seq_len:int=1024, # tokens per episode (prompt, attempt, guidance, revision)
+                   sample_batch:int=64, # episodes sampled at once (a rank's share of `episodes`)
+                   grad_ckpt:bool=True, # gradient checkpointing
+                   master_weights:bool=True, # fp32 master weights and moments (`MasterAdamW`)
+                   optimizer_offload:bool=False, # masters and moments in CPU memory
+                   dtype_bytes:int=2, # 2: bfloat16 weights, 4: float32
+                   logprob_chunk:int=1024, # tokens per chunk of the log-prob head
+                  ) -> dict: # device bytes by phase ("sample", "backward", "step"), "bytes" (the largest) and "host_bytes"
+    "Memory of one role of the self-correction trainer as shipped: weights, gradients, `MasterAdamW` states, activations, KV cache."
+    P, w = param_counts(s)["total"], dtype_bytes
+    copies = trained and (optimizer_offload or (master_weights and w < 4))
+    opt = 0 if not trained or optimizer_offload else (4 + 8 if copies else 8) * P               # fp32 masters + moments
+    tokens = micro_batch * seq_len
+    kv = sample_batch * seq_len * 2 * s.layers * s.kv_heads * s.head_dim * w if trained and not score else 0   # the KV cache of sampling (policy, guidance)
+    if not trained:   # a no-grad forward over one micro-batch: a few live [tokens, h] tensors (and, for the LM, one chunk of logits)
+        fwd = tokens * s.hidden * w * 4 + (0 if score else 4 * min(logprob_chunk, tokens) * s.vocab)
+        return {"sample": w * P + kv, "backward": w * P + fwd, "step": w * P, "resident": w * P, "bytes": w * P + max(kv, fwd), "host_bytes": 0}
+    act = activations_bytes(s, tokens, seq_len, grad_ckpt, "sdpa")
+    head = tokens * s.hidden * 2 if score else logits_bytes(tokens, s.vocab, s.hidden, "chunked", logprob_chunk)
+    phases = {"sample": w * P + opt + kv,                                                       # gradients are freed after each step
+              "backward": w * P + opt + w * P + act["saved"] + act["working"] + head,
+              "step": w * P + opt + w * P + (4 * P if copies and not optimizer_offload else 0)}   # + the fp32 copies of the gradients
+    host = (4 + 8 + 4) * P if optimizer_offload else 0                                         # masters, moments, fp32 gradient copies
+    return {**phases, "resident": w * P + opt, "bytes": max(phases.values()), "host_bytes": host}
+
+def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                       critic:str="Llama-3.2-1B", # critic and target critic base
                       placement:dict=SEED_PLACEMENT, # role -> device
-                      micro_batch:int=4, # sequences per forward
-                      seq_len:int=1024, # tokens per sequence
+                      micro_batch:int=4, # episodes per forward and backward
+                      seq_len:int=1024, # tokens per episode
+                      sample_batch:int=64, # episodes sampled at once
                       grad_ckpt:bool=True, # gradient checkpointing
-                      optimizer:str="adamw", # "adamw" | "adamw-8bit"
-                      offload:str="none", # "none" | "optimizer" (ZeRO-3 on one GPU, optimizer states on the CPU)
-                     ) -> list[dict]: # one row per role: role, model, device, bytes, trained
-    "Per-role memory of the five-model setup on its device, from the planner."
-    from grpo_nb.reward_model import classifier_memory, classifier_shape
+                      master_weights:bool=True, # fp32 master weights and moments
+                      optimizer_offload:bool=False, # masters and moments in CPU memory
+                      dtype:str="bfloat16", # weights dtype
+                      guidance:str|None=None, # guidance model (None: the policy's)
+                     ) -> list[dict]: # one row per role: role, model, device, trained, bytes (its peak), resident (always held), host_bytes
+    "Per-role memory of the five-model setup on its device, for the trainer as shipped."
     where = resolve_placement(placement, gpus=64)
-    zero = 3 if offload != "none" else 0
+    kw = dict(micro_batch=micro_batch, seq_len=seq_len, sample_batch=sample_batch, grad_ckpt=grad_ckpt, master_weights=master_weights,
+              optimizer_offload=optimizer_offload, dtype_bytes=torch.tensor([], dtype=getattr(torch, dtype)).element_size())
     rows = []
     for r in ROLES:
-        base = policy if r in ("policy", "guidance", "reference") else critic
-        s = get_shape(base)
-        trained = r in ("policy", "guidance", "critic")
-        if trained and r == "critic":
-            b = classifier_memory(s, 1, max(micro_batch // 2, 1), seq_len, grad_ckpt, zero=zero, optimizer=optimizer, offload=offload)["peak_bytes"]
-        elif trained:
-            b = learner_memory(s, learners=1, zero=zero, offload=offload, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=grad_ckpt, optimizer=optimizer).peak_bytes
-        else:
-            P = param_counts(classifier_shape(s) if r == "target_critic" else s)["total"]
-            b = 2 * P + micro_batch * seq_len * s.hidden * 2 * 4  # bf16 weights + a no-grad forward's few live [B·T, h] tensors
-        rows.append({"role": r, "model": base, "device": where[r], "trained": trained, "bytes": b})
+        score = r in ("critic", "target_critic")
+        base = critic if score else (guidance or policy) if r == "guidance" else policy
+        m = sc_role_memory(classifier_shape(base) if score else get_shape(base), r in ("policy", "guidance", "critic"), score, **kw)
+        rows.append({"role": r, "model": base, "device": where[r], "trained": r in ("policy", "guidance", "critic"),
+                     "bytes": m["bytes"], "resident": m["resident"], "host_bytes": m["host_bytes"], "phases": {k: m[k] for k in ("sample", "backward", "step")}})
     return rows
 
-def device_totals(rows:list[dict]) -> dict[str, int]:
-    "Bytes per device of `five_model_memory` rows."
-    out = {}
-    for r in rows: out[r["device"]] = out.get(r["device"], 0) + r["bytes"]
-    return out
+def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in names, HF dirs, or `random:<shape>`)
+              seq_len:int|None=None, # tokens per episode (None: a 64-token problem + 3 × max_new_tokens)
+              world:int=1, # data-parallel ranks (each samples episodes / world)
+             ) -> list[dict]:
+    "`five_model_memory` for a config, as `train` would run it."
+    shape = lambda n: n[7:] if n.startswith("random:") else str(tiny_model_dir(n)) if n in TINY_MODELS else n
+    return five_model_memory(shape(cfg.policy), shape(cfg.critic), cfg.placement, cfg.micro_batch or math.ceil(cfg.episodes / world),
+                             seq_len or 64 + 3 * cfg.max_new_tokens, math.ceil(cfg.episodes / world), cfg.grad_ckpt,
+                             cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance))
 
-# %% ../nbs/12_self_correction.ipynb 33
+def device_totals(rows:list[dict]) -> dict[str, int]:
+    "Peak bytes per device of `five_model_memory` rows: what every role there holds, plus the largest working set (roles run one at a time)."
+    resident, work = {}, {}
+    for r in rows:
+        d = r["device"]
+        resident[d] = resident.get(d, 0) + r["resident"]
+        work[d] = max(work.get(d, 0), r["bytes"] - r["resident"])
+        if r["host_bytes"]: resident["cpu"] = resident.get("cpu", 0) + r["host_bytes"]; work.setdefault("cpu", 0)
+    return {d: resident[d] + work[d] for d in resident}
+
+# %% ../nbs/12_self_correction.ipynb 43
+def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
+    "The committed GPU measurements against the prediction, or a note that none are committed."
+    p = Path(path)
+    if not p.is_absolute(): p = next((q / path for q in [Path.cwd(), *Path.cwd().parents] if (q / path).exists()), p)
+    if not p.exists(): return f"No GPU measurement committed yet ({path})."
+    recs = json.loads(p.read_text())["records"]
+    head = "| config | device | step s (mean / median / p90) | measured peak | predicted | predicted / measured |\n|---|---|---|---|---|---|"
+    line = lambda r: (f"| {r['name']} | {r['device']} | {r['step_s_mean']:.2f} / {r['step_s_median']:.2f} / {r['step_s_p90']:.2f} | "
+                      f"{r['measured_bytes']/GiB:.1f} GiB | {r['predicted_bytes']/GiB:.1f} GiB | {r['predicted_bytes']/r['measured_bytes']:.2f} |"
+                      if r.get("measured_bytes") else f"| {r['name']} | {r.get('device', '?')} | {r.get('error', '?')[:90]} | | | |")
+    ok = [r for r in recs if r.get("measured_bytes")]
+    worst = max((abs(r["predicted_bytes"] / r["measured_bytes"] - 1) for r in ok), default=None)
+    note = "" if worst is None else f"\n\nLargest gap between prediction and measurement: {100 * worst:.0f}% ({'within' if worst <= 0.1 else 'outside'} the 10% the planner aims for)."
+    return "\n".join([head] + [line(r) for r in recs]) + note
+
+# %% ../nbs/12_self_correction.ipynb 46
 def self_correction_cli(argv:list[str]|None=None) -> int:
     "`python -m grpo_nb.self_correction [CONFIG] [--field=value ...] [--out DIR]`: a self-correction run."
     p = argparse.ArgumentParser(prog="grpo_nb self-correction", description="Two-turn self-correction with guidance, reference and target critic.",
@@ -351,22 +619,24 @@ def self_correction_cli(argv:list[str]|None=None) -> int:
     config = argv.pop(0) if argv and not argv[0].startswith("-") else None   # (argparse would take an override's value for it)
     try: a, rest = p.parse_known_args(argv)
     except SystemExit as e: return int(e.code or 0)
-    from grpo_nb.config import ConfigError
     try:
         cfg = load_sc_config(config, rest)
         resolve_placement(cfg.placement)
     except (ConfigError, ValueError) as e:
         print(f"grpo_nb self-correction: error: {e}", file=sys.stderr); return 2
-    res = train(cfg)
+    try: res = train(cfg)
+    except ConfigError as e:
+        print(f"grpo_nb self-correction: error: {e}", file=sys.stderr); return 2
+    if _world()[0] != 0: return 0   # rank 0 writes the summary
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"config": asdict(cfg), **res}, indent=1))
     print(f"self-correction: {cfg.steps} updates, final turn-2 reward {res['metrics'][-1]['reward2']:.3f}; {out / 'summary.json'}")
     return 0
 
-# %% ../nbs/12_self_correction.ipynb 34
+# %% ../nbs/12_self_correction.ipynb 47
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(self_correction_cli())
 
-# %% ../nbs/12_self_correction.ipynb 37
+# %% ../nbs/12_self_correction.ipynb 50
 SC_SBATCH = r'''#!/bin/bash
 # self_correction.sbatch: two-turn self-correction (policy, guidance, reference, critic, target critic) on one node.
 # Generated by grpo_nb.self_correction (nbs/12_self_correction.ipynb); do not edit by hand.
@@ -374,6 +644,9 @@ SC_SBATCH = r'''#!/bin/bash
 #   sbatch self_correction.sbatch [--field=value ...]      e.g. --policy=/models/Llama-3.2-3B --steps=1000
 #
 # Placement (override with --placement='{...}'): {{placement_doc}}
+# Precision: bf16 weights and gradients; fp32 master weights and AdamW moments (master_weights, on by default),
+# in CPU memory with --optimizer_offload=true (what two 44.5 GiB GPUs need for a 3B policy and guidance).
+# Data parallel: put `torchrun --nproc_per_node=W` before `-m grpo_nb.self_correction`; each rank takes the next block of GPUs.
 #SBATCH --job-name=self-correction
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
@@ -392,8 +665,6 @@ python -m grpo_nb.self_correction --placement={{placement}} --dtype=bfloat16 --o
 
 def render_scripts(out_dir:str|Path="sbatch") -> list[Path]:
     "Write `self_correction.sbatch` into `out_dir`; return its path in a list."
-    import shlex
-    from grpo_nb.slurm import fill
     spec = json.dumps(SEED_PLACEMENT, separators=(",", ":"))
     text = fill(SC_SBATCH, placement=shlex.quote(spec), placement_doc=spec, gpus=1 + max(int(d[5:]) for d in SEED_PLACEMENT.values() if d != "cpu"), time="24:00:00")
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)

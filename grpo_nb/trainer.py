@@ -11,13 +11,14 @@ from typing import Any, Callable, Literal, Optional
 from fastcore.basics import patch
 from .config import ConfigError, TrainConfig, derive, load_config, to_dict, to_yaml, validate, parse_overrides
 from .stop import StopFlag, catch_early
+from .learner import read_latest, write_latest
 from .tiny import resolve_model
 
 # %% auto 0
 __all__ = ['load_rows', 'encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'MetricsLog', 'read_metrics',
-           'write_latest', 'read_latest', 'preflight_run', 'start_ray', 'Actors', 'start_actors', 'stop_actors',
-           'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'train', 'train_cli', 'plot_curve',
-           'demo_verdict', 'demo_cli', 'demo_report', 'e2e_table', 'e2e_split_table']
+           'preflight_run', 'start_ray', 'Actors', 'start_actors', 'stop_actors', 'Rollout', 'start_rollout',
+           'finish_rollout', 'evaluate', 'Run', 'train', 'train_cli', 'plot_curve', 'demo_verdict', 'demo_cli',
+           'demo_report', 'e2e_table', 'e2e_split_table']
 
 # %% ../nbs/08_trainer.ipynb 6
 def load_rows(path:str, # jsonl/parquet file, or `builtin:<name>` (see `grpo_nb.tiny.BUILTIN_DATASETS`)
@@ -178,28 +179,7 @@ def read_metrics(out_dir:str|Path) -> list[dict]:
     p = Path(out_dir) / "metrics.jsonl"
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 
-# %% ../nbs/08_trainer.ipynb 25
-def write_latest(ckpt_dir:str|Path, # the run's checkpoint directory
-                 step:int, # the step of the checkpoint just completed
-                 name:str="", # the checkpoint's directory name
-                ) -> Path:
-    "Replace `<ckpt_dir>/latest` atomically (write, fsync, rename) with text ending in `step`."
-    p = Path(ckpt_dir) / "latest"
-    tmp = p.with_name(f".latest.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(f"checkpoint: {name}\nstep: {step}\n"); f.flush(); os.fsync(f.fileno())
-    os.replace(tmp, p)
-    return p
-
-def read_latest(ckpt_dir:str|Path) -> int|None:
-    "The step in `<ckpt_dir>/latest`, or None."
-    p = Path(ckpt_dir) / "latest"
-    if not p.exists(): return None
-    import re
-    m = re.search(r"(\d+)\s*$", p.read_text())
-    return int(m.group(1)) if m else None
-
-# %% ../nbs/08_trainer.ipynb 28
+# %% ../nbs/08_trainer.ipynb 27
 def _writable(where:str, d:Path):
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -236,7 +216,7 @@ def preflight_run(cfg:TrainConfig, # a validated config
         raise ConfigError("checkpoint.resume", f"{r!r} is not a checkpoint directory (no trainer.json).", f"--resume auto, or a directory under {ckpt}")
     return r
 
-# %% ../nbs/08_trainer.ipynb 33
+# %% ../nbs/08_trainer.ipynb 32
 _ENGINE_ENV = {"RAY_AUTH_MODE": "disabled", "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1", "DS_BUILD_OPS": "0",
                "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -286,7 +266,7 @@ def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
     if R.placement == "colocated" and R.sleep_level and device == "cuda": kw["enable_sleep_mode"] = True
     return kw
 
-# %% ../nbs/08_trainer.ipynb 34
+# %% ../nbs/08_trainer.ipynb 33
 @dataclass
 class Actors:
     "Everything the run started on the cluster."
@@ -336,7 +316,7 @@ def stop_actors(a:Actors|None) -> None:
     with contextlib.suppress(Exception): shutdown_engines(a.engines)
     _remove_groups(a.groups)
 
-# %% ../nbs/08_trainer.ipynb 36
+# %% ../nbs/08_trainer.ipynb 35
 @dataclass
 class Rollout:
     "One step's prompts, samples and rewards."
@@ -386,7 +366,7 @@ def finish_rollout(ro:Rollout, # from `start_rollout`
     ro.reward_s = time.perf_counter() - t1
     return ro
 
-# %% ../nbs/08_trainer.ipynb 38
+# %% ../nbs/08_trainer.ipynb 37
 def evaluate(engines:list, # engine handles
              prompts:list[list[int]], # held-out prompts' token ids
              answers:list, # their references
@@ -404,7 +384,7 @@ def evaluate(engines:list, # engine handles
     return {f"eval/{k}": v for k, v in m.items() if k in ("reward_mean", "response_len_mean") or k.startswith("reward/")} | \
            {"eval/num_prompts": len(prompts), "time/eval": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 40
+# %% ../nbs/08_trainer.ipynb 39
 class Run:
     "One training run: data, actors, metrics, the loop's state."
     def __init__(self, cfg:TrainConfig, # a validated config
@@ -418,7 +398,7 @@ class Run:
         self.step = 0                 # steps completed
         self.events:list[str] = []    # what happened, for the summary
 
-# %% ../nbs/08_trainer.ipynb 41
+# %% ../nbs/08_trainer.ipynb 40
 @patch
 def load_data(self:Run):
     "Tokenizer, training and evaluation prompts, the data order."
@@ -436,7 +416,7 @@ def load_data(self:Run):
         self.eval_prompts, ekept, _ = encode_prompts(erows, self.tok, D.template, D.max_prompt_tokens)
         self.eval_answers = [r["answer"] for r in ekept]
 
-# %% ../nbs/08_trainer.ipynb 42
+# %% ../nbs/08_trainer.ipynb 41
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
           ray_temp_dir:str|None=None, # local Ray session root
@@ -467,7 +447,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     self.log = MetricsLog(self.out, L.tensorboard, L.wandb, L.wandb_project, L.run_name, self.step, to_dict(self.cfg))
     (self.out / "config.yaml").write_text(to_yaml(self.cfg))
 
-# %% ../nbs/08_trainer.ipynb 43
+# %% ../nbs/08_trainer.ipynb 42
 @patch
 def checkpoint(self:Run) -> Path:
     "Save learner state + RNG + data position atomically, then point `latest` at it."
@@ -477,7 +457,7 @@ def checkpoint(self:Run) -> Path:
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 44
+# %% ../nbs/08_trainer.ipynb 43
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -495,7 +475,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_mem_gib"] = m.get("peak_bytes", 0) / 2**30
     return info
 
-# %% ../nbs/08_trainer.ipynb 45
+# %% ../nbs/08_trainer.ipynb 44
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -510,7 +490,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 46
+# %% ../nbs/08_trainer.ipynb 45
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
@@ -587,7 +567,7 @@ def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 47
+# %% ../nbs/08_trainer.ipynb 46
 @patch
 def emit(self:Run, rec:dict):
     "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
@@ -601,7 +581,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 48
+# %% ../nbs/08_trainer.ipynb 47
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -611,7 +591,7 @@ def close(self:Run):
     import ray
     if ray.is_initialized(): ray.shutdown()
 
-# %% ../nbs/08_trainer.ipynb 49
+# %% ../nbs/08_trainer.ipynb 48
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
@@ -649,7 +629,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 51
+# %% ../nbs/08_trainer.ipynb 50
 def _parse_train_args(argv:list[str]|None, prog:str="grpo_nb train"):
     p = argparse.ArgumentParser(prog=prog, description="Run GRPO training from a YAML config or preset; any field can be overridden "
                                 "as --section.field=value (see `grpo_nb config --fields`).")
@@ -676,7 +656,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     print(json.dumps(summary, indent=1, default=str))
     return 0
 
-# %% ../nbs/08_trainer.ipynb 54
+# %% ../nbs/08_trainer.ipynb 53
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -694,7 +674,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 56
+# %% ../nbs/08_trainer.ipynb 55
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -706,7 +686,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 58
+# %% ../nbs/08_trainer.ipynb 57
 def demo_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb demo [--out DIR] [--section.field=value ...]`: the tiny CPU GRPO run of `make demo`; prints the curve, writes a plot."
     p = argparse.ArgumentParser(prog="grpo_nb demo", description=demo_cli.__doc__)
@@ -745,7 +725,7 @@ def demo_cli(argv:list[str]|None=None) -> int:
           "(mean of the last 3 evaluations): " + ("LEARNED" if ok else f"did NOT reach the target (start < {args.start_below}, end > {args.end_above})"))
     return 0 if ok else 1
 
-# %% ../nbs/08_trainer.ipynb 64
+# %% ../nbs/08_trainer.ipynb 63
 def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_nb demo` (demo.json of its output directory)
                ) -> str:
     "A markdown summary of a recorded demo run: the held-out curve, wall time, start-up time."
@@ -758,7 +738,7 @@ def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_
             f"(start-up {d['startup_s']:.0f} s, median step {d['step_s_median']:.2f} s){' on ' + d['machine'] if d.get('machine') else ''}. "
             f"Learned: **{d['learned']}**.\n\n| step | held-out reward |\n|---|---|\n{rows}")
 
-# %% ../nbs/08_trainer.ipynb 67
+# %% ../nbs/08_trainer.ipynb 66
 def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
               layout:str|None=None, # only this layout ("colocated" | "split"); None: all
              ) -> str:
@@ -779,7 +759,7 @@ def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/
     return "\n".join(lines)
 
 
-# %% ../nbs/08_trainer.ipynb 70
+# %% ../nbs/08_trainer.ipynb 69
 def e2e_split_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
                    ) -> str:
     "Per-phase mean seconds of each measured run, ours next to TRL's."

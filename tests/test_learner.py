@@ -92,14 +92,18 @@ def cluster():
     ray = pytest.importorskip("ray")
     pytest.importorskip("deepspeed")
     tmp = Path(tempfile.mkdtemp(prefix="learner"))
-    for attempt in range(2):
+    from ray._private.utils import get_ray_address_file
+    for attempt in range(3):
         try:
+            # Ray records the newest cluster's address in /tmp/ray whatever temp_dir says; another test's Ray shutting down
+            # may have removed that directory, and add_node then fails writing the file (seen once in CI).
+            Path(get_ray_address_file(None)).parent.mkdir(parents=True, exist_ok=True)
             c = start_cluster(tmp / f"ray{attempt}")
             ray.init(address=c.address, log_to_driver=False, logging_level="ERROR")
             break
         except Exception:
             ray.shutdown()
-            if attempt == 1: raise
+            if attempt == 2: raise
             time.sleep(3)
     try: yield {"tmp": tmp, "model": tiny_dir(tmp)}
     finally:

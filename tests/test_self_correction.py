@@ -1,5 +1,6 @@
 """Self-correction (#11c): five tiny models on CPU, each changes only when it should; Polyak in bounded chunks; placement; script."""
 import copy, os, subprocess
+from pathlib import Path
 import pytest, torch
 
 def test_each_model_changes_only_when_it_should():
@@ -57,3 +58,81 @@ def test_launch_script(tmp_path):
     r = subprocess.run(["bash", "-n", str(p)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "python -m grpo_nb.self_correction" in p.read_text() and os.access(p, os.X_OK)
+
+
+# ---- the trainer at scale: data parallelism, checkpoints, the GPU benchmark's script ------------------------------------
+
+def _dp_rank(rank:int, world:int, port:int, out:str):
+    "One torchrun-like rank: the gradients from its half of fixed episodes (summed over the ranks), then a short run with checkpoints."
+    import json, os, copy
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import torch, torch.distributed as dist
+    from grpo_nb.self_correction import SCConfig, load_models, run_episodes, update, train
+    from grpo_nb.tiny import make_arithmetic
+    dist.init_process_group("gloo")
+    cfg = SCConfig(episodes=6, micro_batch=2)
+    torch.manual_seed(0)
+    models, tok, _ = load_models(cfg)
+    ep = run_episodes(models, tok, make_arithmetic(6, seed=0), 4, torch.Generator().manual_seed(0))
+    half = type(ep)(*[getattr(ep, f)[rank::world] for f in ep.__dataclass_fields__])
+    keep = {k: _KeepGrads(models[k]) for k in ("policy", "guidance", "critic")}
+    update(models, keep, tok, half, 2, cfg, total=6)
+    torch.save({k: o.grads for k, o in keep.items()}, f"{out}/grads{rank}.pt")
+    res = train(SCConfig(steps=2, episodes=4, checkpoint_dir=f"{out}/ck", checkpoint_every=1))
+    (Path(out) / f"run{rank}.json").write_text(json.dumps({"digests": res["digests"], "metrics": res["metrics"]}))
+    dist.destroy_process_group()
+
+class _KeepGrads:
+    def __init__(self, m): self.m, self.grads = m, None
+    def zero_grad(self): self.m.zero_grad(set_to_none=True)
+    def step(self): self.grads = {n: p.grad.clone() for n, p in self.m.named_parameters() if p.grad is not None}
+
+def test_two_ranks_sum_to_one_batch_and_stay_in_step(tmp_path):
+    import json, socket
+    import torch.multiprocessing as tmp_mp
+    from grpo_nb.self_correction import SCConfig, load_models, run_episodes, update
+    from grpo_nb.learner import read_latest, verify_checkpoint
+    from grpo_nb.tiny import make_arithmetic
+    with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    tmp_mp.spawn(_dp_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    # the single-process gradients on all six episodes
+    cfg = SCConfig(episodes=6)
+    torch.manual_seed(0)
+    models, tok, _ = load_models(cfg)
+    ep = run_episodes(models, tok, make_arithmetic(6, seed=0), 4, torch.Generator().manual_seed(0))
+    keep = {k: _KeepGrads(models[k]) for k in ("policy", "guidance", "critic")}
+    update(models, keep, tok, ep, 2, cfg)
+    g0, g1 = (torch.load(tmp_path / f"grads{r}.pt") for r in (0, 1))
+    for k, grads in keep.items():
+        for n, g in grads.grads.items():   # after update's all_reduce every rank holds the gradient of the whole batch
+            torch.testing.assert_close(g0[k][n], g, rtol=1e-4, atol=1e-6); torch.testing.assert_close(g1[k][n], g, rtol=1e-4, atol=1e-6)
+    r0, r1 = (json.loads((tmp_path / f"run{r}.json").read_text()) for r in (0, 1))
+    assert r0["digests"] == r1["digests"] and len(r0["digests"]["policy"]) == 3   # the ranks hold the same models after every step
+    assert r0["metrics"] == [dict(m, step_s=r0["metrics"][i]["step_s"]) for i, m in enumerate(r1["metrics"])]
+    assert read_latest(tmp_path / "ck") == 2
+    man = verify_checkpoint(tmp_path / "ck" / "step_00000002")
+    assert {"rng_rank0.pt", "rng_rank1.pt", "policy.pt", "optimizer_policy.pt", "state.json"} <= set(man["files"])
+
+def test_resume_refuses_another_policy_and_a_fresh_start_over_checkpoints(tmp_path):
+    from grpo_nb.config import ConfigError
+    from grpo_nb.self_correction import SCConfig, train
+    cfg = SCConfig(steps=1, episodes=2, checkpoint_dir=str(tmp_path))
+    train(cfg, digests=False)
+    with pytest.raises(ConfigError, match="starting policy"): train(SCConfig(steps=2, episodes=2, checkpoint_dir=str(tmp_path), policy="tiny-1kv-tied"), digests=False)
+    with pytest.raises(ConfigError, match="--resume=auto"): train(SCConfig(steps=2, episodes=2, checkpoint_dir=str(tmp_path), resume="none"), digests=False)
+
+def test_gradient_checkpointing_and_offload_change_nothing_but_memory():
+    from grpo_nb.self_correction import SCConfig, train
+    base = train(SCConfig(steps=2, episodes=3, guidance_every=1))["digests"]
+    assert train(SCConfig(steps=2, episodes=3, guidance_every=1, grad_ckpt=True, kv_cache=False))["digests"] == base
+    off = train(SCConfig(steps=2, episodes=3, guidance_every=1, optimizer_offload=True))["digests"]   # (fp32 CPU masters: same numbers)
+    assert off == base
+
+def test_gpu_memory_bench_script_runs_its_smoke_config(tmp_path):
+    import json, sys
+    out = tmp_path / "sc.json"
+    r = subprocess.run([sys.executable, "bench/sc_memory_gpu.py", "--smoke", "--out", str(out)], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (rec,) = json.loads(out.read_text())["records"]
+    assert rec["steps"] == 3 and len(rec["step_s_all"]) == 2 and rec["step_s_p90"] >= rec["step_s_median"]

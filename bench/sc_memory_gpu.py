@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""The self-correction trainer on one GPU: its measured peak memory against the planner's prediction, and its step time.
+
+Runs `grpo_nb.self_correction.train` itself (sampling with a KV cache, micro-batched updates of policy, critic and
+guidance, Polyak target, `MasterAdamW`) with models of the seed-004 shapes and random weights (`random:<shape>`:
+memory depends on the shape, not on the weights; the GPU machines have no model hub). The peak is
+torch.cuda.max_memory_allocated on the GPU from the end of step 1 to the end of the run (steps 2.. hold a whole
+cycle: sampling, every role's update, the guidance's included), next to device_totals(sc_memory(cfg))["cuda:0"].
+Step times: every step after the first, with mean, median and p90.
+
+On a GPU node (repo on PYTHONPATH; torch and transformers, plus fastcore and pyyaml):
+    python bench/sc_memory_gpu.py --out bench/results/sc_memory_gpu.json
+On this CPU machine: python bench/sc_memory_gpu.py --smoke --out /tmp/sc_memory_smoke.json   (tiny models, no memory figures)
+
+Each config runs in its own process with a time limit; the results file is rewritten after each one.
+"""
+import argparse, json, multiprocessing as mp, os, statistics, sys, time, traceback
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ON_GPU = {"*": "cuda:0", "reference": "cpu", "target_critic": "cpu"}   # trained roles on the GPU, frozen ones in CPU memory
+CONFIGS = [   # most important first
+    ("1B policy and guidance, 0.5B critic, fp32 masters, all five on the GPU",
+     dict(policy="random:Llama-3.2-1B", guidance="random:Llama-3.2-1B", critic="random:Qwen2.5-0.5B", optimizer_offload=False,
+          placement={"*": "cuda:0"}, steps=3, episodes=8, max_new_tokens=64)),
+    ("3B policy, 1B guidance, 0.5B critic, optimizer states in CPU memory",
+     dict(policy="random:Llama-3.2-3B", guidance="random:Llama-3.2-1B", critic="random:Qwen2.5-0.5B", optimizer_offload=True)),
+]
+COMMON = dict(placement=ON_GPU, steps=4, episodes=16, micro_batch=4, max_new_tokens=128, grad_ckpt=True, dtype="bfloat16",
+              lr=1e-6, guidance_every=2, tau=0.005)
+SMOKE = dict(policy="tiny-arith", guidance="tiny-arith", critic="tiny-1kv-tied", placement={"*": "cpu"}, steps=3, episodes=4,
+             micro_batch=2, max_new_tokens=8, grad_ckpt=True, dtype="float32")
+
+def stats(xs:list) -> dict:
+    xs = sorted(xs)
+    return {"step_s_mean": statistics.fmean(xs), "step_s_median": statistics.median(xs),
+            "step_s_p90": xs[min(len(xs) - 1, round(0.9 * (len(xs) - 1)))]} if xs else {}
+
+def one(name:str, kw:dict, q) -> None:
+    "Run one config in this process and put its record on the queue."
+    try:
+        import torch
+        from grpo_nb.self_correction import SCConfig, device_totals, sc_memory, train
+        cfg = SCConfig(**kw)
+        cuda = torch.cuda.is_available() and any(d != "cpu" for d in cfg.placement.values())
+        peak = {}
+        def on_step(step, models):
+            if not cuda: return
+            torch.cuda.synchronize()
+            if step == 1: torch.cuda.reset_peak_memory_stats()
+            peak["bytes"] = torch.cuda.max_memory_allocated()
+        res = train(cfg, on_step=on_step, digests=False)
+        times = [m["step_s"] for m in res["metrics"][1:]]
+        pred = device_totals(sc_memory(cfg))
+        rec = {"name": name, "config": asdict(cfg), "device": torch.cuda.get_device_name() if cuda else "cpu",
+               "step_s_all": times, **stats(times), "steps": len(res["metrics"]),
+               "measured_bytes": peak.get("bytes"), "predicted_bytes": pred.get("cuda:0") if cuda else None,
+               "predicted_host_bytes": pred.get("cpu"), "params": res["params"],
+               "reward2": [m["reward2"] for m in res["metrics"]], "versions": {"torch": torch.__version__}}
+    except Exception as e:
+        rec = {"name": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+    q.put(rec)
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench/results/sc_memory_gpu.json")
+    p.add_argument("--smoke", action="store_true", help="tiny models on the CPU (checks the script, measures nothing)")
+    p.add_argument("--limit-s", type=float, default=240, help="time limit of one config")
+    p.add_argument("--only", type=int, nargs="*", help="indices of CONFIGS to run (default: all)")
+    a = p.parse_args(argv)
+    configs = [("smoke: tiny models on the CPU", {**SMOKE})] if a.smoke else [(n, {**COMMON, **kw}) for i, (n, kw) in enumerate(CONFIGS) if a.only is None or i in a.only]
+    out, records = Path(a.out), []
+    ctx = mp.get_context("spawn")
+    for name, kw in configs:
+        q = ctx.Queue(); proc = ctx.Process(target=one, args=(name, kw, q)); t0 = time.time(); proc.start()
+        try: rec = q.get(timeout=a.limit_s)
+        except Exception: rec = {"name": name, "error": f"no result within {a.limit_s:.0f} s (exit code {proc.exitcode})"}
+        proc.join(10)
+        if proc.is_alive(): proc.kill()
+        rec["wall_s"] = round(time.time() - t0, 1)
+        records.append(rec); print(json.dumps({k: v for k, v in rec.items() if k not in ("traceback", "config")}), flush=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"bench": "sc_memory_gpu", "records": records}, indent=1))
+    return 0 if all("error" not in r for r in records) else 1
+
+if __name__ == "__main__": sys.exit(main())
