@@ -9,7 +9,8 @@ from dataclasses import dataclass, asdict
 from datetime import timedelta
 import torch
 from torch import Tensor
-from .memory import GiB, LearnerMemory, EngineMemory
+from .memory import GiB, LearnerMemory, EngineMemory, plan_config
+from .config import ConfigError
 
 # %% auto 0
 __all__ = ['IpcWork', 'IpcGroup', 'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'check_sleep_mode']
@@ -104,7 +105,6 @@ def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement
                    model=None, # override the model (a built-in name or `ModelShape`), as in `grpo_nb.memory.plan_config`
                   ) -> ColocatedMemory:
     "The colocated two-phase memory of a config, from the planner's own learner and engine terms."
-    from grpo_nb.memory import plan_config
     p = plan_config(cfg, model)
     return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
 
@@ -114,7 +114,6 @@ def check_sleep_mode(backend:str, # `rollout.backend`
                      sleep_level:int, # `rollout.sleep_level`
                     ) -> None:
     "Raise `ConfigError` with the fix when colocated engines cannot sleep here."
-    from grpo_nb.config import ConfigError
     if not sleep_level or backend != "vllm": return
     if device != "cuda":
         raise ConfigError("rollout.sleep_level", "vLLM's sleep mode needs a GPU; its CPU build has none.",

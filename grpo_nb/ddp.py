@@ -19,12 +19,16 @@ from .loss import group_advantages, policy_loss, loss_kwargs, token_logprobs, ag
 from .learner import (CheckpointError, checkpoint_name, checkpoint_files, commit_checkpoint, file_digest, latest_checkpoint,
                              prune_checkpoints, verify_checkpoint, lr_factor, rng_state, set_rng_state, seed_everything, tree_digest,
                              save_checkpoint_files, find_resume, _barrier)
+from .rewards import compute_rewards, RewardContext
+from .sandbox import run_tests, Limits
+from .tiny import builtin_model, resolve_model, _no_progress_bars
+from .run import MetricsLog, load_rows
 
 # %% auto 0
 __all__ = ['DDP_PRESETS', 'DDP_SBATCH', 'DDPOptions', 'load_run', 'BatchPlan', 'plan_batches', 'plan_table', 'prompt_indices',
-           'load_rows', 'pass_at_1', 'LogProbPolicy', 'model_path', 'load_policy', 'sample_groups', 'train_on_samples',
-           'pick_precision', 'save_checkpoint', 'load_checkpoint', 'MetricsLog', 'DistEnv', 'dist_env', 'evaluate',
-           'train', 'main', 'ddp_sbatch', 'render_scripts']
+           'pass_at_1', 'LogProbPolicy', 'model_path', 'load_policy', 'sample_groups', 'train_on_samples',
+           'pick_precision', 'save_checkpoint', 'load_checkpoint', 'DistEnv', 'dist_env', 'evaluate', 'train', 'main',
+           'ddp_sbatch', 'render_scripts']
 
 # %% ../nbs/10_ddp.ipynb 6
 @dataclass
@@ -155,27 +159,7 @@ def prompt_indices(n_rows:int, # rows in the training set
         out.append(orders[epoch][i])
     return out
 
-# %% ../nbs/10_ddp.ipynb 22
-def _resolve(path:str) -> Path:
-    "A data path as given, else relative to a parent directory or the repository (so `data/...` works from nbs/ too)."
-    import grpo_nb
-    p = Path(path)
-    if p.exists() or p.is_absolute(): return p
-    for d in [*Path.cwd().parents, Path(grpo_nb.__file__).resolve().parents[1]]:
-        if (d / p).exists(): return d / p
-    return p
-
-def load_rows(path:str, # `builtin:<name>` (grpo_nb.tiny) or a .jsonl file
-             ) -> list[dict]:
-    "The rows of a dataset."
-    if path.startswith("builtin:"):
-        from grpo_nb.tiny import load_builtin
-        return load_builtin(path)
-    p = _resolve(path)
-    if not p.exists(): raise ConfigError("data", f"no dataset at {path!r}.", "--data.train_path=builtin:arithmetic or a .jsonl path")
-    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
-
-# %% ../nbs/10_ddp.ipynb 25
+# %% ../nbs/10_ddp.ipynb 24
 def pass_at_1(complete:Callable[[list[str]], list[str]], # prompts -> one completion each
               rows:list[dict], # problems: {"prompt", "answer": [asserts]}
               timeout_s:float=10.0, # wall-clock limit of one program
@@ -184,14 +168,13 @@ def pass_at_1(complete:Callable[[list[str]], list[str]], # prompts -> one comple
               limits=None, # `grpo_nb.sandbox.Limits` of each program (None: its defaults)
              ) -> dict:
     "Fraction of `rows` whose program `prompt + completion` passes all its asserts, with per-problem results."
-    from grpo_nb.sandbox import run_tests
     completions = complete([r["prompt"] for r in rows])
     def one(r, c): return run_tests(r["prompt"] + c, r["answer"], timeout_s, limits, allow_unisolated=allow_unisolated)
     with ThreadPoolExecutor(max(1, workers)) as ex: res = list(ex.map(one, rows, completions))
     ok = [bool(x["total"]) and x["passed"] == x["total"] for x in res]
     return {"pass@1": sum(ok) / max(1, len(ok)), "passed": sum(ok), "problems": len(ok), "completions": completions}
 
-# %% ../nbs/10_ddp.ipynb 28
+# %% ../nbs/10_ddp.ipynb 27
 class LogProbPolicy(nn.Module):
     "A causal LM whose forward returns the log-probs of each next token: [B,T] ids -> [B,T-1] (what DDP wraps)."
     def __init__(self, lm:nn.Module, # a transformers causal LM (has .model and .lm_head)
@@ -210,11 +193,10 @@ class LogProbPolicy(nn.Module):
         if w.dtype != h.dtype: w = w.to(h.dtype)  # one dtype for the chunked matmuls (their backward runs outside autocast)
         return token_logprobs(h[:, :-1], w, input_ids[:, 1:], self.chunk, self.temperature)  # [B,T-1]
 
-# %% ../nbs/10_ddp.ipynb 30
+# %% ../nbs/10_ddp.ipynb 29
 def model_path(name_or_path:str, # local HF directory, or a `grpo_nb.tiny` model name, optionally warm-started: `tiny-arith@60`
               ) -> Path:
     "The model's directory (`grpo_nb.tiny.resolve_model`, the one resolver of model names); a directory needs a config.json."
-    from grpo_nb.tiny import builtin_model, resolve_model
     p = Path(resolve_model(name_or_path))
     if builtin_model(name_or_path) is None and not (p / "config.json").exists():
         raise ConfigError("model.name_or_path", f"{name_or_path!r} is a directory without config.json.", "--model.name_or_path=<a HF model directory>")
@@ -228,7 +210,6 @@ def load_policy(name_or_path:str, # see `model_path`
                ):
     "(model, tokenizer) of the policy, the tokenizer padding on the left."
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from grpo_nb.tiny import _no_progress_bars
     path = model_path(name_or_path)
     pdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, torch.float32)
     tok = AutoTokenizer.from_pretrained(path)
@@ -241,7 +222,7 @@ def load_policy(name_or_path:str, # see `model_path`
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=pdtype, attn_implementation=attn_implementation)
     return model.to(device), tok
 
-# %% ../nbs/10_ddp.ipynb 32
+# %% ../nbs/10_ddp.ipynb 31
 @torch.no_grad()
 def sample_groups(lm, # the (unwrapped) causal LM
                   tok, # its tokenizer, padding on the left
@@ -271,7 +252,7 @@ def sample_groups(lm, # the (unwrapped) causal LM
     texts = tok.batch_decode(torch.where(keep, comp, tok.pad_token_id), skip_special_tokens=True)
     return {"input_ids": out, "attention_mask": attn, "mask": mask, "texts": texts}
 
-# %% ../nbs/10_ddp.ipynb 36
+# %% ../nbs/10_ddp.ipynb 35
 def _all_sum(t:Tensor, world_size:int) -> Tensor:
     if world_size > 1: torch.distributed.all_reduce(t)
     return t
@@ -323,7 +304,7 @@ def train_on_samples(policy:nn.Module, # `LogProbPolicy`, DDP-wrapped when W > 1
     if scaler is not None: out["loss_scale"] = float(scaler.get_scale())
     return {**out, "grad_norm": sum(norms) / len(norms), "lr": optimizer.param_groups[0]["lr"], "optimizer_steps": plan.optimizer_steps}
 
-# %% ../nbs/10_ddp.ipynb 40
+# %% ../nbs/10_ddp.ipynb 39
 def pick_precision(device:str, # "cuda" or "cpu"
                    dtype:str, # model.dtype
                    bf16_ok:bool, # the GPU runs bf16 (`torch.cuda.is_bf16_supported()`)
@@ -338,7 +319,7 @@ def pick_precision(device:str, # "cuda" or "cpu"
                                          "loss scaling over fp32 weights (set model.dtype=float16 to say so and silence this)")
     return ("weights", dtype, "")
 
-# %% ../nbs/10_ddp.ipynb 45
+# %% ../nbs/10_ddp.ipynb 44
 def save_checkpoint(root:str|Path, # checkpoint directory (derive(cfg).checkpoint_dir)
                     step:int, # GRPO steps completed
                     lm:nn.Module, # the unwrapped policy
@@ -353,7 +334,7 @@ def save_checkpoint(root:str|Path, # checkpoint directory (derive(cfg).checkpoin
     blobs = {"model.pt": lm.state_dict(), "optimizer.pt": optimizer.state_dict()} if rank == 0 else {}
     return save_checkpoint_files(root, step, blobs, state, rank, world_size, keep_last)
 
-# %% ../nbs/10_ddp.ipynb 46
+# %% ../nbs/10_ddp.ipynb 45
 def load_checkpoint(path:str|Path, # a verified checkpoint directory
                     lm:nn.Module, # the unwrapped policy (before DDP wraps it)
                     optimizer, # its optimizer (ZeRO-1 takes the full state and keeps its shard)
@@ -372,36 +353,6 @@ def load_checkpoint(path:str|Path, # a verified checkpoint directory
     return state
 
 # %% ../nbs/10_ddp.ipynb 50
-class MetricsLog:
-    "metrics.jsonl (+ TensorBoard) of rank 0; other ranks get a logger that does nothing."
-    def __init__(self, out_dir:str|Path, # logging.output_dir
-                 enabled:bool=True, # rank 0 only
-                 tensorboard:bool=True, # logging.tensorboard
-                ):
-        self.enabled, self.tb = enabled, None
-        if not enabled: return
-        self.dir = Path(out_dir); self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / "metrics.jsonl"
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(self.dir / "tb"))
-            except ImportError: print("tensorboard is not installed: metrics go to metrics.jsonl only", file=sys.stderr)
-
-    def log(self, rec:dict, # one step's metrics, with "step"
-           ):
-        "Append one record (a dict with 'step')."
-        if not self.enabled: return
-        with open(self.path, "a") as f: f.write(json.dumps(rec) + "\n")
-        if self.tb:
-            for k, v in rec.items():
-                if isinstance(v, (int, float)) and k != "step": self.tb.add_scalar(k, v, rec["step"])
-            self.tb.flush()
-
-    def close(self):
-        if self.tb: self.tb.close()
-
-# %% ../nbs/10_ddp.ipynb 52
 @dataclass
 class DistEnv:
     "This process's place in the run."
@@ -424,7 +375,7 @@ def dist_env(device:str="auto", # cluster.device
                           f"torchrun --nproc_per_node={torch.cuda.device_count()}")
     return DistEnv(rank, world, local, torch.device("cuda", local) if cuda else torch.device("cpu"))
 
-# %% ../nbs/10_ddp.ipynb 55
+# %% ../nbs/10_ddp.ipynb 53
 _STOP = {"flag": 0}
 
 def _on_signal(signum, frame): _STOP["flag"] = 1
@@ -460,7 +411,7 @@ def _build(cfg:TrainConfig, env:DistEnv):
     else: opt = torch.optim.AdamW(lm.parameters(), **akw)
     return lm, tok, policy, opt
 
-# %% ../nbs/10_ddp.ipynb 56
+# %% ../nbs/10_ddp.ipynb 54
 def _step_metrics(rewards:list[float], n_tokens:int, env:DistEnv) -> dict:
     "Reward statistics and token count summed over ranks."
     r = torch.tensor(rewards, dtype=torch.float64)
@@ -483,18 +434,16 @@ def evaluate(lm, # the unwrapped policy
             out += sample_groups(lm, tok, prompts[i:i + bs], 1, opts.eval_max_new_tokens, greedy=True)["texts"]
         return out
     with torch.random.fork_rng(devices=[lm.device] if lm.device.type == "cuda" else []):
-        from grpo_nb.sandbox import Limits
         limits = Limits(memory_mb=cfg.reward.code_memory_mb, nproc=cfg.reward.code_nproc)
         r = pass_at_1(complete, rows, cfg.reward.code_timeout_s, cfg.reward.code_workers, cfg.reward.allow_unisolated, limits)
     return {"eval/pass@1": r["pass@1"], "eval/passed": r["passed"], "eval/problems": r["problems"]}
 
-# %% ../nbs/10_ddp.ipynb 57
+# %% ../nbs/10_ddp.ipynb 55
 def train(cfg:TrainConfig, # the validated run config
           opts:DDPOptions, # the launcher's options
           env:DistEnv, # this rank's place (from `dist_env`)
          ) -> dict:
     "The GRPO loop of one rank; returns a summary (rank 0's is complete)."
-    from grpo_nb.rewards import compute_rewards, RewardContext
     R = cfg.rollout
     plan = plan_batches(R.prompts_per_step, R.num_samples_per_prompt, cfg.learner.micro_batch_size,
                         cfg.learner.gradient_accumulation_steps, env.world_size, opts.batch_scaling, cfg.learner.epochs_per_batch)
@@ -505,16 +454,15 @@ def train(cfg:TrainConfig, # the validated run config
         _STOP["flag"] = 0
 
 def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan) -> dict:
-    from grpo_nb.rewards import compute_rewards, RewardContext
     R = cfg.rollout
     ckpt_root = Path(derive(cfg).checkpoint_dir)
-    log = MetricsLog(cfg.logging.output_dir, env.rank == 0, cfg.logging.tensorboard)
     if env.rank == 0:
+        Path(cfg.logging.output_dir).mkdir(parents=True, exist_ok=True)
         print(f"[grpo_nb.ddp] world size {env.world_size} on {env.device.type}; batches ({opts.batch_scaling}):\n" + plan_table([plan]), flush=True)
         Path(cfg.logging.output_dir, "batch_plan.json").write_text(json.dumps(dataclasses.asdict(plan), indent=1))
     lm, tok, policy, opt = _build(cfg, env)
-    train_rows = load_rows(cfg.data.train_path)
-    eval_rows = load_rows(cfg.data.eval_path)[:cfg.data.eval_limit or None] if (cfg.eval_every and cfg.data.eval_path and env.rank == 0) else []
+    train_rows = load_rows(cfg.data.train_path, cfg.data.prompt_key, cfg.data.answer_key, "data.train_path")
+    eval_rows = load_rows(cfg.data.eval_path, where="data.eval_path")[:cfg.data.eval_limit or None] if (cfg.eval_every and cfg.data.eval_path and env.rank == 0) else []
     ctx = RewardContext.from_config(cfg.reward)
     state = {"position": 0, "opt_steps": 0, "seed": cfg.seed}
     ck = find_resume(cfg.checkpoint.resume, ckpt_root, env.rank, env.world_size)
@@ -522,6 +470,7 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan) -> dic
     if ck is not None:
         state = load_checkpoint(ck, lm, opt, env.rank, env.device); step = state["step"]
         if env.rank == 0: print(f"[grpo_nb.ddp] resumed from {ck} (step {step}, data position {state['position']})", flush=True)
+    log = MetricsLog(cfg.logging.output_dir, cfg.logging.tensorboard, resume_step=step, enabled=env.rank == 0)
     prec, _, warn = pick_precision(env.device.type, cfg.model.dtype, env.device.type == "cuda" and torch.cuda.is_bf16_supported())
     if warn and env.rank == 0: print(f"[grpo_nb.ddp] warning: {warn}", flush=True)
     autocast = {"bf16-autocast": lambda: torch.autocast("cuda", torch.bfloat16),
@@ -571,7 +520,7 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan) -> dic
     log.close()
     return summary
 
-# %% ../nbs/10_ddp.ipynb 59
+# %% ../nbs/10_ddp.ipynb 57
 def main(argv:list[str]|None=None, # CONFIG [--section.field=value ...] [--resume auto] (None: sys.argv[1:])
         ) -> int:
     "The torchrun entry point: 0 on success or a clean stop, 2 on a configuration error."
@@ -601,10 +550,10 @@ def main(argv:list[str]|None=None, # CONFIG [--section.field=value ...] [--resum
               f"weights identical on all {env.world_size} ranks: {summary['weights_identical']}", flush=True)
     return 0
 
-# %% ../nbs/10_ddp.ipynb 60
+# %% ../nbs/10_ddp.ipynb 58
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())  # `python -m grpo_nb.ddp` (a notebook kernel has no __file__)
 
-# %% ../nbs/10_ddp.ipynb 66
+# %% ../nbs/10_ddp.ipynb 64
 DDP_SBATCH = r'''#!/bin/bash
 # ddp.sbatch: GRPO on ONE node with torchrun (one process per GPU, DDP), no Ray.
 # Generated by grpo_nb.ddp (nbs/10_ddp.ipynb): change the notebook and re-export; do not edit by hand.

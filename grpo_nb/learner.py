@@ -18,6 +18,10 @@ from fastcore.basics import patch
 from .loss import policy_loss, token_logprobs, agg_counts, loss_kwargs
 from .actors import submit, gather, call, GPU_SAFETY_ENV
 from .weight_sync import WeightSyncSource, make_plan, full_numel
+from .config import derive
+from .memory import learner_memory
+from .placement import placed_actor_options
+from .tiny import builtin_model, resolve_model
 
 # %% auto 0
 __all__ = ['logger', 'MANIFEST', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch', 'pack_sequences', 'MicroBatch',
@@ -601,8 +605,7 @@ def model_source(model:str|dict, # HF directory, tiny model name, or config dict
                 ) -> str|dict:
     "Resolve a `grpo_nb.tiny` name to its (cached) directory; anything else is returned as it is."
     if isinstance(model, str) and not Path(model).exists():
-        from grpo_nb.tiny import builtin_model, resolve_model   # the one resolver (accepts tiny-arith@N too)
-        if builtin_model(model): return resolve_model(model)
+        if builtin_model(model): return resolve_model(model)   # the one resolver (accepts tiny-arith@N too)
         raise FileNotFoundError(f"model {model!r} is neither a directory nor a built-in tiny model. Fix: --model.name_or_path=<local HF dir>.")
     return model
 
@@ -1092,7 +1095,6 @@ def create_learner_group(spec:LearnerSpec, # what every rank builds
         actors = []
         for r in range(world_size):
             if groups is not None:
-                from grpo_nb.placement import placed_actor_options
                 opts = placed_actor_options(groups, "learner", r, env)
             else:
                 opts = {"num_gpus": 1 if spec.device == "cuda" else 0, "num_cpus": 1, "runtime_env": {"env_vars": env},
@@ -1205,7 +1207,6 @@ def from_config(cls:LearnerGroup,
                 **kwargs, # passed to `create_learner_group` (env_vars, actor_options, local, timeout_s)
                ) -> LearnerGroup:
     "The learner group of a run configuration (model, learner, rollout temperature and length, cluster)."
-    from grpo_nb.config import derive
     d = derive(cfg)
     device = cfg.cluster.device
     if device == "auto":
@@ -1230,7 +1231,6 @@ def planned_peak(rec:dict, # a record of bench/learner_mfu.py (model, gpus, zero
                  chunk:int=2048, # the benchmark's log-prob chunk on GPUs
                 ) -> int|None: # the planner's peak bytes for that variant today (None for shapes it does not know)
     "What the memory planner predicts now for a measured learner variant (so the page follows the planner as it improves)."
-    from grpo_nb.memory import learner_memory
     try:
         return int(learner_memory(rec["model"], learners=rec["gpus"], zero=rec["zero"], micro_batch=1,
                                   seq_len=rec.get("longest_row") or rec["pack_length"], grad_ckpt=bool(rec.get("grad_ckpt")),

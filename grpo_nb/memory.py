@@ -8,6 +8,8 @@ import dataclasses, functools, json, math, sys
 from dataclasses import dataclass, field, asdict, replace
 from pathlib import Path
 from typing import Literal, Optional
+from .config import ConfigError, gpu_mem_gib_of, derive, load_config
+from .tiny import builtin_model, tiny_config
 
 # %% auto 0
 __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer', 'Attn', 'LogitsMode', 'RefPolicy', 'TERMS',
@@ -754,7 +756,6 @@ def plan_cli(argv:list[str]|None=None) -> int:
     if a.config: return _plan_config_cli(a.config, rest + ([f"--cluster.gpu={a.gpu}"] if a.gpu else []), a.json)
     if rest: print(f"grpo_nb plan: error: unrecognized arguments {rest} (overrides need --config).", file=sys.stderr); return 2
     if a.gpu:
-        from grpo_nb.config import ConfigError, gpu_mem_gib_of
         try: a.gpu_mem_gib = gpu_mem_gib_of(a.gpu)
         except ConfigError as e: print(f"grpo_nb plan: error: {e}", file=sys.stderr); return 2
     if a.list_models:
@@ -776,13 +777,11 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 model:str|ModelShape|None=None, # override `cfg.model.name_or_path` (e.g. a shape for a built-in tiny model)
                ) -> Plan:
     "The memory plan of a whole training config."
-    from grpo_nb.config import derive
     L, R, D, C = cfg.learner, cfg.rollout, cfg.data, cfg.cluster
     seq = D.max_prompt_tokens + R.max_new_tokens
     T, B = (L.pack_length, 1) if L.pack_length else (seq, L.micro_batch_size)
     try: s = get_shape(model if model is not None else cfg.model.name_or_path)
     except ValueError as e:
-        from grpo_nb.tiny import builtin_model, tiny_config
         if model is None and (b := builtin_model(cfg.model.name_or_path)):   # a built-in tiny policy: its shape, without building it
             s = shape_from_hf(tiny_config(b[0]).to_dict(), name=cfg.model.name_or_path)
         else: raise ValueError(f"model.name_or_path: {e} Fix: point --model.name_or_path at a HF directory, or pass model= to plan_config.") from None
@@ -795,7 +794,6 @@ def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
                     ) -> int: # exit code: 0 planned, 2 config error
-    from grpo_nb.config import ConfigError, load_config
     try:
         cfg = load_config(source, overrides)
         pl = plan_config(cfg)

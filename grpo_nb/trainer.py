@@ -11,41 +11,22 @@ from typing import Any, Callable, Literal, Optional
 from fastcore.basics import patch
 from .config import ConfigError, TrainConfig, derive, load_config, to_dict, to_yaml, validate, parse_overrides
 from .stop import StopFlag, catch_early
-from .learner import read_latest, write_latest
+from .run import MetricsLog, load_rows, read_metrics
+from .learner import read_latest, write_latest, TrainBatch, latest_checkpoint, list_checkpoints, LearnerGroup
 from .tiny import resolve_model
+from .colocate import check_sleep_mode
+from .loss import group_advantages, zero_variance_groups
+from .placement import create_placement_groups, placed_actor_options, Layout
+from .rewards import check_functions, compute_rewards, RewardContext
+from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend, wait_ready
+from .weight_sync import connect_weight_sync, sync_weights, WeightSyncError, verify_weight_sync
 
 # %% auto 0
-__all__ = ['load_rows', 'encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'MetricsLog', 'read_metrics',
-           'preflight_run', 'start_ray', 'Actors', 'start_actors', 'stop_actors', 'Rollout', 'start_rollout',
-           'finish_rollout', 'evaluate', 'Run', 'train', 'train_cli', 'plot_curve', 'demo_verdict', 'demo_cli',
-           'demo_report', 'e2e_table', 'e2e_split_table']
+__all__ = ['encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'preflight_run', 'start_ray', 'Actors',
+           'start_actors', 'stop_actors', 'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'train',
+           'train_cli', 'plot_curve', 'demo_verdict', 'demo_cli', 'demo_report', 'e2e_table', 'e2e_split_table']
 
-# %% ../nbs/08_trainer.ipynb 6
-def load_rows(path:str, # jsonl/parquet file, or `builtin:<name>` (see `grpo_nb.tiny.BUILTIN_DATASETS`)
-              prompt_key:str="prompt", # field holding the prompt
-              answer_key:str="answer", # field holding the reference answer
-              where:str="data.train_path", # the config field, for error messages
-             ) -> list[dict]:
-    "The dataset's rows as `{'prompt', 'answer'}` dicts; `ConfigError` naming the fix for a missing file or field."
-    if path.startswith("builtin:"):
-        from grpo_nb.tiny import load_builtin
-        try: return load_builtin(path)
-        except KeyError as e: raise ConfigError(where, str(e.args[0])) from None
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(where, f"no such file {path!r}.", f"--{where}=<a .jsonl or .parquet file> or --{where}=builtin:arithmetic")
-    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(p.suffix)
-    if kind is None: raise ConfigError(where, f"unknown format {p.suffix!r} (expected .jsonl, .json or .parquet).", "convert it to jsonl")
-    import datasets
-    datasets.disable_progress_bars()
-    ds = datasets.load_dataset(kind, data_files=str(p), split="train")
-    missing = [k for k in (prompt_key, answer_key) if k not in ds.column_names]
-    if missing:
-        raise ConfigError(where, f"{path} has no field(s) {missing}; its fields are {ds.column_names}.",
-                          f"--data.prompt_key=<field> --data.answer_key=<field>")
-    return [{"prompt": r[prompt_key], "answer": r[answer_key]} for r in ds]
-
-# %% ../nbs/08_trainer.ipynb 9
+# %% ../nbs/08_trainer.ipynb 7
 def encode_prompts(rows:list[dict], # `{'prompt', 'answer'}` rows
                    tokenizer, # the policy's tokenizer
                    template:Literal["plain","chat"]="plain", # prompt as-is (the tokenizer adds BOS), or one user turn through the chat template
@@ -61,7 +42,7 @@ def encode_prompts(rows:list[dict], # `{'prompt', 'answer'}` rows
         if len(x) <= max_prompt_tokens: ids.append(list(x)); kept.append(r)
     return ids, kept, len(rows) - len(kept)
 
-# %% ../nbs/08_trainer.ipynb 12
+# %% ../nbs/08_trainer.ipynb 10
 class PromptOrder:
     "Epoch-wise shuffled visiting order of N prompts; position k → prompt index, deterministic for the seed."
     def __init__(self, n:int, # prompts in the dataset (N)
@@ -88,7 +69,7 @@ class PromptOrder:
         "The data position to checkpoint after `consumed` positions."
         return {"consumed": consumed, "epoch": consumed // self.n, "index": consumed % self.n, "num_prompts": self.n, "seed": self.seed}
 
-# %% ../nbs/08_trainer.ipynb 15
+# %% ../nbs/08_trainer.ipynb 13
 def make_train_batch(prompt_ids:list[list[int]], # B prompts (repeated G times each, prompt-major)
                      completion_ids:list[list[int]], # B completions
                      rollout_logprobs:list[list[float]], # B lists of engine log-probs, one per completion token
@@ -99,8 +80,6 @@ def make_train_batch(prompt_ids:list[list[int]], # B prompts (repeated G times e
                     ):
     "`(TrainBatch or None, info)`: advantages per group, zero-variance groups dropped if asked; None when nothing is left."
     import torch
-    from grpo_nb.learner import TrainBatch
-    from grpo_nb.loss import group_advantages, zero_variance_groups
     r = torch.tensor(rewards, dtype=torch.float32)                                  # [B]
     adv = group_advantages(r, group_size, advantage)                                # [B]
     flat = zero_variance_groups(r, group_size, per="sequence")                      # [B] bool
@@ -111,7 +90,7 @@ def make_train_batch(prompt_ids:list[list[int]], # B prompts (repeated G times e
                        [float(adv[i]) for i in keep], [list(rollout_logprobs[i]) for i in keep])
     return batch, info
 
-# %% ../nbs/08_trainer.ipynb 18
+# %% ../nbs/08_trainer.ipynb 16
 def _mean(xs): return sum(xs) / len(xs) if xs else float("nan")
 def _std(xs):
     m = _mean(xs); return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs)) if xs else float("nan")
@@ -127,59 +106,7 @@ def rollout_metrics(lengths:list[int], # B completion lengths
     out.update({f"reward/{k}": _mean(v) for k, v in per_function.items()})
     return out
 
-# %% ../nbs/08_trainer.ipynb 21
-class MetricsLog:
-    "Per-step metrics to JSON lines, TensorBoard and (optionally) W&B."
-    def __init__(self, out_dir:str|Path, # the run's output directory
-                 tensorboard:bool=True, # write TensorBoard event files under <out_dir>/tb
-                 wandb:str="off", # "off", "offline" or "online"
-                 project:str="grpo-nb", # W&B project
-                 run_name:str="", # run name (W&B)
-                 resume_step:int=0, # steps already done: later lines are rolled back
-                 config:dict|None=None, # the run's config (W&B)
-                ):
-        self.path = Path(out_dir) / "metrics.jsonl"
-        self._roll_back(resume_step)
-        self.tb = self.wb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-            self.tb = SummaryWriter(str(Path(out_dir) / "tb"), purge_step=resume_step + 1 if resume_step else None)
-        if wandb != "off":
-            import wandb as wb
-            self.wb = wb.init(project=project, name=run_name or Path(out_dir).name, dir=str(out_dir), mode=wandb, config=config,
-                              resume="allow", id=(run_name or Path(out_dir).name).replace("/", "-"))
-
-    def _roll_back(self, step:int):
-        if not self.path.exists(): return
-        keep, back = [], []
-        for line in self.path.read_text().splitlines():
-            try: rec = json.loads(line)
-            except json.JSONDecodeError: back.append(line); continue   # a line cut by a kill
-            (keep if rec.get("step", 0) <= step else back).append(line)
-        if back:
-            with open(self.path.with_name("metrics.rolled_back.jsonl"), "a") as f: f.write("\n".join(back) + "\n")
-        self.path.write_text("".join(l + "\n" for l in keep))
-
-    def log(self, rec:dict):
-        "Append one record (must have `step`)."
-        with open(self.path, "a") as f: f.write(json.dumps(rec) + "\n")
-        nums = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
-        if self.tb is not None:
-            for k, v in nums.items():
-                if k != "step": self.tb.add_scalar(k, v, rec["step"])
-            self.tb.flush()
-        if self.wb is not None: self.wb.log(nums, step=rec["step"])
-
-    def close(self):
-        if self.tb is not None: self.tb.close()
-        if self.wb is not None: self.wb.finish()
-
-def read_metrics(out_dir:str|Path) -> list[dict]:
-    "The records of `<out_dir>/metrics.jsonl`."
-    p = Path(out_dir) / "metrics.jsonl"
-    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
-
-# %% ../nbs/08_trainer.ipynb 27
+# %% ../nbs/08_trainer.ipynb 23
 def _writable(where:str, d:Path):
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -190,8 +117,6 @@ def _writable(where:str, d:Path):
 def preflight_run(cfg:TrainConfig, # a validated config
                  ) -> str|None: # the checkpoint to resume from (None: a fresh start)
     "Raise `ConfigError` naming the fix for anything that would make the run fail later; find the checkpoint to resume."
-    from grpo_nb.rewards import check_functions
-    from grpo_nb.learner import latest_checkpoint, list_checkpoints
     out, ckpt = Path(cfg.logging.output_dir), Path(derive(cfg).checkpoint_dir)
     _writable("logging.output_dir", out); _writable("checkpoint.dir", ckpt)
     for where, path in (("data.train_path", cfg.data.train_path), ("data.eval_path", cfg.data.eval_path)):
@@ -216,7 +141,7 @@ def preflight_run(cfg:TrainConfig, # a validated config
         raise ConfigError("checkpoint.resume", f"{r!r} is not a checkpoint directory (no trainer.json).", f"--resume auto, or a directory under {ckpt}")
     return r
 
-# %% ../nbs/08_trainer.ipynb 32
+# %% ../nbs/08_trainer.ipynb 28
 _ENGINE_ENV = {"RAY_AUTH_MODE": "disabled", "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1", "DS_BUILD_OPS": "0",
                "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -266,7 +191,7 @@ def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
     if R.placement == "colocated" and R.sleep_level and device == "cuda": kw["enable_sleep_mode"] = True
     return kw
 
-# %% ../nbs/08_trainer.ipynb 33
+# %% ../nbs/08_trainer.ipynb 29
 @dataclass
 class Actors:
     "Everything the run started on the cluster."
@@ -279,10 +204,6 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
                  layout, # its `Layout`
                 ) -> Actors:
     "Placement groups, then engines and learners concurrently, then the weight-sync group."
-    from grpo_nb.placement import create_placement_groups, placed_actor_options
-    from grpo_nb.rollout import create_engines, gather, shutdown_engines
-    from grpo_nb.learner import LearnerGroup
-    from grpo_nb.weight_sync import connect_weight_sync
     R = cfg.rollout
     groups = create_placement_groups(layout, timeout_s=120)
     engines, learner = [], None
@@ -311,12 +232,11 @@ def _remove_groups(groups):
 def stop_actors(a:Actors|None) -> None:
     "Shut down learners and engines and free their placement groups (errors are logged, not raised)."
     if a is None: return
-    from grpo_nb.rollout import shutdown_engines
     with contextlib.suppress(Exception): a.learner.shutdown()
     with contextlib.suppress(Exception): shutdown_engines(a.engines)
     _remove_groups(a.groups)
 
-# %% ../nbs/08_trainer.ipynb 35
+# %% ../nbs/08_trainer.ipynb 31
 @dataclass
 class Rollout:
     "One step's prompts, samples and rewards."
@@ -342,7 +262,6 @@ def start_rollout(engines:list, # engine handles
                   version:int, # policy version of the engines
                  ) -> Rollout:
     "Submit a step's prompts to every engine (split evenly) and return without waiting."
-    from grpo_nb.rollout import split_evenly, submit
     idx = order.take(start, count)
     ps = [prompts[i] for i in idx]
     s = dataclasses.replace(spec, seed=None if spec.seed is None else spec.seed + 1_000_003 * step)
@@ -355,8 +274,6 @@ def finish_rollout(ro:Rollout, # from `start_rollout`
                    ctx, # `grpo_nb.rewards.RewardContext`
                   ) -> Rollout:
     "Wait for the samples, then score them."
-    from grpo_nb.rollout import gather
-    from grpo_nb.rewards import compute_rewards
     t0 = time.perf_counter()
     ro.samples = [s for part in gather(ro.calls) for s in part]
     t1 = time.perf_counter()
@@ -366,7 +283,7 @@ def finish_rollout(ro:Rollout, # from `start_rollout`
     ro.reward_s = time.perf_counter() - t1
     return ro
 
-# %% ../nbs/08_trainer.ipynb 37
+# %% ../nbs/08_trainer.ipynb 33
 def evaluate(engines:list, # engine handles
              prompts:list[list[int]], # held-out prompts' token ids
              answers:list, # their references
@@ -375,8 +292,6 @@ def evaluate(engines:list, # engine handles
              ctx, # `RewardContext`
             ) -> dict:
     "Greedy held-out reward: `eval/reward_mean`, per function, response length, seconds."
-    from grpo_nb.rollout import generate_batched, sampling_spec
-    from grpo_nb.rewards import compute_rewards
     t0 = time.perf_counter()
     samples = generate_batched(engines, prompts, sampling_spec(rollout_cfg, n=1, temperature=0.0, top_p=1.0))
     rb = compute_rewards([s.text for s in samples], answers, functions, ctx)
@@ -384,7 +299,7 @@ def evaluate(engines:list, # engine handles
     return {f"eval/{k}": v for k, v in m.items() if k in ("reward_mean", "response_len_mean") or k.startswith("reward/")} | \
            {"eval/num_prompts": len(prompts), "time/eval": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 39
+# %% ../nbs/08_trainer.ipynb 35
 class Run:
     "One training run: data, actors, metrics, the loop's state."
     def __init__(self, cfg:TrainConfig, # a validated config
@@ -398,7 +313,7 @@ class Run:
         self.step = 0                 # steps completed
         self.events:list[str] = []    # what happened, for the summary
 
-# %% ../nbs/08_trainer.ipynb 40
+# %% ../nbs/08_trainer.ipynb 36
 @patch
 def load_data(self:Run):
     "Tokenizer, training and evaluation prompts, the data order."
@@ -416,18 +331,12 @@ def load_data(self:Run):
         self.eval_prompts, ekept, _ = encode_prompts(erows, self.tok, D.template, D.max_prompt_tokens)
         self.eval_answers = [r["answer"] for r in ekept]
 
-# %% ../nbs/08_trainer.ipynb 41
+# %% ../nbs/08_trainer.ipynb 37
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
           ray_temp_dir:str|None=None, # local Ray session root
          ):
     "Ray, actors, resume (learner state, data position), then weights into the engines."
-    from grpo_nb.placement import Layout
-    from grpo_nb.rollout import check_backend
-    from grpo_nb.colocate import check_sleep_mode
-    from grpo_nb.rewards import RewardContext
-    from grpo_nb.rollout import sampling_spec
-    from grpo_nb.weight_sync import sync_weights
     C, Rw = self.cfg.cluster, self.cfg.reward
     self.layout = Layout.from_config(self.cfg, C.cpus_per_learner, C.cpus_per_engine_worker)
     check_backend(self.cfg.rollout.backend)   # before Ray starts: a missing engine library or sleep mode is named with its fix
@@ -447,7 +356,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     self.log = MetricsLog(self.out, L.tensorboard, L.wandb, L.wandb_project, L.run_name, self.step, to_dict(self.cfg))
     (self.out / "config.yaml").write_text(to_yaml(self.cfg))
 
-# %% ../nbs/08_trainer.ipynb 42
+# %% ../nbs/08_trainer.ipynb 38
 @patch
 def checkpoint(self:Run) -> Path:
     "Save learner state + RNG + data position atomically, then point `latest` at it."
@@ -457,7 +366,7 @@ def checkpoint(self:Run) -> Path:
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 43
+# %% ../nbs/08_trainer.ipynb 39
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -475,7 +384,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_mem_gib"] = m.get("peak_bytes", 0) / 2**30
     return info
 
-# %% ../nbs/08_trainer.ipynb 44
+# %% ../nbs/08_trainer.ipynb 40
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -490,12 +399,10 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 45
+# %% ../nbs/08_trainer.ipynb 41
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
-    from grpo_nb.weight_sync import sync_weights
-    from grpo_nb.rollout import gather, submit, wait_ready
     cfg, R = self.cfg, self.cfg.rollout
     P, off = R.prompts_per_step, R.mode == "one-step-off"
     eng = self.actors.engines
@@ -542,7 +449,6 @@ def loop(self:Run):
 @patch
 def verify(self:Run, step:int) -> dict:
     "After a sync: check every engine against the learner; a stale engine is synced once more, a second mismatch raises with the fix."
-    from grpo_nb.weight_sync import WeightSyncError, sync_weights, verify_weight_sync
     R, M, t0 = self.cfg.rollout, self.cfg.model, time.perf_counter()
     fp32 = M.dtype == "float32" or (M.dtype == "auto" and self.layout.device == "cpu")
     atol = R.verify_atol or (1e-4 if fp32 else 0.1)
@@ -567,7 +473,7 @@ def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 46
+# %% ../nbs/08_trainer.ipynb 42
 @patch
 def emit(self:Run, rec:dict):
     "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
@@ -581,7 +487,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 47
+# %% ../nbs/08_trainer.ipynb 43
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -591,7 +497,7 @@ def close(self:Run):
     import ray
     if ray.is_initialized(): ray.shutdown()
 
-# %% ../nbs/08_trainer.ipynb 48
+# %% ../nbs/08_trainer.ipynb 44
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
@@ -629,7 +535,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 50
+# %% ../nbs/08_trainer.ipynb 46
 def _parse_train_args(argv:list[str]|None, prog:str="grpo_nb train"):
     p = argparse.ArgumentParser(prog=prog, description="Run GRPO training from a YAML config or preset; any field can be overridden "
                                 "as --section.field=value (see `grpo_nb config --fields`).")
@@ -656,7 +562,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     print(json.dumps(summary, indent=1, default=str))
     return 0
 
-# %% ../nbs/08_trainer.ipynb 53
+# %% ../nbs/08_trainer.ipynb 49
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -674,7 +580,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 55
+# %% ../nbs/08_trainer.ipynb 51
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -686,7 +592,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 57
+# %% ../nbs/08_trainer.ipynb 53
 def demo_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb demo [--out DIR] [--section.field=value ...]`: the tiny CPU GRPO run of `make demo`; prints the curve, writes a plot."
     p = argparse.ArgumentParser(prog="grpo_nb demo", description=demo_cli.__doc__)
@@ -725,7 +631,7 @@ def demo_cli(argv:list[str]|None=None) -> int:
           "(mean of the last 3 evaluations): " + ("LEARNED" if ok else f"did NOT reach the target (start < {args.start_below}, end > {args.end_above})"))
     return 0 if ok else 1
 
-# %% ../nbs/08_trainer.ipynb 63
+# %% ../nbs/08_trainer.ipynb 59
 def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_nb demo` (demo.json of its output directory)
                ) -> str:
     "A markdown summary of a recorded demo run: the held-out curve, wall time, start-up time."
@@ -738,7 +644,7 @@ def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_
             f"(start-up {d['startup_s']:.0f} s, median step {d['step_s_median']:.2f} s){' on ' + d['machine'] if d.get('machine') else ''}. "
             f"Learned: **{d['learned']}**.\n\n| step | held-out reward |\n|---|---|\n{rows}")
 
-# %% ../nbs/08_trainer.ipynb 66
+# %% ../nbs/08_trainer.ipynb 62
 def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
               layout:str|None=None, # only this layout ("colocated" | "split"); None: all
              ) -> str:
@@ -759,7 +665,7 @@ def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/
     return "\n".join(lines)
 
 
-# %% ../nbs/08_trainer.ipynb 69
+# %% ../nbs/08_trainer.ipynb 65
 def e2e_split_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
                    ) -> str:
     "Per-phase mean seconds of each measured run, ours next to TRL's."

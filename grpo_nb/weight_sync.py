@@ -15,6 +15,7 @@ from torch import nn, Tensor
 from .actors import submit, gather, call
 from .rollout import SamplingSpec
 from .colocate import IpcGroup
+from .placement import sync_rank
 
 # %% auto 0
 __all__ = ['ALIGN', 'DEFAULT_BUCKET_BYTES', 'DEFAULT_VERIFY_PROMPTS', 'sync_unit', 'plan_buckets', 'TensorSpec', 'SyncPlan',
@@ -507,7 +508,6 @@ def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`
                         timeout_s:float=600, # join and collective timeout
                        ) -> dict: # host, port, backend, world_size, engine ranks
     "Form the weight-sync group: learner rank 0 plus every engine worker (world = engines × TP + 1)."
-    from grpo_nb.placement import sync_rank
     host, port, backend = call(learners[0], "ws_open", None, backend, timeout_s)
     world = len(engines) * tp + 1
     calls = [submit(learners[0], "ws_join", world)] + \
