@@ -6,6 +6,7 @@
 from __future__ import annotations
 import importlib, sys
 from .stop import catch_early
+from . import __version__
 
 # %% auto 0
 __all__ = ['COMMANDS', 'STOPPABLE', 'main', 'console']
@@ -55,7 +56,7 @@ def main(argv:list[str]|None=None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage()); return 0
     if argv[0] in ("-V", "--version"):
-        from grpo_nb import __version__; print(__version__); return 0
+        print(__version__); return 0
     name, rest = argv[0], argv[1:]
     if name in STOPPABLE: catch_early()   # before the heavy imports: a SIGUSR1/SIGTERM now means "stop cleanly", not death
     if name not in COMMANDS:

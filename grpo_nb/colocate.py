@@ -9,11 +9,10 @@ from dataclasses import dataclass, asdict
 from datetime import timedelta
 import torch
 from torch import Tensor
-from .memory import GiB, LearnerMemory, EngineMemory, plan_config
 from .config import ConfigError
 
 # %% auto 0
-__all__ = ['IpcWork', 'IpcGroup', 'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'check_sleep_mode']
+__all__ = ['IpcWork', 'IpcGroup', 'check_sleep_mode']
 
 # %% ../nbs/05a_colocate.ipynb 6
 class IpcWork:
@@ -77,38 +76,7 @@ class IpcGroup:
 
     def __repr__(self): return f"IpcGroup(rank={self.rank}, world_size={self.world_size}, device={self.device})"
 
-# %% ../nbs/05a_colocate.ipynb 13
-@dataclass
-class ColocatedMemory:
-    "Per-GPU memory of a learner and an engine that share the GPU, phase by phase."
-    generate_bytes:int # learner states + the engine's whole budget
-    learn_bytes:int # the learner's requirement + what the sleeping engine keeps
-    peak_bytes:int # the larger of the two
-    gpu_bytes:int # the GPU's capacity
-    fits:bool # peak ≤ capacity
-    phase:str # "generate" | "learn": which phase sets the peak
-
-def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo_nb.memory.learner_memory`)
-                     engine:EngineMemory, # the planner's engine terms (`grpo_nb.memory.engine_memory`)
-                     gpu_mem_gib:float, # memory of the shared GPU, in GiB (2^30 bytes)
-                     sleep_level:int=1, # 0: the engine keeps everything while the learner steps; 1, 2: it keeps its context
-                    ) -> ColocatedMemory:
-    "Peak memory of one GPU shared by learner i and engine i (`rollout.placement='colocated'`)."
-    resident = learner.params_bytes + learner.optimizer_bytes + learner.fixed_bytes + (learner.total_bytes - learner.peak_bytes)
-    asleep = engine.budget_bytes if sleep_level == 0 else engine.overhead_bytes
-    gen, learn = resident + engine.budget_bytes, learner.total_bytes + asleep
-    cap = int(gpu_mem_gib * GiB)
-    return ColocatedMemory(gen, learn, max(gen, learn), cap, max(gen, learn) <= cap, "generate" if gen >= learn else "learn")
-
-# %% ../nbs/05a_colocate.ipynb 18
-def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement="colocated"`
-                   model=None, # override the model (a built-in name or `ModelShape`), as in `grpo_nb.memory.plan_config`
-                  ) -> ColocatedMemory:
-    "The colocated two-phase memory of a config, from the planner's own learner and engine terms."
-    p = plan_config(cfg, model)
-    return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
-
-# %% ../nbs/05a_colocate.ipynb 21
+# %% ../nbs/05a_colocate.ipynb 19
 def check_sleep_mode(backend:str, # `rollout.backend`
                      device:str, # "cuda" | "cpu": where the engines run
                      sleep_level:int, # `rollout.sleep_level`

@@ -12,9 +12,9 @@ import yaml
 from fastcore.docments import docments
 
 # %% auto 0
-__all__ = ['GPU_MIB', 'PRESETS', 'TRAINERS', 'ConfigError', 'ModelConfig', 'DataConfig', 'RolloutConfig', 'LearnerConfig',
-           'gpu_mem_gib_of', 'ClusterConfig', 'RewardConfig', 'LoggingConfig', 'CheckpointConfig', 'TrainConfig',
-           'field_docs', 'from_dict', 'parse_overrides', 'Derived', 'derive', 'validate', 'configs_dirs',
+__all__ = ['GPU_MIB', 'PRESETS', 'TRAINERS', 'TRANSLATORS', 'ConfigError', 'ModelConfig', 'DataConfig', 'RolloutConfig',
+           'LearnerConfig', 'gpu_mem_gib_of', 'ClusterConfig', 'RewardConfig', 'LoggingConfig', 'CheckpointConfig',
+           'TrainConfig', 'field_docs', 'from_dict', 'parse_overrides', 'Derived', 'derive', 'validate', 'configs_dirs',
            'shipped_presets', 'config_data', 'trainer_of', 'load_config', 'to_dict', 'to_yaml', 'config_cli']
 
 # %% ../nbs/00_config.ipynb 6
@@ -502,6 +502,9 @@ def to_yaml(cfg) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
 # %% ../nbs/00_config.ipynb 47
+TRANSLATORS:dict[str, str] = {"--from-open-instruct": "grpo_nb.open_instruct:translate_cli"}
+"Flags of `grpo_nb config` that hand the rest of the command line to a translator (`module:function`, imported when used, as the `grpo_nb` commands are: the translators build on this module)."
+
 def config_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb config [CONFIG] [--section.field=value ...] [--json]`: print the resolved config and derived values."
     import argparse
@@ -514,9 +517,10 @@ def config_cli(argv:list[str]|None=None) -> int:
     p.add_argument("--from-open-instruct", action="store_true",
                    help="translate the open-instruct grpo_fast flags (or YAML file) that follow into a grpo-nb YAML; see `grpo_nb.open_instruct`")
     if argv is None: argv = sys.argv[1:]
-    if "--from-open-instruct" in argv:
-        from grpo_nb.open_instruct import translate_cli
-        i = argv.index("--from-open-instruct"); return translate_cli(argv[:i] + argv[i + 1:])
+    for flag, target in TRANSLATORS.items():   # the rest of the command line is the translator's
+        if flag in argv:
+            mod, fn = target.split(":"); i = argv.index(flag)
+            return getattr(importlib.import_module(mod), fn)(argv[:i] + argv[i + 1:])
     args, rest = p.parse_known_args(argv)
     if args.fields:
         for k, v in field_docs(TrainConfig).items(): print(f"--{k:<42} {v}")

@@ -20,7 +20,8 @@ __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer'
            'persistent_params', 'Overheads', 'ref_policy_bytes', 'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu',
            'valid_tps', 'kv_bytes_per_token', 'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory',
            'engine_memory', 'min_learner_gpus', 'min_engine_tp', 'Plan', 'plan', 'plan_json', 'format_plan', 'plan_cli',
-           'plan_config', 'plot_terms', 'planner_widget', 'accuracy_table']
+           'plan_config', 'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'plot_terms', 'planner_widget',
+           'accuracy_table']
 
 # %% ../nbs/01_memory.ipynb 6
 GiB = 2**30
@@ -790,6 +791,37 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq, fused=cfg.model.kernels == "liger")
 
 # %% ../nbs/01_memory.ipynb 90
+@dataclass
+class ColocatedMemory:
+    "Per-GPU memory of a learner and an engine that share the GPU, phase by phase."
+    generate_bytes:int # learner states + the engine's whole budget
+    learn_bytes:int # the learner's requirement + what the sleeping engine keeps
+    peak_bytes:int # the larger of the two
+    gpu_bytes:int # the GPU's capacity
+    fits:bool # peak ≤ capacity
+    phase:str # "generate" | "learn": which phase sets the peak
+
+def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo_nb.memory.learner_memory`)
+                     engine:EngineMemory, # the planner's engine terms (`grpo_nb.memory.engine_memory`)
+                     gpu_mem_gib:float, # memory of the shared GPU, in GiB (2^30 bytes)
+                     sleep_level:int=1, # 0: the engine keeps everything while the learner steps; 1, 2: it keeps its context
+                    ) -> ColocatedMemory:
+    "Peak memory of one GPU shared by learner i and engine i (`rollout.placement='colocated'`)."
+    resident = learner.params_bytes + learner.optimizer_bytes + learner.fixed_bytes + (learner.total_bytes - learner.peak_bytes)
+    asleep = engine.budget_bytes if sleep_level == 0 else engine.overhead_bytes
+    gen, learn = resident + engine.budget_bytes, learner.total_bytes + asleep
+    cap = int(gpu_mem_gib * GiB)
+    return ColocatedMemory(gen, learn, max(gen, learn), cap, max(gen, learn) <= cap, "generate" if gen >= learn else "learn")
+
+# %% ../nbs/01_memory.ipynb 91
+def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement="colocated"`
+                   model=None, # override the model (a built-in name or `ModelShape`), as in `grpo_nb.memory.plan_config`
+                  ) -> ColocatedMemory:
+    "The colocated two-phase memory of a config, from the planner's own learner and engine terms."
+    p = plan_config(cfg, model)
+    return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
+
+# %% ../nbs/01_memory.ipynb 94
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -801,7 +833,6 @@ def _plan_config_cli(source:str, # YAML file or preset
         print(f"grpo_nb plan: error: {e}", file=sys.stderr); return 2
     out = plan_json(pl)
     if cfg.rollout.placement == "colocated":
-        from grpo_nb.colocate import colocated_plan
         cm = colocated_plan(cfg)
         out["colocated"] = {**asdict(cm), "generate_gib": cm.generate_bytes / GiB, "learn_gib": cm.learn_bytes / GiB, "peak_gib": cm.peak_bytes / GiB}
     if as_json: print(json.dumps(out, indent=2)); return 0
@@ -814,7 +845,7 @@ def _plan_config_cli(source:str, # YAML file or preset
               f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
     return 0
 
-# %% ../nbs/01_memory.ipynb 94
+# %% ../nbs/01_memory.ipynb 98
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -836,7 +867,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(sweep); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=7, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 98
+# %% ../nbs/01_memory.ipynb 102
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."
@@ -860,7 +891,7 @@ def planner_widget(model:str="Qwen2.5-7B", # initial model
     redraw()
     return W.VBox([W.HBox(list(ctl.values())[i:i + 4]) for i in range(0, len(ctl), 4)] + [out])
 
-# %% ../nbs/01_memory.ipynb 108
+# %% ../nbs/01_memory.ipynb 112
 def accuracy_table(path:str|Path="bench/results/memory_accuracy.json", # the benchmark's output
                   ) -> str: # a table, or why there is none
     "Predicted vs measured peak memory from `bench/memory_accuracy.py`."

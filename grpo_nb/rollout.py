@@ -12,6 +12,7 @@ import torch
 from fastcore.basics import patch
 from .actors import submit, gather, call, wait_ready, GPU_SAFETY_ENV
 from .config import ConfigError
+from .weight_sync import SyncPlan, join_group, load_into_module, module_checksums, receive_buckets
 
 # %% auto 0
 __all__ = ['ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask', 'HFEngine', 'VllmEngine', 'engine_env',
@@ -36,6 +37,11 @@ class SamplingSpec:
         if self.max_new_tokens < 1: raise ValueError(f"SamplingSpec.max_new_tokens must be at least 1 (got {self.max_new_tokens}).")
         if self.temperature < 0: raise ValueError(f"SamplingSpec.temperature must be >= 0, 0 for greedy (got {self.temperature}).")
         if not 0 < self.top_p <= 1: raise ValueError(f"SamplingSpec.top_p must be in (0, 1] (got {self.top_p}).")
+
+    @classmethod
+    def of(cls, spec:"SamplingSpec|dict") -> "SamplingSpec":
+        "A spec from a spec or its fields as a dict (callers below the engines, such as the weight-sync check, send dicts)."
+        return spec if isinstance(spec, cls) else cls(**spec)
 
 @dataclass
 class Sample:
@@ -183,11 +189,12 @@ def _check_awake(engine) -> None:
 @patch
 def generate(self:HFEngine,
              prompts:Sequence, # token-id lists or strings
-             spec:SamplingSpec, # what to sample
+             spec:SamplingSpec|dict, # what to sample (or its fields)
              prompt_offset:int=0, # index of prompts[0] in the whole batch (set by `generate_batched`)
             ) -> list[Sample]: # len(prompts) × spec.n samples, prompt-major
     "Sample `spec.n` completions for every prompt."
     _check_awake(self)
+    spec = SamplingSpec.of(spec)
     pids = _prompt_ids(prompts, self.tokenizer)
     stop_ids = set() if spec.ignore_eos else set(self.eos_ids)
     stop_ids |= set(spec.stop_token_ids)
@@ -235,11 +242,12 @@ class VllmEngine:
 @patch
 def generate(self:VllmEngine,
                    prompts:Sequence, # token-id lists or strings
-                   spec:SamplingSpec, # what to sample
+                   spec:SamplingSpec|dict, # what to sample (or its fields)
                    prompt_offset:int=0, # index of prompts[0] in the whole batch (set by `generate_batched`)
                   ) -> list[Sample]: # len(prompts) × spec.n samples, prompt-major
     "Sample `spec.n` completions for every prompt with vLLM."
     _check_awake(self)
+    spec = SamplingSpec.of(spec)
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     inputs = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
@@ -269,7 +277,6 @@ def join_weight_sync(self:HFEngine, host:str, # learner rank 0's address (the gr
              timeout_s:float=600, # collective timeout
             ) -> list[int]: # the ranks taken (one, TP = 1)
     "Join the weight-sync group as rank `rank_offset`."
-    from grpo_nb.weight_sync import join_group
     self.sync_group = join_group(host, port, rank_offset, world_size, backend, device=self.device, timeout_s=timeout_s)
     return [rank_offset]
 
@@ -278,7 +285,6 @@ def receive_weights(self:HFEngine, plan:dict, # `SyncPlan.to_dict()` of this syn
                 timing:bool=False, # synchronise around each phase to time it exactly
                ) -> dict: # receiver timings
     "Receive one sync's buckets and copy them into the model's parameters."
-    from grpo_nb.weight_sync import SyncPlan, receive_buckets, load_into_module
     if self.sync_group is None: raise RuntimeError("receive_weights before join_weight_sync. Fix: connect_weight_sync(learners, engines) first.")
     stats = {}
     load_into_module(self.model, receive_buckets(self.sync_group, SyncPlan.from_dict(plan), stats, timing))
@@ -288,7 +294,6 @@ def receive_weights(self:HFEngine, plan:dict, # `SyncPlan.to_dict()` of this syn
 @patch
 def weight_checksums(self:HFEngine) -> dict[str, int]:
     "Exact checksum of every parameter (this backend keeps raw tensors)."
-    from grpo_nb.weight_sync import module_checksums
     return module_checksums(self.model.named_parameters())
 
 @patch

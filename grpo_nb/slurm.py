@@ -9,8 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 from .config import TrainConfig, ConfigError, load_config, derive
-from .colocate import colocated_plan
-from .memory import plan_config, GiB
+from .memory import plan_config, colocated_plan, GiB
 from .placement import Layout, PlacementError
 from .tiny import builtin_model
 

@@ -13,7 +13,6 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 import torch
 from torch import nn, Tensor
 from .actors import submit, gather, call
-from .rollout import SamplingSpec
 from .colocate import IpcGroup
 from .placement import sync_rank
 
@@ -425,7 +424,7 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
             raise WeightSyncError(f"engine {stale[0][0]} holds the weights of version {stale[0][1]}, the learner is at version {version} "
                                   f"({len(stale)} engine(s) stale: a sync was missed). Fix: sync again; if it persists, re-create the engine.")
     prompts = list(prompts or DEFAULT_VERIFY_PROMPTS)
-    spec = SamplingSpec(n=1, max_new_tokens=max_new_tokens, temperature=0.0, seed=None)
+    spec = dict(n=1, max_new_tokens=max_new_tokens, temperature=0.0, seed=None)   # a `SamplingSpec`'s fields: greedy, one sample
     outs = gather([submit(e, "generate", prompts, spec) for e in engines], timeout_s)
     report = {"engines": len(engines), "tokens": 0, "max_abs_logprob_diff": 0.0, "checksums": "not compared", "version": version}
     for i, samples in enumerate(outs):
