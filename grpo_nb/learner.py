@@ -22,17 +22,17 @@ from .config import derive
 from .memory import learner_memory
 from .placement import placed_actor_options
 from .tiny import builtin_model, resolve_model
+from .checkpoint import (CheckpointError, MANIFEST, checkpoint_files, checkpoint_name, commit_checkpoint, file_digest, find_resume,
+                                latest_checkpoint, list_checkpoints, prune_checkpoints, read_latest, rng_state, save_checkpoint_files,
+                                seed_everything, set_rng_state, tree_digest, verify_checkpoint, write_latest)
 
 # %% auto 0
-__all__ = ['logger', 'MANIFEST', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch', 'pack_sequences', 'MicroBatch',
+__all__ = ['logger', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch', 'pack_sequences', 'MicroBatch',
            'make_micro_batch', 'LogProbHead', 'use_logprob_head', 'PolicyLogProbs', 'per_sequence_sdpa',
            'varlen_attention', 'check_varlen', 'pick_attention', 'attention_kernel', 'step_counts', 'micro_batch_loss',
-           'ds_config', 'lr_factor', 'seed_everything', 'rng_state', 'set_rng_state', 'tree_digest', 'CheckpointError',
-           'checkpoint_name', 'file_digest', 'checkpoint_files', 'commit_checkpoint', 'verify_checkpoint',
-           'list_checkpoints', 'latest_checkpoint', 'prune_checkpoints', 'write_latest', 'read_latest',
-           'save_checkpoint_files', 'find_resume', 'LearnerSpec', 'model_source', 'build_policy', 'LearnerWorker',
-           'compile_layers', 'apply_kernels', 'train_flops', 'shard_batch', 'peak_flops_for', 'combine_metrics',
-           'LearnerGroup', 'each', 'create_learner_group', 'mfu_records', 'planned_peak', 'mfu_table']
+           'ds_config', 'lr_factor', 'LearnerSpec', 'model_source', 'build_policy', 'LearnerWorker', 'compile_layers',
+           'apply_kernels', 'train_flops', 'shard_batch', 'peak_flops_for', 'combine_metrics', 'LearnerGroup', 'each',
+           'create_learner_group', 'mfu_records', 'planned_peak', 'mfu_table']
 
 # %% ../nbs/07_learner.ipynb 7
 logger = logging.getLogger("grpo_nb.learner")
@@ -373,208 +373,7 @@ def lr_factor(step:int, # optimizer steps taken so far
     frac = min(1.0, (step - warmup) / max(1, total - warmup))
     return 1.0 - frac if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * frac))
 
-# %% ../nbs/07_learner.ipynb 45
-def seed_everything(seed:int, # rank r passes seed + r
-                   ) -> None:
-    "Seed Python, NumPy, torch (and CUDA) generators."
-    random.seed(seed); np.random.seed(seed % 2**32); torch.manual_seed(seed)
-
-def rng_state() -> dict:
-    "This process's generator states (Python, NumPy, torch, CUDA)."
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-def set_rng_state(s:dict, # from `rng_state`
-                 ) -> None:
-    "Restore generator states saved by `rng_state`."
-    random.setstate(s["python"]); np.random.set_state(s["numpy"]); torch.set_rng_state(s["torch"])
-    if s["cuda"] and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
-
-def tree_digest(obj, # nested dicts / lists / tuples of tensors, arrays and scalars
-               ) -> str: # SHA-256 hex digest of every value, in order (dict keys sorted)
-    "A bit-exact fingerprint of a nested state (tensors by dtype, shape and bytes)."
-    h = hashlib.sha256()
-    def walk(x):
-        if isinstance(x, Tensor):
-            t = x.detach().cpu().contiguous()
-            h.update(f"T{t.dtype}{tuple(t.shape)}".encode()); h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        elif isinstance(x, np.ndarray): h.update(f"A{x.dtype}{x.shape}".encode()); h.update(np.ascontiguousarray(x).tobytes())
-        elif isinstance(x, dict):
-            for k in sorted(x, key=str): h.update(f"K{k}".encode()); walk(x[k])
-        elif isinstance(x, (list, tuple)):
-            h.update(f"L{len(x)}".encode())
-            for v in x: walk(v)
-        elif isinstance(x, (int, float, str, bool, type(None), torch.dtype, torch.device)): h.update(repr(x).encode())
-        else: h.update(type(x).__name__.encode())  # other objects (loss scalers, ...) by type only: their repr holds addresses
-    walk(obj)
-    return h.hexdigest()
-
-# %% ../nbs/07_learner.ipynb 48
-class CheckpointError(RuntimeError):
-    "A checkpoint that must not be loaded; the message says what is wrong and what to do."
-
-MANIFEST = "COMPLETE"
-
-def checkpoint_name(step:int) -> str: return f"step_{step:08d}"
-
-def _fsync(path:Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try: os.fsync(fd)
-    finally: os.close(fd)
-
-def file_digest(path:str|Path, # a file
-                fsync:bool=True, # also force it to disk
-               ) -> dict: # {"bytes": n, "sha256": hex}
-    "Size and SHA-256 of a file (fsynced first)."
-    path = Path(path)
-    if fsync: _fsync(path)
-    with open(path, "rb") as f: h = hashlib.file_digest(f, "sha256").hexdigest()
-    return {"bytes": path.stat().st_size, "sha256": h}
-
-def checkpoint_files(root:str|Path, # a (temporary or final) checkpoint directory
-                    ) -> list[str]: # relative paths of its files, sorted, manifest excluded
-    root = Path(root)
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
-
-# %% ../nbs/07_learner.ipynb 49
-def commit_checkpoint(tmp:str|Path, # the temporary directory holding every file of the checkpoint
-                      final:str|Path, # where it goes (…/step_XXXXXXXX)
-                      digests:dict, # relative path -> `file_digest`, for every file under `tmp`
-                      meta:dict|None=None, # recorded in the manifest (step, world size, ...)
-                     ) -> Path:
-    "Write the manifest (fsynced), then rename `tmp` to `final` and fsync the parent: the checkpoint appears whole or not at all."
-    tmp, final = Path(tmp), Path(final)
-    missing = sorted(set(checkpoint_files(tmp)) - set(digests))
-    if missing: raise CheckpointError(f"{len(missing)} files of {tmp} have no checksum (e.g. {missing[:3]}); refusing to commit.")
-    m = tmp / MANIFEST
-    with open(m, "w") as f:
-        json.dump({"format": 1, **(meta or {}), "files": digests}, f, indent=1, sort_keys=True); f.flush(); os.fsync(f.fileno())
-    for d in sorted({(tmp / r).parent for r in digests} | {tmp}): _fsync(d)
-    if final.exists():  # a broken checkpoint of the same step (a valid one is never re-written): keep it aside
-        final.rename(final.with_name(f".bad-{final.name}-{uuid.uuid4().hex[:6]}"))
-    os.rename(tmp, final)
-    _fsync(final.parent)
-    return final
-
-# %% ../nbs/07_learner.ipynb 50
-def verify_checkpoint(path:str|Path, # a checkpoint directory
-                      full:bool=True, # recompute SHA-256 (False: sizes only)
-                     ) -> dict: # the manifest
-    "Return the manifest of a complete, intact checkpoint; raise `CheckpointError` saying what is wrong otherwise."
-    path = Path(path)
-    if not path.is_dir(): raise CheckpointError(f"{path} is not a directory. Fix: pass a step_XXXXXXXX checkpoint directory.")
-    m = path / MANIFEST
-    if not m.exists():
-        raise CheckpointError(f"{path} has no {MANIFEST} manifest: its save was interrupted before it finished. "
-                              "It is never loaded; the previous checkpoint is used instead (latest_checkpoint).")
-    try: man = json.loads(m.read_text())
-    except ValueError as e: raise CheckpointError(f"{path}/{MANIFEST} is not valid JSON ({e}): corrupted.") from None
-    for rel, d in man.get("files", {}).items():
-        f = path / rel
-        if not f.exists(): raise CheckpointError(f"{path}: file {rel} listed in the manifest is missing.")
-        if f.stat().st_size != d["bytes"]: raise CheckpointError(f"{path}: file {rel} has {f.stat().st_size} bytes, the manifest says {d['bytes']}: truncated or corrupted.")
-        if full and file_digest(f, fsync=False)["sha256"] != d["sha256"]:
-            raise CheckpointError(f"{path}: file {rel} fails its SHA-256 check: corrupted on disk.")
-    return man
-
-def list_checkpoints(root:str|Path, # the checkpoint directory
-                    ) -> list[tuple[int, Path]]: # (step, path), newest first, complete or not
-    "Every `step_XXXXXXXX` directory under `root`."
-    root = Path(root)
-    if not root.is_dir(): return []
-    out = [(int(p.name[5:]), p) for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit()]
-    return sorted(out, reverse=True)
-
-def latest_checkpoint(root:str|Path, # the checkpoint directory
-                      full:bool=True, # verify checksums (False: sizes only)
-                     ) -> Path|None: # the newest checkpoint that verifies; None if there is none
-    "The newest complete, intact checkpoint; newer ones that fail are skipped with a warning that says why."
-    for step, p in list_checkpoints(root):
-        try:
-            verify_checkpoint(p, full); return p
-        except CheckpointError as e:
-            logger.warning("skipping checkpoint of step %d: %s", step, e)
-    return None
-
-# %% ../nbs/07_learner.ipynb 51
-def prune_checkpoints(root:str|Path, # the checkpoint directory
-                      keep_last:int, # complete checkpoints to keep
-                     ) -> list[Path]: # what was removed
-    "Remove complete checkpoints beyond the newest `keep_last`, and leftovers of interrupted saves."
-    root, removed = Path(root), []
-    complete = [p for _, p in list_checkpoints(root) if (p / MANIFEST).exists()]
-    for p in complete[max(1, keep_last):] + [p for p in root.glob(".tmp-step_*") if p.is_dir()]:
-        shutil.rmtree(p, ignore_errors=True); removed.append(p)
-    return removed
-
-# %% ../nbs/07_learner.ipynb 56
-def write_latest(ckpt_dir:str|Path, # the run's checkpoint directory
-                 step:int, # the step of the checkpoint just completed
-                 name:str="", # the checkpoint's directory name
-                ) -> Path:
-    "Replace `<ckpt_dir>/latest` atomically (write, fsync, rename) with text ending in `step`."
-    p = Path(ckpt_dir) / "latest"
-    tmp = p.with_name(f".latest.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(f"checkpoint: {name}\nstep: {step}\n"); f.flush(); os.fsync(f.fileno())
-    os.replace(tmp, p)
-    return p
-
-def read_latest(ckpt_dir:str|Path) -> int|None:
-    "The step in `<ckpt_dir>/latest`, or None."
-    p = Path(ckpt_dir) / "latest"
-    if not p.exists(): return None
-    m = re.search(r"(\d+)\s*$", p.read_text())
-    return int(m.group(1)) if m else None
-
-# %% ../nbs/07_learner.ipynb 58
-def _barrier(world_size:int):
-    if world_size > 1: torch.distributed.barrier()
-
-def save_checkpoint_files(root:str|Path, # the checkpoint directory
-                          step:int, # steps completed
-                          blobs:dict, # file name -> object for `torch.save`, written by rank 0
-                          state:dict, # run state (JSON): data position, metrics, ...
-                          rank:int=0, # this rank
-                          world_size:int=1, # W (a torch.distributed group when > 1)
-                          keep_last:int=2, # complete checkpoints kept
-                          rank_blob:object=None, # this rank's own object (e.g. its RNG states), saved as `rng_rank<r>.pt`
-                         ) -> Path:
-    "Collective: each rank writes its own file, rank 0 the shared ones; atomic commit, `latest` and pruning by rank 0."
-    root = Path(root); final = root / checkpoint_name(step); tmp = root / f".tmp-{final.name}"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
-    _barrier(world_size)
-    torch.save(rng_state() if rank_blob is None else rank_blob, tmp / f"rng_rank{rank}.pt")
-    _barrier(world_size)
-    if rank == 0:
-        for name, obj in blobs.items(): torch.save(obj, tmp / name)
-        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "world_size": world_size}, indent=1))
-        digests = {rel: file_digest(tmp / rel) for rel in checkpoint_files(tmp)}
-        commit_checkpoint(tmp, final, digests, meta={"step": step, "world_size": world_size})
-        write_latest(root, step, final.name)
-        prune_checkpoints(root, keep_last)
-    _barrier(world_size)
-    return final
-
-def find_resume(resume:str, # "auto" (the newest intact checkpoint under `root`), "none"/"", or a checkpoint path
-                root:str|Path, # the checkpoint directory
-                rank:int=0, # this rank
-                world_size:int=1, # W
-               ) -> Path|None:
-    "The checkpoint every rank loads (rank 0 decides, the others receive it), or None to start fresh."
-    path = None
-    if rank == 0:
-        if resume == "auto": path = latest_checkpoint(root)
-        elif resume not in ("none", ""):
-            path = Path(resume); verify_checkpoint(path)
-    if world_size > 1:
-        box = [str(path) if path else ""]
-        torch.distributed.broadcast_object_list(box, src=0)
-        path = Path(box[0]) if box[0] else None
-    return path
-
-# %% ../nbs/07_learner.ipynb 61
+# %% ../nbs/07_learner.ipynb 46
 @dataclass
 class LearnerSpec:
     "What every learner rank builds: the policy, the optimisation, the device (plain data, sent to each actor)."
@@ -600,7 +399,7 @@ class LearnerSpec:
         return {"auto": torch.bfloat16 if self.device == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
                 "float16": torch.float16, "float32": torch.float32}[self.dtype]
 
-# %% ../nbs/07_learner.ipynb 63
+# %% ../nbs/07_learner.ipynb 48
 def model_source(model:str|dict, # HF directory, tiny model name, or config dict
                 ) -> str|dict:
     "Resolve a `grpo_nb.tiny` name to its (cached) directory; anything else is returned as it is."
@@ -635,7 +434,7 @@ def build_policy(model:str|dict, # HF directory or config dict (see `model_sourc
     m = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation=attn)
     return m, keep
 
-# %% ../nbs/07_learner.ipynb 64
+# %% ../nbs/07_learner.ipynb 49
 class LearnerWorker(WeightSyncSource):
     "One learner rank: a DeepSpeed engine around `PolicyLogProbs`, its optimizer, and its share of every step."
     def __init__(self, rank:int, # rank in the learner world
@@ -656,7 +455,7 @@ class LearnerWorker(WeightSyncSource):
 
     def learner_rank(self) -> int: return self.rank
 
-# %% ../nbs/07_learner.ipynb 66
+# %% ../nbs/07_learner.ipynb 51
 @patch
 def init_distributed(self:LearnerWorker,
                      master_addr:str, # rank 0's node IP
@@ -675,7 +474,7 @@ def init_distributed(self:LearnerWorker,
     if backend == "gloo": sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
 
-# %% ../nbs/07_learner.ipynb 68
+# %% ../nbs/07_learner.ipynb 53
 @patch
 def setup(self:LearnerWorker,
           spec:LearnerSpec, # what to build
@@ -711,7 +510,7 @@ def setup(self:LearnerWorker,
             "attention_kernel": attention_kernel(self.attn), "kernels": self.kernels,
             "device": str(self.device), "zero_stage": L.zero_stage, "dtype": dname}
 
-# %% ../nbs/07_learner.ipynb 70
+# %% ../nbs/07_learner.ipynb 55
 @patch
 def _build_ref(self:LearnerWorker, spec:LearnerSpec):
     "A frozen copy of the initial policy as a DeepSpeed inference engine."
@@ -729,7 +528,7 @@ def _build_ref(self:LearnerWorker, spec:LearnerSpec):
     self._ref_keep = keep
     return eng
 
-# %% ../nbs/07_learner.ipynb 72
+# %% ../nbs/07_learner.ipynb 57
 def compile_layers(policy:nn.Module, # the HF causal LM
                    zero_stage:int, # ZeRO-3's parameter hooks and torch.compile do not mix: refused
                   ) -> int: # layers compiled
@@ -740,7 +539,7 @@ def compile_layers(policy:nn.Module, # the HF causal LM
     for layer in layers: layer.compile(dynamic=True)
     return len(layers)
 
-# %% ../nbs/07_learner.ipynb 74
+# %% ../nbs/07_learner.ipynb 59
 KERNELS = ("auto", "torch", "liger")
 "`model.kernels`: the learner's elementwise kernels."
 
@@ -766,14 +565,14 @@ def apply_kernels(policy:nn.Module, # the HF causal LM, before DeepSpeed wraps i
     fn(**{k: v for k, v in want.items() if k in inspect.signature(fn).parameters})
     return "liger"
 
-# %% ../nbs/07_learner.ipynb 76
+# %% ../nbs/07_learner.ipynb 61
 def _flop_params(policy:nn.Module) -> int:
     "Parameters that do matmul work on every token: all but the input embedding and the output projection."
     emb, head = policy.get_input_embeddings().weight, policy.get_output_embeddings().weight
     total = sum(full_numel(p) for p in policy.parameters())  # a tied matrix is counted once
     return total - full_numel(emb) - (0 if head is emb else full_numel(head))
 
-# %% ../nbs/07_learner.ipynb 78
+# %% ../nbs/07_learner.ipynb 63
 def train_flops(body_params:int, # parameters doing matmul work per token (no embedding, no output projection)
                 vocab:int, # V
                 hidden:int, # H
@@ -785,7 +584,7 @@ def train_flops(body_params:int, # parameters doing matmul work per token (no em
     T = sum(seq_lens)
     return 6.0 * body_params * T + 6.0 * vocab * hidden * scored + 6.0 * layers * hidden * sum(s * s for s in seq_lens)
 
-# %% ../nbs/07_learner.ipynb 81
+# %% ../nbs/07_learner.ipynb 66
 @patch
 def _forward(self:LearnerWorker, engine, mb:MicroBatch, with_entropy:bool=False):
     "Log-probs (and entropy) of one micro-batch's scored tokens through `engine`."
@@ -819,7 +618,7 @@ def _score(self:LearnerWorker, engine, batch:TrainBatch) -> list[Tensor]:
         for i in sid[mb.mask].unique().tolist(): out[i] = lp[(sid == i) & mb.mask]
     return [torch.zeros(0) if o is None else o for o in out]
 
-# %% ../nbs/07_learner.ipynb 83
+# %% ../nbs/07_learner.ipynb 68
 _MEAN_KEYS = ("clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "entropy",
               "tis_weight_mean", "tis_clip_frac", "rollout_kl")
 
@@ -857,7 +656,7 @@ def _metric_sums(ms:list[dict], # `policy_loss` metrics of every micro-batch (te
     out.update({f"{k}_sum": sum(x * t for x, t in zip(v[k], n)) for k in _MEAN_KEYS if k in v})
     return out
 
-# %% ../nbs/07_learner.ipynb 84
+# %% ../nbs/07_learner.ipynb 69
 def _grad_norm(module:nn.Module) -> float:
     "L2 norm of all gradients of `module` (replicated parameters: ZeRO-0)."
     gs = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
@@ -896,7 +695,7 @@ def _flops(self:LearnerWorker, seq_lens, scored) -> float:
     c = self.sync_module().config
     return train_flops(self.flop_params, c.vocab_size, c.hidden_size, c.num_hidden_layers, seq_lens, scored)
 
-# %% ../nbs/07_learner.ipynb 86
+# %% ../nbs/07_learner.ipynb 71
 @patch
 def save(self:LearnerWorker,
          tmp:str, # temporary directory (the same on every rank, on a shared filesystem)
@@ -941,7 +740,7 @@ def load(self:LearnerWorker,
     self.step = int(meta["step"])
     return meta
 
-# %% ../nbs/07_learner.ipynb 88
+# %% ../nbs/07_learner.ipynb 73
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                     "tokenizer.model", "chat_template.jinja", "chat_template.json", "added_tokens.json", "generation_config.json")
 
@@ -995,7 +794,7 @@ def close(self:LearnerWorker) -> None:
         import deepspeed.comm
         deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups, so a new world can be made here
 
-# %% ../nbs/07_learner.ipynb 90
+# %% ../nbs/07_learner.ipynb 75
 def shard_batch(lengths:Sequence[int], # tokens of each sequence
                 world_size:int, # ranks W
                ) -> list[list[int]]: # sequence indices of each rank
@@ -1007,7 +806,7 @@ def shard_batch(lengths:Sequence[int], # tokens of each sequence
         out[r].append(i); tok[r] += lengths[i]; big += len(out[r]) == base + 1
     return [sorted(o) for o in out]
 
-# %% ../nbs/07_learner.ipynb 92
+# %% ../nbs/07_learner.ipynb 77
 PEAK_BF16_TFLOPS:dict[str, float] = {"GH200": 989.4, "H200": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
                                      "A100": 312.0, "L40S": 362.1, "V100": 125.0}
 "Dense (no sparsity) bf16 tensor-core peak per GPU, by a substring of `torch.cuda.get_device_name()`, most specific first (V100: fp16)."
@@ -1020,7 +819,7 @@ def peak_flops_for(device_name:str|None, # e.g. "NVIDIA H100 80GB HBM3"
     return None
 
 
-# %% ../nbs/07_learner.ipynb 94
+# %% ../nbs/07_learner.ipynb 79
 def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
                     peak_flops:float|None=None, # per-GPU peak FLOP/s for MFU
                    ) -> dict:
@@ -1042,7 +841,7 @@ def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
     if peak_flops: out["mfu"] = out["flops"] / out["time_s"] / (peak_flops * W)
     return out
 
-# %% ../nbs/07_learner.ipynb 95
+# %% ../nbs/07_learner.ipynb 80
 _PASS_ENV = ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "TORCH_EXTENSIONS_DIR", "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "DS_BUILD_OPS",
              "TORCH_CUDA_ARCH_LIST", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "GRPO_NB_CACHE")
 
@@ -1062,7 +861,7 @@ class LearnerGroup:
         return (f"LearnerGroup({self.world_size} × {i['device']}, ZeRO-{i['zero_stage']}, {i['dtype']}, {i['params'] / 1e6:.2f}M params, "
                 f"attention {i['attention']}, step {self.step_count})")
 
-# %% ../nbs/07_learner.ipynb 97
+# %% ../nbs/07_learner.ipynb 82
 def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
          method:str, # the method to call on every rank
          *args, # the same arguments for every rank ...
@@ -1074,7 +873,7 @@ def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
     if len(actors) == 1 and isinstance(actors[0], LearnerWorker): return [getattr(actors[0], method)(*argv[0])]
     return gather([submit(a, method, *av) for a, av in zip(actors, argv)], timeout_s)
 
-# %% ../nbs/07_learner.ipynb 98
+# %% ../nbs/07_learner.ipynb 83
 def create_learner_group(spec:LearnerSpec, # what every rank builds
                          world_size:int, # learner ranks W
                          groups=None, # `grpo_nb.placement.PlacementGroups`: actors go into the learner bundles
@@ -1110,7 +909,7 @@ def create_learner_group(spec:LearnerSpec, # what every rank builds
         raise
     return LearnerGroup(actors, spec, info)
 
-# %% ../nbs/07_learner.ipynb 99
+# %% ../nbs/07_learner.ipynb 84
 @patch
 def minibatches(self:LearnerGroup, n:int) -> int:
     "Optimizer steps per epoch for a step of `n` sequences: `num_mini_batches`, or n / (micro_batch_size × gradient_accumulation_steps × W)."
@@ -1130,7 +929,7 @@ def step(self:LearnerGroup,
     self.step_count += 1
     return combine_metrics(parts, self.spec.peak_flops)
 
-# %% ../nbs/07_learner.ipynb 100
+# %% ../nbs/07_learner.ipynb 85
 @patch
 def save(self:LearnerGroup,
          ckpt_dir:str|Path, # the run's checkpoint directory
@@ -1199,7 +998,7 @@ def shutdown(self:LearnerGroup,
         for a in self.actors: ray.kill(a, no_restart=True)
     self.actors = []
 
-# %% ../nbs/07_learner.ipynb 109
+# %% ../nbs/07_learner.ipynb 94
 @patch(cls_method=True)
 def from_config(cls:LearnerGroup,
                 cfg, # a `grpo_nb.config.TrainConfig`
@@ -1218,7 +1017,7 @@ def from_config(cls:LearnerGroup,
                        peak_flops=None)   # each rank looks its GPU up by name: an unknown GPU gets no MFU, not a wrong one
     return create_learner_group(spec, d.learner_world_size, groups, **kwargs)
 
-# %% ../nbs/07_learner.ipynb 112
+# %% ../nbs/07_learner.ipynb 97
 def mfu_records(path:str|Path="bench/results/learner_mfu.json", # written by bench/learner_mfu.py
                ) -> list[dict]: # its records ([] when the file is not there yet)
     "The learner benchmark's records."

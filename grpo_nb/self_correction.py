@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from .config import ConfigError, _merge, config_data, from_dict, parse_overrides, trainer_of
-from .learner import find_resume, latest_checkpoint, rng_state, save_checkpoint_files, set_rng_state
+from .checkpoint import find_resume, latest_checkpoint, rng_state, save_checkpoint_files, set_rng_state
 from .loss import token_logprobs
 from .memory import GiB, ModelShape, activations_bytes, get_shape, logits_bytes, param_counts, shape_to_hf
 from .reward_model import classifier_shape

@@ -12,7 +12,8 @@ from fastcore.basics import patch
 from .config import ConfigError, TrainConfig, derive, load_config, to_dict, to_yaml, validate, parse_overrides
 from .stop import StopFlag, catch_early
 from .run import MetricsLog, load_rows, read_metrics
-from .learner import read_latest, write_latest, TrainBatch, latest_checkpoint, list_checkpoints, LearnerGroup
+from .learner import TrainBatch, LearnerGroup
+from .checkpoint import latest_checkpoint, list_checkpoints, read_latest, write_latest
 from .tiny import resolve_model
 from .colocate import check_sleep_mode
 from .loss import group_advantages, zero_variance_groups

@@ -14,9 +14,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from grpo_nb.config import LearnerConfig
-from grpo_nb.learner import (CheckpointError, LearnerSpec, PolicyLogProbs, TrainBatch, checkpoint_files, commit_checkpoint,
-                             create_learner_group, file_digest, latest_checkpoint, make_micro_batch, micro_batch_loss,
-                             pack_sequences, shard_batch, step_counts, verify_checkpoint)
+from grpo_nb.checkpoint import CheckpointError, checkpoint_files, commit_checkpoint, file_digest, latest_checkpoint, verify_checkpoint
+from grpo_nb.learner import (LearnerSpec, PolicyLogProbs, TrainBatch, create_learner_group, make_micro_batch, micro_batch_loss,
+                             pack_sequences, shard_batch, step_counts)
 from grpo_nb.loss import loss_kwargs
 
 N, K = 4, 2  # steps of the first run; the checkpoint resumed from

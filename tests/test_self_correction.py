@@ -91,7 +91,7 @@ def test_two_ranks_sum_to_one_batch_and_stay_in_step(tmp_path):
     import json, socket
     import torch.multiprocessing as tmp_mp
     from grpo_nb.self_correction import SCConfig, load_models, run_episodes, update
-    from grpo_nb.learner import read_latest, verify_checkpoint
+    from grpo_nb.checkpoint import read_latest, verify_checkpoint
     from grpo_nb.tiny import make_arithmetic
     with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
     tmp_mp.spawn(_dp_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
