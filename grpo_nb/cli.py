@@ -17,7 +17,7 @@ COMMANDS:dict[str, tuple[str, str]] = {
     "plan":      ("grpo_nb.memory:plan_cli",       "per-GPU memory of learners and engines, with a verdict and the fix"),
     "layout":    ("grpo_nb.placement:layout_cli",  "place learners and engines on nodes and GPUs, or say why not"),
     "train":     ("grpo_nb.trainer:train_cli",     "run GRPO training from a config (resumes with --resume auto)"),
-    "demo":      ("grpo_nb.trainer:demo_cli|grpo_nb.tiny:demo_fallback_cli", "the tiny CPU GRPO run of `make demo`"),
+    "demo":      ("grpo_nb.trainer:demo_cli", "the tiny CPU GRPO run of `make demo`"),
     "sbatch":    ("grpo_nb.slurm:sbatch_cli",      "write an sbatch script for your cluster from a config"),
     "preflight": ("grpo_nb.slurm:preflight_cli",   "check a config against the cluster before submitting"),
     "code-server": ("grpo_nb.rewards:serve_cli",   "run the sandboxed code-execution service that code rewards call"),

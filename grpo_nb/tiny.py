@@ -15,8 +15,7 @@ from .config import ConfigError
 __all__ = ['SPECIAL_TOKENS', 'ALPHABET', 'CHAT_TEMPLATE', 'TINY_MODELS', 'TINY_FORMAT', 'Op', 'BUILTIN_DATASETS',
            'build_tokenizer', 'TinySpec', 'tiny_config', 'build_tiny_model', 'default_cache_dir', 'tiny_model_dir',
            'builtin_model', 'resolve_model', 'arithmetic_split', 'make_arithmetic', 'load_builtin', 'greedy_accuracy',
-           'warm_start', 'spawn_call', 'vllm_generate', 'grpo_loss_stub', 'pack_rows', 'free_port', 'zero3_step',
-           'demo_fallback_cli']
+           'warm_start', 'spawn_call', 'vllm_generate', 'free_port']
 
 # %% ../nbs/14_tiny.ipynb 7
 SPECIAL_TOKENS:dict[str, str] = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "unk": "<unk>"}
@@ -374,126 +373,8 @@ def vllm_generate(model_dir:str|Path, # HF model directory (e.g. from `tiny_mode
             from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
             cleanup_dist_env_and_memory()
 
-# %% ../nbs/14_tiny.ipynb 45
-def grpo_loss_stub(logits, # B, T, V next-token logits
-                   input_ids, # B, T token ids
-                   completion_mask, # B, T 1 on completion tokens
-                   advantages, # B per-sequence advantages
-                  ):
-    "A GRPO-*shaped* stand-in loss for smoke tests and the fallback demo (not the GRPO objective): -mean(A · ratio) over completion tokens."
-    import torch
-    logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, input_ids[:, 1:, None])[..., 0]  # B, T-1
-    mask = completion_mask[:, 1:].float()                                                           # B, T-1
-    ratio = torch.exp(logp - logp.detach())                                                         # B, T-1 (== 1)
-    return -(advantages[:, None] * ratio * mask).sum() / mask.sum().clamp(min=1)
-
-# %% ../nbs/14_tiny.ipynb 48
-def pack_rows(prompt_ids:list[list[int]], # B prompts, token ids
-              completion_ids:list[list[int]], # B completions, token ids
-              advantages:list[float], # B advantages
-              pad_id:int=0, # padding token id
-             ) -> dict:
-    "Right-padded `input_ids`, `attention_mask`, `completion_mask` (B, T) and `advantages` (B), as lists."
-    T = max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids))
-    pad = lambda row: row + [pad_id] * (T - len(row))
-    return {"input_ids": [pad(p + c) for p, c in zip(prompt_ids, completion_ids)],
-            "attention_mask": [[1] * (len(p) + len(c)) + [0] * (T - len(p) - len(c)) for p, c in zip(prompt_ids, completion_ids)],
-            "completion_mask": [[0] * len(p) + [1] * len(c) + [0] * (T - len(p) - len(c)) for p, c in zip(prompt_ids, completion_ids)],
-            "advantages": list(map(float, advantages))}
-
-# %% ../nbs/14_tiny.ipynb 50
+# %% ../nbs/14_tiny.ipynb 44
 def free_port() -> int:
     "A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous)."
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
-def _param_digest(module) -> str:
-    "SHA-256 of every parameter's fp32 bytes, in name order (call with the parameters gathered)."
-    h = hashlib.sha256()
-    for name, p in sorted(module.named_parameters()):
-        h.update(name.encode()); h.update(p.detach().float().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-def zero3_step(rank:int, # this process's rank
-               world_size:int, # ranks in the job
-               port:int, # rendezvous port on 127.0.0.1 (same for every rank)
-               model_dir:str|Path, # HF model directory
-               batch:dict, # from `pack_rows`; this rank takes rows rank::world_size
-               lr:float=1e-3, # AdamW learning rate
-               threads:int=1, # torch threads in this rank
-              ) -> dict:
-    "One rank of a real DeepSpeed ZeRO-3 step over gloo with `grpo_loss_stub`; returns loss and parameter hashes."
-    import logging, warnings, torch
-    from transformers import AutoModelForCausalLM
-    torch.set_num_threads(threads)
-    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")  # this process only
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")  # this process is the rank: its own environment
-    import deepspeed
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # skip the 30-50 s JIT build of the shm all-reduce
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-    with _no_progress_bars(): model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    before = _param_digest(model)
-    rows = {k: torch.tensor(v[rank::world_size]) for k, v in batch.items()}
-    config = {"train_micro_batch_size_per_gpu": len(rows["advantages"]), "gradient_accumulation_steps": 1,
-              "zero_optimization": {"stage": 3}, "gradient_clipping": 1.0, "steps_per_print": 10**9,
-              "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.0, "torch_adam": True}}}
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    logits = engine(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"]).logits  # B, T, V
-    loss = grpo_loss_stub(logits, rows["input_ids"], rows["completion_mask"], rows["advantages"])
-    engine.backward(loss); engine.step()
-    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
-        after = _param_digest(engine.module)
-    partitioned = sum(p.ds_tensor.numel() for p in engine.module.parameters())  # this rank's share
-    total = sum(p.ds_numel for p in engine.module.parameters())
-    torch.distributed.barrier(); torch.distributed.destroy_process_group()
-    return {"rank": rank, "loss": loss.item(), "digest_before": before, "digest_after": after,
-            "params_total": total, "params_on_rank": partitioned}
-
-# %% ../nbs/14_tiny.ipynb 54
-def _exact_match(sample:dict, answer:str) -> float:
-    "1.0 when a `vllm_generate` sample is exactly the answer and then <eos>."
-    return float(sample["finish_reason"] == "stop" and sample["text"] == answer)
-
-def _group_advantages(rewards:list[float], G:int) -> list[float]:
-    "(r - group mean) / (group std + 1e-6) within each consecutive group of G."
-    out = []
-    for i in range(0, len(rewards), G):
-        g = rewards[i:i + G]; mu = sum(g) / len(g); sd = (sum((r - mu) ** 2 for r in g) / max(len(g) - 1, 1)) ** 0.5
-        out += [(r - mu) / (sd + 1e-6) for r in g]
-    return out
-
-# %% ../nbs/14_tiny.ipynb 56
-def demo_fallback_cli(argv:list[str]|None=None) -> int:
-    "`grpo_nb demo` until the GRPO trainer exists: tiny policy -> vLLM samples -> rewards -> one ZeRO-3 step."
-    p = argparse.ArgumentParser(prog="grpo_nb demo", description=demo_fallback_cli.__doc__)
-    p.add_argument("--model", default="tiny-arith", choices=sorted(TINY_MODELS), help="built-in tiny policy")
-    p.add_argument("--warm_steps", type=int, default=60, help="supervised warm-start steps before sampling (0: random init)")
-    p.add_argument("--prompts", type=int, default=8, help="problems sampled from builtin:arithmetic")
-    p.add_argument("-G", "--samples", type=int, default=8, help="completions per problem (G)")
-    p.add_argument("--seed", type=int, default=0, help="data, init and sampling seed")
-    args = p.parse_args(argv)
-    if args.samples < 2: p.error("-G must be at least 2: advantages are normalised within a group")
-    t0 = time.perf_counter(); say = lambda s: print(f"[{time.perf_counter() - t0:5.1f} s] {s}", flush=True)
-    print("grpo_nb demo: the GRPO trainer is not built yet; this runs the most complete job available:\n"
-          "  tiny Qwen2 policy -> real vLLM engine (CPU) -> exact-match rewards -> group advantages -> "
-          "one real DeepSpeed ZeRO-3 step (a GRPO-shaped stub loss)\n", flush=True)
-    model_dir = tiny_model_dir(args.model, seed=args.seed, warm_steps=args.warm_steps)
-    say(f"policy {args.model} ({args.warm_steps} warm-start steps): {model_dir}")
-    rows = load_builtin("arithmetic", n=args.prompts, seed=args.seed)
-    gen, = spawn_call([(vllm_generate, dict(model_dir=model_dir, prompts=[r["prompt"] for r in rows], n=args.samples,
-                                            max_tokens=6, temperature=1.0, seed=args.seed))])
-    rewards = [_exact_match(s, r["answer"]) for r, g in zip(rows, gen) for s in g["samples"]]
-    say(f"vLLM sampled {len(rewards)} completions ({args.prompts} problems × G={args.samples}); mean reward {sum(rewards)/len(rewards):.3f}")
-    for r, g in list(zip(rows, gen))[:3]:
-        print(f"         {r['prompt']:<7} want {r['answer']:<3} got {[s['text'] for s in g['samples']]}")
-    adv = _group_advantages(rewards, args.samples)
-    batch = pack_rows([g["prompt_ids"] for g in gen for _ in g["samples"]], [s["token_ids"] for g in gen for s in g["samples"]], adv)
-    res, = spawn_call([(zero3_step, dict(rank=0, world_size=1, port=free_port(), model_dir=model_dir, batch=batch))])
-    changed = res["digest_before"] != res["digest_after"]
-    say(f"DeepSpeed ZeRO-3 step (1 rank, gloo): stub loss {res['loss']:+.4f}; {res['params_total']:,} parameters "
-        + ("updated" if changed else "unchanged (every group had equal rewards, so every advantage was 0)"))
-    print("\nThe GRPO trainer is not built yet; this ran the most complete job available. `grpo_nb demo` will run "
-          "the real training loop once grpo_nb.trainer exists.")
-    return 0

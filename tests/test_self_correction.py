@@ -78,7 +78,7 @@ def _dp_rank(rank:int, world:int, port:int, out:str):
     keep = {k: _KeepGrads(models[k]) for k in ("policy", "guidance", "critic")}
     update(models, keep, tok, half, 2, cfg, total=6)
     torch.save({k: o.grads for k, o in keep.items()}, f"{out}/grads{rank}.pt")
-    res = train(SCConfig(steps=2, episodes=4, checkpoint_dir=f"{out}/ck", checkpoint_every=1))
+    res = train(SCConfig(steps=1, episodes=4, checkpoint_dir=f"{out}/ck"))
     (Path(out) / f"run{rank}.json").write_text(json.dumps({"digests": res["digests"], "metrics": res["metrics"]}))
     dist.destroy_process_group()
 
@@ -107,10 +107,10 @@ def test_two_ranks_sum_to_one_batch_and_stay_in_step(tmp_path):
         for n, g in grads.grads.items():   # after update's all_reduce every rank holds the gradient of the whole batch
             torch.testing.assert_close(g0[k][n], g, rtol=1e-4, atol=1e-6); torch.testing.assert_close(g1[k][n], g, rtol=1e-4, atol=1e-6)
     r0, r1 = (json.loads((tmp_path / f"run{r}.json").read_text()) for r in (0, 1))
-    assert r0["digests"] == r1["digests"] and len(r0["digests"]["policy"]) == 3   # the ranks hold the same models after every step
+    assert r0["digests"] == r1["digests"] and len(r0["digests"]["policy"]) == 2   # the ranks hold the same models after the step
     assert r0["metrics"] == [dict(m, step_s=r0["metrics"][i]["step_s"]) for i, m in enumerate(r1["metrics"])]
-    assert read_latest(tmp_path / "ck") == 2
-    man = verify_checkpoint(tmp_path / "ck" / "step_00000002")
+    assert read_latest(tmp_path / "ck") == 1
+    man = verify_checkpoint(tmp_path / "ck" / "step_00000001")
     assert {"rng_rank0.pt", "rng_rank1.pt", "policy.pt", "optimizer_policy.pt", "state.json"} <= set(man["files"])
 
 def test_resume_refuses_another_policy_and_a_fresh_start_over_checkpoints(tmp_path):
@@ -122,11 +122,10 @@ def test_resume_refuses_another_policy_and_a_fresh_start_over_checkpoints(tmp_pa
     with pytest.raises(ConfigError, match="--resume=auto"): train(SCConfig(steps=2, episodes=2, checkpoint_dir=str(tmp_path), resume="none"), digests=False)
 
 def test_gradient_checkpointing_and_offload_change_nothing_but_memory():
+    "One update of every role (guidance included) gives the same parameters with checkpointing, without the KV cache and with the optimizer offloaded (fp32 CPU masters)."
     from grpo_nb.self_correction import SCConfig, train
-    base = train(SCConfig(steps=2, episodes=3, guidance_every=1))["digests"]
-    assert train(SCConfig(steps=2, episodes=3, guidance_every=1, grad_ckpt=True, kv_cache=False))["digests"] == base
-    off = train(SCConfig(steps=2, episodes=3, guidance_every=1, optimizer_offload=True))["digests"]   # (fp32 CPU masters: same numbers)
-    assert off == base
+    base = train(SCConfig(steps=1, episodes=3, guidance_every=1))["digests"]
+    assert train(SCConfig(steps=1, episodes=3, guidance_every=1, grad_ckpt=True, kv_cache=False, optimizer_offload=True))["digests"] == base
 
 def test_gpu_memory_bench_script_runs_its_smoke_config(tmp_path):
     import json, sys

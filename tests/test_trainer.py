@@ -103,7 +103,7 @@ def test_bad_config_fails_fast(tmp_path):
 
 def test_sync_loop_kill_and_resume():
     tmp = Path(tempfile.mkdtemp(prefix="trk", dir="/tmp"))
-    out, N = tmp / "run", 12
+    out, N = tmp / "run", 6
     proc = _start(out, f"--total_steps={N}")
     try: _wait_step(proc, out, 3)              # a checkpoint (every 2 steps) is complete; later steps may be logged, not saved
     finally: _kill_tree(proc)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test` after the sync check: notebooks, the site and its browser test, then pytest on three workers (most tests wait on subprocesses, Ray and SLURM rather than compute: a third worker uses the two cores better).
+# `make test` after the sync check: notebooks, the site and its browser test, then pytest on two workers.
 # The real-SLURM tests need Debian's SLURM and munge; when they are missing (and we are root, as in CI) they are
 # installed in the background while the notebooks run, so the download overlaps work instead of adding to it.
 set -euo pipefail
