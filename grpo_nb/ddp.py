@@ -24,6 +24,7 @@ from .rewards import compute_rewards, RewardContext
 from .sandbox import run_tests, Limits
 from .tiny import builtin_model, resolve_model, _no_progress_bars
 from .run import MetricsLog, load_rows
+from .stop import StopFlag
 
 # %% auto 0
 __all__ = ['DDP_PRESETS', 'DDP_SBATCH', 'DDPOptions', 'load_run', 'BatchPlan', 'plan_batches', 'plan_table', 'prompt_indices',
@@ -377,10 +378,6 @@ def dist_env(device:str="auto", # cluster.device
     return DistEnv(rank, world, local, torch.device("cuda", local) if cuda else torch.device("cpu"))
 
 # %% ../nbs/10_ddp.ipynb 53
-_STOP = {"flag": 0}
-
-def _on_signal(signum, frame): _STOP["flag"] = 1
-
 def _setup(cfg:TrainConfig, opts:DDPOptions, env:DistEnv):
     "Process group, threads, seeds."
     if opts.threads_per_rank: torch.set_num_threads(opts.threads_per_rank)
@@ -390,7 +387,6 @@ def _setup(cfg:TrainConfig, opts:DDPOptions, env:DistEnv):
         torch.distributed.init_process_group(backend, timeout=timedelta(seconds=opts.collective_timeout_s),
                                              **({"device_id": env.device} if backend == "nccl" else {}))
     seed_everything(cfg.seed + env.rank)
-    return {s: signal.signal(s, _on_signal) for s in (signal.SIGUSR1, signal.SIGTERM)}  # the handlers to restore
 
 def _build(cfg:TrainConfig, env:DistEnv):
     "(lm, tok, policy, optimizer): the model on this rank's device, DDP-wrapped when W > 1, and its optimizer."
@@ -448,13 +444,10 @@ def train(cfg:TrainConfig, # the validated run config
     R = cfg.rollout
     plan = plan_batches(R.prompts_per_step, R.num_samples_per_prompt, cfg.learner.micro_batch_size,
                         cfg.learner.gradient_accumulation_steps, env.world_size, opts.batch_scaling, cfg.learner.epochs_per_batch)
-    old_handlers = _setup(cfg, opts, env)
-    try: return _train(cfg, opts, env, plan)
-    finally:
-        for s, h in old_handlers.items(): signal.signal(s, h)
-        _STOP["flag"] = 0
+    _setup(cfg, opts, env)
+    with StopFlag() as flag: return _train(cfg, opts, env, plan, flag)   # SIGUSR1/SIGTERM: stop at the next step (grpo_nb.stop)
 
-def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan) -> dict:
+def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan, flag:StopFlag) -> dict:
     R = cfg.rollout
     ckpt_root = Path(derive(cfg).checkpoint_dir)
     if env.rank == 0:
@@ -481,7 +474,7 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan) -> dic
     total_opt = cfg.total_steps * plan.optimizer_steps * cfg.learner.epochs_per_batch
     last_saved, stopped = step, False
     while step < cfg.total_steps:
-        stop = _all_sum(torch.tensor([float(_STOP["flag"])], device=env.device), env.world_size)
+        stop = _all_sum(torch.tensor([float(bool(flag))], device=env.device), env.world_size)
         if float(stop) > 0: stopped = True; break
         if opts.fail_at_step and step + 1 == opts.fail_at_step and env.rank == env.world_size - 1:
             print(f"[grpo_nb.ddp] rank {env.rank}: simulated failure at step {step + 1}", flush=True); os._exit(17)
