@@ -14,8 +14,9 @@ from fastcore.docments import docments
 # %% auto 0
 __all__ = ['GPU_MIB', 'PRESETS', 'TRAINERS', 'TRANSLATORS', 'ConfigError', 'ModelConfig', 'DataConfig', 'RolloutConfig',
            'LearnerConfig', 'gpu_mem_gib_of', 'ClusterConfig', 'RewardConfig', 'LoggingConfig', 'CheckpointConfig',
-           'TrainConfig', 'field_docs', 'from_dict', 'parse_overrides', 'Derived', 'derive', 'validate', 'configs_dirs',
-           'shipped_presets', 'config_data', 'trainer_of', 'load_config', 'to_dict', 'to_yaml', 'config_cli']
+           'TrainConfig', 'field_docs', 'from_dict', 'parse_overrides', 'Derived', 'derive', 'validate_learner',
+           'validate_rollout', 'validate_cluster', 'validate_reward', 'validate', 'configs_dirs', 'shipped_presets',
+           'config_data', 'trainer_of', 'load_config', 'to_dict', 'to_yaml', 'config_cli']
 
 # %% ../nbs/00_config.ipynb 6
 class ConfigError(ValueError):
@@ -334,34 +335,18 @@ def _check_colocated(cfg:TrainConfig):
 def _check(ok:bool, where:str, problem:str, fix:str=""):
     if not ok: raise ConfigError(where, problem, fix)
 
+def _at_least(lo:int, fields:list[tuple[str, float]]):
+    "Every (field, value) is at least `lo` (1: counts and sizes; 0: optional amounts)."
+    for where, v in fields:
+        _check(v >= lo, where, f"must be at least 1 (got {v})." if lo == 1 else f"must not be negative (got {v}).", f"--{where}={lo}")
+
 def _divisors(n:int) -> list[int]: return [k for k in range(1, n + 1) if n % k == 0]
 
-def validate(cfg:TrainConfig) -> TrainConfig:
-    "Raise `ConfigError` naming the field and the fix for the first bad value in `cfg`; return `cfg` if all is well."
-    L, R, C, D = cfg.learner, cfg.rollout, cfg.cluster, cfg.data
-    for where, v in [("total_steps", cfg.total_steps), ("rollout.num_engines", R.num_engines),
-                     ("rollout.tensor_parallel_size", R.tensor_parallel_size), ("rollout.prompts_per_step", R.prompts_per_step),
-                     ("rollout.max_new_tokens", R.max_new_tokens), ("learner.micro_batch_size", L.micro_batch_size),
-                     ("learner.gradient_accumulation_steps", L.gradient_accumulation_steps), ("learner.epochs_per_batch", L.epochs_per_batch),
-                     ("learner.logprob_chunk", L.logprob_chunk), ("cluster.nodes", C.nodes), ("data.max_prompt_tokens", D.max_prompt_tokens),
-                     ("logging.log_every", cfg.logging.log_every), ("checkpoint.keep_last", cfg.checkpoint.keep_last),
-                     ("reward.code_workers", cfg.reward.code_workers), ("reward.code_memory_mb", cfg.reward.code_memory_mb),
-                     ("reward.code_nproc", cfg.reward.code_nproc), ("rollout.startup_timeout_s", R.startup_timeout_s)]:
-        _check(v >= 1, where, f"must be at least 1 (got {v}).", f"--{where}=1")
-    for where, v in [("eval_every", cfg.eval_every), ("checkpoint.every_steps", cfg.checkpoint.every_steps),
-                     ("learner.pack_length", L.pack_length), ("learner.warmup_steps", L.warmup_steps),
-                     ("learner.kl_beta", L.kl_beta), ("learner.max_grad_norm", L.max_grad_norm),
-                     ("learner.weight_decay", L.weight_decay), ("cluster.cpus_per_node", C.cpus_per_node),
-                     ("data.eval_limit", D.eval_limit), ("rollout.kv_cache_mib", R.kv_cache_mib),
-                     ("reward.math_timeout_s", cfg.reward.math_timeout_s), ("cluster.cpus_per_learner", C.cpus_per_learner),
-                     ("cluster.cpus_per_engine_worker", C.cpus_per_engine_worker),
-                     ("cluster.gpus_per_node", C.gpus_per_node), ("learner.entropy_coef", L.entropy_coef),
-                     ("learner.num_mini_batches", L.num_mini_batches), ("rollout.verify_every", R.verify_every),
-                     ("rollout.verify_atol", R.verify_atol), ("rollout.fault_skip_sync_step", R.fault_skip_sync_step)]:
-        _check(v >= 0, where, f"must not be negative (got {v}).", f"--{where}=0")
-    _check(R.num_samples_per_prompt >= 2, "rollout.num_samples_per_prompt",
-           f"GRPO normalises rewards within a group of G samples; G={R.num_samples_per_prompt} leaves every advantage at zero.",
-           "--rollout.num_samples_per_prompt=8")
+def validate_learner(L:LearnerConfig) -> None:
+    "The learner section on its own."
+    _at_least(1, [(f"learner.{k}", getattr(L, k)) for k in ("micro_batch_size", "gradient_accumulation_steps", "epochs_per_batch", "logprob_chunk")])
+    _at_least(0, [(f"learner.{k}", getattr(L, k)) for k in ("pack_length", "warmup_steps", "kl_beta", "max_grad_norm", "weight_decay",
+                                                             "entropy_coef", "num_mini_batches")])
     _check(0 < L.learning_rate < 1, "learner.learning_rate", f"must be in (0, 1) (got {L.learning_rate}).", "--learner.learning_rate=1e-6")
     _check(L.zero_stage in (0, 1, 2, 3), "learner.zero_stage", f"must be one of 0, 1, 2, 3 (got {L.zero_stage}).", "--learner.zero_stage=3")
     _check(L.offload == "none" or L.zero_stage >= 2, "learner.offload",
@@ -376,11 +361,24 @@ def validate(cfg:TrainConfig) -> TrainConfig:
     _check(L.tis_cap is None or L.tis_cap >= 1, "learner.tis_cap", f"must be >= 1 or none (got {L.tis_cap}).", "--learner.tis_cap=2.0")
     _check(L.kl_beta == 0 or L.ref_policy != "none", "learner.ref_policy",
            f"kl_beta={L.kl_beta} needs a reference policy.", "--learner.ref_policy=gpu (or cpu), or --learner.kl_beta=0")
+
+def validate_rollout(R:RolloutConfig) -> None:
+    "The rollout section on its own (a colocated rollout: `_check_colocated`, which needs the whole config)."
+    _at_least(1, [(f"rollout.{k}", getattr(R, k)) for k in ("num_engines", "tensor_parallel_size", "prompts_per_step", "max_new_tokens",
+                                                             "startup_timeout_s")])
+    _at_least(0, [(f"rollout.{k}", getattr(R, k)) for k in ("kv_cache_mib", "verify_every", "verify_atol", "fault_skip_sync_step")])
+    _check(R.num_samples_per_prompt >= 2, "rollout.num_samples_per_prompt",
+           f"GRPO normalises rewards within a group of G samples; G={R.num_samples_per_prompt} leaves every advantage at zero.",
+           "--rollout.num_samples_per_prompt=8")
     _check(R.temperature > 0, "rollout.temperature", f"must be > 0 (got {R.temperature}).", "--rollout.temperature=1.0")
     _check(0 < R.top_p <= 1, "rollout.top_p", f"must be in (0, 1] (got {R.top_p}).", "--rollout.top_p=1.0")
     _check(0 < R.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
            f"must be in (0, 1] (got {R.gpu_memory_utilization}).", "--rollout.gpu_memory_utilization=0.9")
-    if R.placement == "colocated": _check_colocated(cfg)
+
+def validate_cluster(C:ClusterConfig) -> None:
+    "The cluster section on its own; a GPU name sets `gpu_mem_gib` (in place) to what nvidia-smi reports for it."
+    _at_least(1, [("cluster.nodes", C.nodes)])
+    _at_least(0, [(f"cluster.{k}", getattr(C, k)) for k in ("cpus_per_node", "cpus_per_learner", "cpus_per_engine_worker", "gpus_per_node")])
     if C.gpu: C.gpu_mem_gib = gpu_mem_gib_of(C.gpu)
     _check(C.gpu_mem_gib > 0, "cluster.gpu_mem_gib", f"must be > 0 (got {C.gpu_mem_gib}).", "--cluster.gpu_mem_gib=80")
     _check(len(C.learners_per_node) >= 1 and all(n >= 1 for n in C.learners_per_node), "cluster.learners_per_node",
@@ -392,12 +390,28 @@ def validate(cfg:TrainConfig) -> TrainConfig:
         big = [n for n in C.learners_per_node if n > C.gpus_per_node]
         _check(not big, "cluster.learners_per_node", f"asks for {max(big or [0])} learners on a node with {C.gpus_per_node} GPUs.",
                f"--cluster.learners_per_node=[{','.join(str(min(n, C.gpus_per_node)) for n in C.learners_per_node)}] or more nodes")
+
+def validate_reward(W:RewardConfig) -> None:
+    "The reward section on its own."
+    _at_least(1, [(f"reward.{k}", getattr(W, k)) for k in ("code_workers", "code_memory_mb", "code_nproc")])
+    _at_least(0, [("reward.math_timeout_s", W.math_timeout_s)])
+    for name, w in W.functions.items():
+        _check(w == w and abs(w) != float("inf"), f"reward.functions.{name}", f"weight must be a finite number (got {w}).")
+    _check(bool(W.functions), "reward.functions", "at least one reward function is needed.", "--reward.functions={math: 1.0}")
+
+def validate(cfg:TrainConfig) -> TrainConfig:
+    "Raise `ConfigError` naming the field and the fix for the first bad value in `cfg`; return `cfg` if all is well."
+    L, R, C, D = cfg.learner, cfg.rollout, cfg.cluster, cfg.data
+    _at_least(1, [("total_steps", cfg.total_steps), ("logging.log_every", cfg.logging.log_every), ("checkpoint.keep_last", cfg.checkpoint.keep_last),
+                  ("data.max_prompt_tokens", D.max_prompt_tokens)])
+    _at_least(0, [("eval_every", cfg.eval_every), ("checkpoint.every_steps", cfg.checkpoint.every_steps), ("data.eval_limit", D.eval_limit)])
+    validate_learner(L); validate_rollout(R); validate_cluster(C); validate_reward(cfg.reward)
+    # between sections
+    if R.placement == "colocated": _check_colocated(cfg)
+    if C.device != "cpu":
         _check(R.tensor_parallel_size <= C.gpus_per_node, "rollout.tensor_parallel_size",
                f"TP={R.tensor_parallel_size} spans nodes of {C.gpus_per_node} GPUs; tensor parallelism must stay inside a node.",
                f"--rollout.tensor_parallel_size={C.gpus_per_node}")
-    for name, w in cfg.reward.functions.items():
-        _check(w == w and abs(w) != float("inf"), f"reward.functions.{name}", f"weight must be a finite number (got {w}).")
-    _check(bool(cfg.reward.functions), "reward.functions", "at least one reward function is needed.", "--reward.functions={math: 1.0}")
     d = derive(cfg)
     _check(d.sequences_per_step >= d.learner_world_size, "rollout.prompts_per_step",
            f"a step's {d.sequences_per_step} sequences (prompts_per_step {R.prompts_per_step} × G {R.num_samples_per_prompt}) leave some of "
@@ -408,7 +422,7 @@ def validate(cfg:TrainConfig) -> TrainConfig:
            "without a sequence in a mini-batch.", f"--learner.num_mini_batches={max(1, d.sequences_per_step // d.learner_world_size)}")
     return cfg
 
-# %% ../nbs/00_config.ipynb 42
+# %% ../nbs/00_config.ipynb 43
 PRESETS:dict[str, dict] = {
     "default": {},
     "demo": {  # a tiny policy learning arithmetic on a 2-core CPU with a real vLLM engine, DeepSpeed and Ray
@@ -501,7 +515,7 @@ def to_yaml(cfg) -> str:
     "The config as YAML, every section in declaration order."
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
-# %% ../nbs/00_config.ipynb 47
+# %% ../nbs/00_config.ipynb 48
 TRANSLATORS:dict[str, str] = {"--from-open-instruct": "grpo_nb.open_instruct:translate_cli"}
 "Flags of `grpo_nb config` that hand the rest of the command line to a translator (`module:function`, imported when used, as the `grpo_nb` commands are: the translators build on this module)."
 
