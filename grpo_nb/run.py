@@ -46,6 +46,7 @@ def load_rows(path:str, # jsonl/json/parquet file, or `builtin:<name>` (see `grp
               prompt_key:str="prompt", # field holding the prompt
               answer_key:str="answer", # field holding the reference answer
               where:str="data.train_path", # the config field, for error messages
+              key_fields:tuple[str, str]=("data.prompt_key", "data.answer_key"), # the config fields naming the two keys, for error messages
              ) -> list[dict]: # rows with `prompt` and `answer` (and their other fields)
     "The dataset's rows; `ConfigError` naming the fix for a missing file, a malformed line or a missing field."
     if path.startswith("builtin:"):
@@ -60,7 +61,7 @@ def load_rows(path:str, # jsonl/json/parquet file, or `builtin:<name>` (see `grp
     missing = [k for k in (prompt_key, answer_key) if rows and k not in rows[0]]
     if missing:
         raise ConfigError(where, f"{path} has no field(s) {missing}; its fields are {sorted(rows[0])}.",
-                          f"--data.prompt_key=<field> --data.answer_key=<field>")
+                          f"--{key_fields[0]}=<field> --{key_fields[1]}=<field>")
     gaps = next((n for n, r in enumerate(rows, 1) if prompt_key not in r or answer_key not in r), None)
     if gaps: raise ConfigError(where, f"row {gaps} of {path} lacks {prompt_key!r} or {answer_key!r}.", "complete or drop that row")
     return [{**r, "prompt": r[prompt_key], "answer": r[answer_key]} for r in rows]

@@ -20,6 +20,7 @@ from .reward_model import classifier_shape
 from .rewards import REWARDS, RewardContext
 from .slurm import fill
 from .tiny import TINY_MODELS, _no_progress_bars, make_arithmetic, resolve_model, tiny_model_dir
+from .run import load_rows
 
 # %% auto 0
 __all__ = ['ROLES', 'TRAINED', 'SEED_PLACEMENT', 'SAVED', 'SC_SBATCH', 'resolve_placement', 'polyak_update_', 'SCConfig',
@@ -92,6 +93,10 @@ class SCConfig:
     placement:dict[str,str]=field(default_factory=lambda: {"*": "cpu"}) # role (or "*") -> "cuda:i" | "cpu" (under torchrun: GPUs counted from the rank's first)
     steps:int=4 # updates
     episodes:int=4 # `B` problems per update, over all ranks
+    data:str="builtin:arithmetic" # problems with a prompt and an answer: a jsonl/json/parquet file or `builtin:<name>` (`grpo_nb.run.load_rows`), taken in order and cycled
+    prompt_key:str="prompt" # field of a row holding the problem
+    answer_key:str="answer" # field of a row holding the reference answer
+    reward:str="arith" # the reward function of both turns, a name in `grpo_nb.rewards.REWARDS` (arith, math, ...)
     micro_batch:int=0 # episodes per forward and backward (0: all of a rank's episodes at once); gradients accumulate
     max_new_tokens:int=4 # tokens per attempt and per critique
     lr:float=1e-3 # AdamW learning rate of policy, guidance and critic
@@ -130,6 +135,8 @@ def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset n
         if getattr(cfg, k) < 1: raise ConfigError(k, f"must be at least 1 (got {getattr(cfg, k)}).", f"--{k}=1")
     for k in ("micro_batch", "checkpoint_every"):
         if getattr(cfg, k) < 0: raise ConfigError(k, f"must be 0 or more (got {getattr(cfg, k)}).", f"--{k}=0")
+    if cfg.reward not in REWARDS:
+        raise ConfigError("reward", f"{cfg.reward!r} is not a reward function.", f"one of {sorted(REWARDS)}, e.g. --reward=math")
     if cfg.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError("dtype", f"{cfg.dtype!r} is not a weights dtype this trainer runs.", "--dtype=bfloat16 (GPUs with bf16), float16 or float32")
     if cfg.resume not in ("auto", "none") and not Path(cfg.resume).is_dir():
@@ -280,9 +287,10 @@ def run_episodes(models:dict, # role -> module
                  max_new_tokens:int=4, # tokens per attempt and per critique
                  generator:torch.Generator|None=None, # sampling randomness
                  kv_cache:bool=True, # sample with a KV cache
+                 reward:str="arith", # the reward function of both turns (`grpo_nb.rewards.REWARDS`)
                 ) -> Episodes:
     "Attempt → guidance → revised attempt → rewards, for a batch of problems."
-    arith, ctx = REWARDS["arith"], RewardContext()
+    arith, ctx = REWARDS[reward], RewardContext()
     probs, ans = [r["prompt"] for r in rows], [r["answer"] for r in rows]
     t1 = sample(models["policy"], tok, probs, max_new_tokens, generator, kv_cache=kv_cache)
     txt1 = [tok.decode(c, skip_special_tokens=True) for c in t1]
@@ -495,7 +503,8 @@ def train(cfg:SCConfig, # the run
     models, tok, where = load_models(cfg, gpus, local)
     opts = make_optimizers(models, cfg)
     gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * rank)
-    rows = make_arithmetic(cfg.steps * cfg.episodes, seed=cfg.seed)
+    rows = load_rows(cfg.data, cfg.prompt_key, cfg.answer_key, "data", ("prompt_key", "answer_key"))
+    if not rows: raise ConfigError("data", f"{cfg.data} has no rows.", "--data=<a file with problems> or --data=builtin:arithmetic")
     ref_digest = param_digest(models["reference"])
     state = {"metrics": [], "digests": {r: [param_digest(m)] for r, m in models.items()} if digests else {}, "reference_digest": ref_digest}
     if cfg.checkpoint_dir and cfg.resume == "none" and (old := latest_checkpoint(cfg.checkpoint_dir)):
@@ -506,8 +515,8 @@ def train(cfg:SCConfig, # the run
     start = len(state["metrics"])
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.time()
-        mine = rows[(step - 1) * cfg.episodes: step * cfg.episodes][rank::world]
-        ep = run_episodes(models, tok, mine, cfg.max_new_tokens, gen, cfg.kv_cache)
+        batch = [rows[k % len(rows)] for k in range((step - 1) * cfg.episodes, step * cfg.episodes)]   # in order, cycled
+        ep = run_episodes(models, tok, batch[rank::world], cfg.max_new_tokens, gen, cfg.kv_cache, cfg.reward)
         state["metrics"].append({**update(models, opts, tok, ep, step, cfg, total=cfg.episodes), "step_s": round(time.time() - t0, 3)})
         if digests:
             for r, m in models.items(): state["digests"].setdefault(r, []).append(param_digest(m))

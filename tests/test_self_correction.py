@@ -135,3 +135,14 @@ def test_gpu_memory_bench_script_runs_its_smoke_config(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     (rec,) = json.loads(out.read_text())["records"]
     assert rec["steps"] == 3 and len(rec["step_s_all"]) == 2 and rec["step_s_p90"] >= rec["step_s_median"]
+
+def test_own_problems_and_reward(tmp_path):
+    import json
+    from grpo_nb.config import ConfigError
+    from grpo_nb.self_correction import SCConfig, load_sc_config, run_episodes, load_models, train
+    f = tmp_path / "problems.jsonl"
+    f.write_text("\n".join(json.dumps({"q": f"{i}+{i}=", "a": str(2 * i), "source": "mine"}) for i in range(3)))
+    res = train(SCConfig(steps=2, episodes=2, data=str(f), prompt_key="q", answer_key="a", reward="math"), digests=False)
+    assert [m["step"] for m in res["metrics"]] == [1, 2]                     # 4 episodes from 3 rows: cycled
+    with pytest.raises(ConfigError, match="--prompt_key=<field>"): train(SCConfig(steps=1, episodes=2, data=str(f)), digests=False)
+    with pytest.raises(ConfigError, match="--reward=math"): load_sc_config(None, ["--reward=nope"])
