@@ -13,7 +13,7 @@ from .config import ConfigError, TrainConfig, derive, load_config, to_dict, to_y
 from .stop import StopFlag, catch_early
 from .run import MetricsLog, load_rows, read_metrics
 from .learner import TrainBatch, LearnerGroup
-from .checkpoint import latest_checkpoint, list_checkpoints, read_latest, write_latest
+from .checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, read_latest, write_latest
 from .tiny import resolve_model
 from .colocate import check_sleep_mode
 from .loss import group_advantages, zero_variance_groups
@@ -409,7 +409,7 @@ def loop(self:Run):
     eng = self.actors.engines
     sleepy = R.placement == "colocated" and R.sleep_level > 0   # colocated engines sleep while their learners step
     if self.eval_prompts and self.step == 0: self.log_eval()
-    pending = None
+    pending, begun = None, self.step
     while self.step < cfg.total_steps and not self.stop:
         t_step = time.perf_counter()
         step = self.step + 1
@@ -444,6 +444,8 @@ def loop(self:Run):
         if (E and step % E == 0) or self.stop or step == cfg.total_steps:
             self.checkpoint(); rec["time/checkpoint"] = self.ckpt_s
         self.emit(rec)
+    if self.stop and self.step > begun and (self.last_ckpt is None or self.last_ckpt.name != checkpoint_name(self.step)):
+        self.checkpoint()   # the signal came after this step's checkpoint decision (while it was logged): save the step now
     if self.stop:   # a signal during start-up stops before the first step: nothing new to save
         self.events.append(f"stopped by {self.stop.reason} after step {self.step}" + (f" (checkpoint {self.last_ckpt.name})" if self.last_ckpt else ""))
 
