@@ -14,12 +14,14 @@ On this CPU machine: python bench/sc_memory_gpu.py --smoke --out /tmp/sc_memory_
 
 Each config runs in its own process with a time limit; the results file is rewritten after each one.
 """
-import argparse, json, multiprocessing as mp, os, statistics, sys, time, traceback
+import argparse, json, multiprocessing as mp, os, sys, time, traceback
 from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from e2e_vs_trl import stats as e2e_stats
 
 ON_GPU = {"*": "cuda:0", "reference": "cpu", "target_critic": "cpu"}   # trained roles on the GPU, frozen ones in CPU memory
 CONFIGS = [   # most important first
@@ -35,9 +37,8 @@ SMOKE = dict(policy="tiny-arith", guidance="tiny-arith", critic="tiny-1kv-tied",
              micro_batch=2, max_new_tokens=8, grad_ckpt=True, dtype="float32")
 
 def stats(xs:list) -> dict:
-    xs = sorted(xs)
-    return {"step_s_mean": statistics.fmean(xs), "step_s_median": statistics.median(xs),
-            "step_s_p90": xs[min(len(xs) - 1, round(0.9 * (len(xs) - 1)))]} if xs else {}
+    "Mean, median and p90 of the step times, as the end-to-end benchmark computes them (bench/e2e_vs_trl.py)."
+    return {f"step_s_{k}": v for k, v in e2e_stats(xs).items()} if xs else {}
 
 def one(name:str, kw:dict, q) -> None:
     "Run one config in this process and put its record on the queue."

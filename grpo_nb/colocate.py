@@ -5,7 +5,6 @@
 # %% ../nbs/05a_colocate.ipynb 3
 from __future__ import annotations
 import pickle, time
-from dataclasses import dataclass, asdict
 from datetime import timedelta
 import torch
 from torch import Tensor

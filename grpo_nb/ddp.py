@@ -4,22 +4,20 @@
 
 # %% ../nbs/10_ddp.ipynb 3
 from __future__ import annotations
-import argparse, dataclasses, json, math, os, random, re, signal, sys, time
+import argparse, dataclasses, json, os, random, re, signal, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Literal
-import yaml
 import torch
 from torch import nn, Tensor
-from .config import TrainConfig, ConfigError, load_config, parse_overrides, derive, from_dict, to_dict, PRESETS, config_data, trainer_of
+from .config import TrainConfig, ConfigError, load_config, parse_overrides, derive, from_dict, PRESETS, config_data, trainer_of
 from .loss import group_advantages, policy_loss, loss_kwargs, token_logprobs, agg_counts
 from .learner import lr_factor
-from .checkpoint import (CheckpointError, checkpoint_name, checkpoint_files, commit_checkpoint, file_digest, latest_checkpoint,
-                                prune_checkpoints, verify_checkpoint, rng_state, set_rng_state, seed_everything, tree_digest,
-                                save_checkpoint_files, find_resume, _barrier)
+from .checkpoint import (checkpoint_files, rng_state, set_rng_state, seed_everything, tree_digest, save_checkpoint_files,
+                                find_resume, _barrier)
 from .rewards import compute_rewards, RewardContext
 from .sandbox import run_tests, Limits
 from .tiny import builtin_model, resolve_model, _no_progress_bars

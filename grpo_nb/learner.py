@@ -4,9 +4,9 @@
 
 # %% ../nbs/07_learner.ipynb 3
 from __future__ import annotations
-import hashlib, json, logging, math, os, random, re, shutil, socket, sys, time, uuid
+import json, logging, math, os, random, re, shutil, socket, sys, time, uuid
 from contextlib import nullcontext
-from dataclasses import dataclass, field, asdict, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -22,9 +22,8 @@ from .config import derive
 from .memory import learner_memory
 from .placement import placed_actor_options
 from .tiny import builtin_model, resolve_model
-from .checkpoint import (CheckpointError, MANIFEST, checkpoint_files, checkpoint_name, commit_checkpoint, file_digest, find_resume,
-                                latest_checkpoint, list_checkpoints, prune_checkpoints, read_latest, rng_state, save_checkpoint_files,
-                                seed_everything, set_rng_state, tree_digest, verify_checkpoint, write_latest)
+from .checkpoint import (CheckpointError, checkpoint_files, checkpoint_name, commit_checkpoint, file_digest, latest_checkpoint,
+                                prune_checkpoints, rng_state, seed_everything, set_rng_state, tree_digest, verify_checkpoint)
 
 # %% auto 0
 __all__ = ['logger', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch', 'pack_sequences', 'MicroBatch',

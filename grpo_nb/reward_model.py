@@ -4,15 +4,14 @@
 
 # %% ../nbs/11_reward_model.ipynb 3
 from __future__ import annotations
-import argparse, contextlib, json, math, os, random, shlex, sys, time, zlib
+import argparse, json, math, os, random, sys, time, zlib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable, Literal, Optional
+from typing import Callable, Literal
 import torch
 import torch.nn.functional as F
-import yaml
 from .config import ConfigError, ModelConfig, _merge, config_data, from_dict, parse_overrides, trainer_of
-from .memory import GiB, TERMS, ModelShape, Overheads, get_shape, learner_memory, param_counts
+from .memory import GiB, ModelShape, get_shape, learner_memory, param_counts
 from .rewards import register
 from .slurm import fill
 from .tiny import _no_progress_bars, TINY_MODELS, builtin_model, resolve_model
@@ -261,7 +260,7 @@ def measured_rm_step(path:str|Path="bench/results/reward_model_memory.json", # w
     if name not in recs: raise KeyError(f"{path} has no record {name!r}; it has {sorted(recs)}.")
     r = recs[name]; s = classifier_shape(r["model"])
     tokens, step = r["sequences"] * r["seq_len"], r["step_seconds"][-1]
-    flops = tokens * (6 * r["params"] + 6 * s.layers * s.hidden * r["seq_len"])
+    flops = tokens * (6 * (r["params"] - s.vocab * s.hidden) + 6 * s.layers * s.hidden * r["seq_len"])   # the embedding is a lookup
     peak = GPU_PEAK_TFLOPS.get(r["device"].replace("NVIDIA ", "").split()[0], 989.0) * 1e12
     return {"model": r["model"], "device": r["device"], "tokens": tokens, "step_s": step, "mfu": flops / step / peak,
             "steps_measured": len(r["step_seconds"])}
@@ -275,7 +274,7 @@ def epoch_estimate(batch_pairs:int, # pairs per optimizer step (N × p × k)
                    gpu:str="RTX-4090", # a key of `GPU_PEAK_TFLOPS`
                   ) -> dict: # steps (per epoch), step_s, hours
     "Steps per epoch and the time they take at a given MFU."
-    s = classifier_shape(model); P = param_counts(s)["total"]
+    s = classifier_shape(model); P = param_counts(s)["total"] - s.vocab * s.hidden   # matmul parameters (the embedding is a lookup)
     steps = math.ceil(pairs / batch_pairs)
     flops = 2 * batch_pairs * tokens_per_sequence * (6 * P + 6 * s.layers * s.hidden * tokens_per_sequence)
     step_s = flops / (gpus * GPU_PEAK_TFLOPS[gpu] * 1e12 * mfu)

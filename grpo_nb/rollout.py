@@ -4,10 +4,10 @@
 
 # %% ../nbs/05_rollout.ipynb 3
 from __future__ import annotations
-import itertools, json, os, threading, time
+import json, os, time
 from pathlib import Path
-from dataclasses import dataclass, field, asdict
-from typing import Any, Literal, Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, Sequence, runtime_checkable
 import torch
 from fastcore.basics import patch
 from .actors import submit, gather, call, wait_ready, GPU_SAFETY_ENV

@@ -5,10 +5,9 @@
 # %% ../nbs/12_self_correction.ipynb 3
 from __future__ import annotations
 import argparse, copy, hashlib, json, math, os, shlex, sys, time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Optional
+from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -53,8 +52,8 @@ def resolve_placement(spec:dict[str, str], # role (or "*") -> "cuda:i" | "cpu"
         if d is None: raise ValueError(f"placement: no device for {r!r}; add {r}: cpu (or cuda:0), or a default '*'.")
         if d != "cpu":
             if not d.startswith("cuda:") or not d[5:].isdigit(): raise ValueError(f"placement.{r}: {d!r} is not 'cpu' or 'cuda:<index>'.")
-            if int(d[5:]) >= gpus: raise ValueError(f"placement.{r}: {d} but {gpus} GPU(s) are visible; use cuda:0..cuda:{gpus - 1} or cpu "
-                                                    f"(offload), or run on a machine with {int(d[5:]) + 1} GPUs.")
+            if int(d[5:]) >= gpus: raise ValueError(f"placement.{r}: {d} but {gpus} GPU(s) are visible; use "
+                                                    + (f"cuda:0..cuda:{gpus - 1} or " if gpus else "") + f"cpu (offload), or run on a machine with {int(d[5:]) + 1} GPUs.")
         out[r] = d
     return out
 
@@ -149,6 +148,7 @@ def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset n
 
 # %% ../nbs/12_self_correction.ipynb 19
 def _role_model(name:str, # see `SCConfig.policy`
+                where:str, # the config field naming it (policy, guidance, critic), for errors
                 seed:int, # tiny models: which of the built-in seeds; `random:` shapes: the init seed
                 kind:str, # "lm" (causal LM) | "score" (one-label sequence classifier)
                 dtype:torch.dtype, # weights dtype
@@ -159,7 +159,7 @@ def _role_model(name:str, # see `SCConfig.policy`
     cls, kw = (AutoModelForCausalLM, {}) if kind == "lm" else (AutoModelForSequenceClassification, {"num_labels": 1})
     if name.startswith("random:"):
         try: cfg = AutoConfig.for_model(**shape_to_hf(get_shape(name[7:])), **kw)
-        except ValueError as e: raise ConfigError("policy", str(e), "random:<built-in shape>, e.g. random:Llama-3.2-3B") from None
+        except ValueError as e: raise ConfigError(where, str(e), "random:<built-in shape>, e.g. random:Llama-3.2-3B") from None
         torch.manual_seed(seed)
         with torch.device(device): return cls.from_config(cfg, dtype=dtype)   # built where it runs: no host copy
     path = tiny_model_dir(name, seed=seed) if name in TINY_MODELS else Path(resolve_model(name))
@@ -188,9 +188,9 @@ def load_models(cfg:SCConfig, # the run
     level = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
     try:
         with _no_progress_bars():
-            pol = _role_model(cfg.policy, 0, "lm", dt, where["policy"])
-            gui = _role_model(cfg.guidance, 1, "lm", dt, where["guidance"])
-            cri = _role_model(cfg.critic, 2, "score", dt, where["critic"])
+            pol = _role_model(cfg.policy, "policy", 0, "lm", dt, where["policy"])
+            gui = _role_model(cfg.guidance, "guidance", 1, "lm", dt, where["guidance"])
+            cri = _role_model(cfg.critic, "critic", 2, "score", dt, where["critic"])
     finally: hf_logging.set_verbosity(level)
     tok_src = cfg.policy if not cfg.policy.startswith("random:") else "tiny-arith"   # random shapes: the tiny character tokenizer
     tok = AutoTokenizer.from_pretrained(tiny_model_dir(tok_src) if tok_src in TINY_MODELS else resolve_model(tok_src))
@@ -290,7 +290,7 @@ def run_episodes(models:dict, # role -> module
                  reward:str="arith", # the reward function of both turns (`grpo_nb.rewards.REWARDS`)
                 ) -> Episodes:
     "Attempt → guidance → revised attempt → rewards, for a batch of problems."
-    arith, ctx = REWARDS[reward], RewardContext()
+    score, ctx = REWARDS[reward], RewardContext()
     probs, ans = [r["prompt"] for r in rows], [r["answer"] for r in rows]
     t1 = sample(models["policy"], tok, probs, max_new_tokens, generator, kv_cache=kv_cache)
     txt1 = [tok.decode(c, skip_special_tokens=True) for c in t1]
@@ -298,8 +298,8 @@ def run_episodes(models:dict, # role -> module
     g = sample(models["guidance"], tok, gp, max_new_tokens, generator, kv_cache=kv_cache)
     t2p = [f"{p}{a} hint:{tok.decode(c, skip_special_tokens=True)} again: {p}" for p, a, c in zip(probs, txt1, g)]
     t2 = sample(models["policy"], tok, t2p, max_new_tokens, generator, kv_cache=kv_cache)
-    r1 = arith(txt1, ans, ctx)
-    r2 = arith([tok.decode(c, skip_special_tokens=True) for c in t2], ans, ctx)
+    r1 = score(txt1, ans, ctx)
+    r2 = score([tok.decode(c, skip_special_tokens=True) for c in t2], ans, ctx)
     return Episodes(probs, ans, t1, gp, g, t2p, t2, list(map(float, r1)), list(map(float, r2)))
 
 # %% ../nbs/12_self_correction.ipynb 27
@@ -341,10 +341,9 @@ class MasterAdamW:
                 for m, s in zip(self.masters, sd["masters"]): m.copy_(s)
 
 def make_optimizers(models:dict, # role -> module
-                    cfg:SCConfig|float=1e-3, # the run (or, as before, just the learning rate: fp32 AdamW on the weights)
+                    cfg:SCConfig, # the run (`lr`, `master_weights`, `optimizer_offload`)
                    ) -> dict:
     "`MasterAdamW` (no weight decay) for each trained role; frozen roles get none."
-    cfg = cfg if isinstance(cfg, SCConfig) else SCConfig(lr=cfg)
     return {r: MasterAdamW(models[r].parameters(), cfg.lr, cfg.master_weights, cfg.optimizer_offload) for r in ("policy", "guidance", "critic")}
 
 # %% ../nbs/12_self_correction.ipynb 30
@@ -538,7 +537,7 @@ def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_s
                    optimizer_offload:bool=False, # masters and moments in CPU memory
                    dtype_bytes:int=2, # 2: bfloat16 weights, 4: float32
                    logprob_chunk:int=1024, # tokens per chunk of the log-prob head
-                  ) -> dict: # device bytes by phase ("sample", "backward", "step"), "bytes" (the largest) and "host_bytes"
+                  ) -> dict: # device bytes by phase ("sample", "backward", "step"), "resident" (held throughout), "bytes" (the largest phase), "host_bytes"
     "Memory of one role of the self-correction trainer as shipped: weights, gradients, `MasterAdamW` states, activations, KV cache."
     P, w = param_counts(s)["total"], dtype_bytes
     copies = trained and (optimizer_offload or (master_weights and w < 4))

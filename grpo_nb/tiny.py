@@ -4,11 +4,11 @@
 
 # %% ../nbs/14_tiny.ipynb 3
 from __future__ import annotations
-import argparse, contextlib, gc, hashlib, json, math, multiprocessing, os, queue, random, shutil, socket, string
-import sys, tempfile, time, traceback, zlib
+import contextlib, hashlib, json, math, multiprocessing, os, queue, random, shutil, socket, string
+import tempfile, time, traceback, zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal
 from .config import ConfigError
 
 # %% auto 0

@@ -4,12 +4,12 @@
 
 # %% ../nbs/08_trainer.ipynb 3
 from __future__ import annotations
-import argparse, contextlib, copy, dataclasses, json, math, os, random, shutil, signal, sys, threading, time
+import argparse, contextlib, copy, dataclasses, json, math, os, random, signal, sys, time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal
 from fastcore.basics import patch
-from .config import ConfigError, TrainConfig, derive, load_config, to_dict, to_yaml, validate, parse_overrides
+from .config import ConfigError, TrainConfig, derive, load_config, to_dict, to_yaml, validate
 from .stop import StopFlag, catch_early
 from .run import MetricsLog, load_rows, read_metrics
 from .learner import TrainBatch, LearnerGroup

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json, os, re, time, socket
 from pathlib import Path
 from contextlib import nullcontext
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
+from typing import Callable, Iterable, Iterator, Literal, Sequence
 import torch
 from torch import nn, Tensor
 from .actors import submit, gather, call

@@ -88,13 +88,12 @@ class _KeepGrads:
     def step(self): self.grads = {n: p.grad.clone() for n, p in self.m.named_parameters() if p.grad is not None}
 
 def test_two_ranks_sum_to_one_batch_and_stay_in_step(tmp_path):
-    import json, socket
+    import json
     import torch.multiprocessing as tmp_mp
     from grpo_nb.self_correction import SCConfig, load_models, run_episodes, update
     from grpo_nb.checkpoint import read_latest, verify_checkpoint
-    from grpo_nb.tiny import make_arithmetic
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-    tmp_mp.spawn(_dp_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    from grpo_nb.tiny import free_port, make_arithmetic
+    tmp_mp.spawn(_dp_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     # the single-process gradients on all six episodes
     cfg = SCConfig(episodes=6)
     torch.manual_seed(0)
@@ -121,7 +120,7 @@ def test_resume_refuses_another_policy_and_a_fresh_start_over_checkpoints(tmp_pa
     with pytest.raises(ConfigError, match="starting policy"): train(SCConfig(steps=2, episodes=2, checkpoint_dir=str(tmp_path), policy="tiny-1kv-tied"), digests=False)
     with pytest.raises(ConfigError, match="--resume=auto"): train(SCConfig(steps=2, episodes=2, checkpoint_dir=str(tmp_path), resume="none"), digests=False)
 
-def test_gradient_checkpointing_and_offload_change_nothing_but_memory():
+def test_gradient_checkpointing_no_cache_and_offload_give_the_same_parameters():
     "One update of every role (guidance included) gives the same parameters with checkpointing, without the KV cache and with the optimizer offloaded (fp32 CPU masters)."
     from grpo_nb.self_correction import SCConfig, train
     base = train(SCConfig(steps=1, episodes=3, guidance_every=1))["digests"]
