@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_config.ipynb 3
 from __future__ import annotations
-import dataclasses, difflib, importlib, importlib.util, json, os, sys, typing
+import argparse, dataclasses, difflib, importlib, importlib.util, inspect, json, os, sys, types, typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Optional, get_args, get_origin, get_type_hints
@@ -16,7 +16,8 @@ __all__ = ['GPU_MIB', 'PRESETS', 'TRAINERS', 'TRANSLATORS', 'ConfigError', 'Mode
            'LearnerConfig', 'gpu_mem_gib_of', 'ClusterConfig', 'RewardConfig', 'LoggingConfig', 'CheckpointConfig',
            'TrainConfig', 'field_docs', 'from_dict', 'parse_overrides', 'Derived', 'derive', 'validate_learner',
            'validate_rollout', 'validate_cluster', 'validate_reward', 'validate', 'configs_dirs', 'shipped_presets',
-           'config_data', 'trainer_of', 'load_config', 'to_dict', 'to_yaml', 'config_cli']
+           'config_data', 'trainer_of', 'load_config', 'to_dict', 'to_yaml', 'cli_parser', 'run_cli', 'config_command',
+           'config_cli']
 
 # %% ../nbs/00_config.ipynb 6
 class ConfigError(ValueError):
@@ -516,46 +517,115 @@ def to_yaml(cfg) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
 # %% ../nbs/00_config.ipynb 48
+def _arg_kwargs(anno, # a parameter's annotation
+                default, # its default
+               ) -> dict:
+    "argparse keywords of an annotation: type, choices, nargs or action."
+    if get_origin(anno) in (typing.Union, types.UnionType): anno = next(a for a in get_args(anno) if a is not type(None))   # X|None: X
+    if anno is bool: return {"action": "store_true"} if default is False else {"action": argparse.BooleanOptionalAction}
+    if get_origin(anno) is Literal: return {"choices": list(get_args(anno)), "type": type(get_args(anno)[0])}
+    if get_origin(anno) is list: return {"nargs": "+", "type": get_args(anno)[0]}
+    return {"type": anno} if anno in (int, float) else {}
+
+def _fill(text:str|None, fill:dict|None) -> str|None:
+    for k, v in (fill or {}).items(): text = text.replace("{" + k + "}", str(v)) if text else text
+    return text
+
+# %% ../nbs/00_config.ipynb 49
+def cli_parser(func, # the command: positional parameters are positional arguments, keyword-only ones --flags
+               prog:str, # the command as its usage line shows it
+               epilog:str="", # text after the overrides' and the exit codes' docments
+               fill:dict|None=None, # values of `{name}` fields in the docments and the docstring
+               sep:str="-", # between a flag's words: "-" gives --learner-gpus, "_" gives --start_below
+               skip:tuple=(), # parameters left out of the parser
+              ) -> argparse.ArgumentParser:
+    "The argparse parser of `func`: its docstring is the description, its docments the help of each argument."
+    docs, params = docments(func, full=True, eval_str=True), inspect.signature(func).parameters
+    var = next((n for n, q in params.items() if q.kind is q.VAR_POSITIONAL), None)
+    tail = [f"{var}: {docs[var].docment}" if var and docs[var].docment else "",
+            f"exit codes: {docs['return'].docment}" if docs.get("return", {}).get("docment") else "", epilog]
+    tail = " ".join(s[:1].upper() + s[1:] + ("" if s.endswith(".") else ".") for s in (_fill(t, fill) for t in tail) if s)
+    p = argparse.ArgumentParser(prog=prog, description=_fill(func.__doc__, fill), epilog=tail or None)
+    for n, q in params.items():
+        if n in skip or q.kind in (q.VAR_POSITIONAL, q.VAR_KEYWORD): continue
+        doc, kw = (_fill(docs[n].docment, fill) or "").replace("%", "%%"), _arg_kwargs(docs[n].anno, q.default)   # argparse %-formats help
+        if q.kind is q.KEYWORD_ONLY:
+            p.add_argument("--" + n.rstrip("_").replace("_", sep), dest=n, help=doc, **kw,
+                           **({"required": True} if q.default is q.empty else {"default": q.default}))
+        else: p.add_argument(n, help=doc, **kw, **({} if q.default is q.empty else {"nargs": "?", "default": q.default}))
+    if var: p.usage = p.format_usage().removeprefix("usage: ").rstrip().replace("%", "%%") + f" [{var} ...]"
+    return p
+
+# %% ../nbs/00_config.ipynb 54
+def run_cli(func, # the command (see `cli_parser`)
+            argv:list[str]|None, # its command line (None: sys.argv[1:])
+            prog:str, # the command as its usage line shows it
+            epilog:str="", # as in `cli_parser`
+            fill:dict|None=None, # as in `cli_parser`
+            sep:str="-", # as in `cli_parser`
+           ) -> int: # what `func` returns; 0 after --help, 2 after a usage error
+    "Parse `argv` for `func` and call it."
+    argv = sys.argv[1:] if argv is None else list(argv)
+    params = inspect.signature(func).parameters
+    pos = [n for n, q in params.items() if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+    var, lead = any(q.kind is q.VAR_POSITIONAL for q in params.values()), []
+    if var:   # the positionals are the leading words (argparse would take the value of `--key value` for one)
+        while argv and len(lead) < len(pos) and not argv[0].startswith("-"): lead.append(argv.pop(0))
+        full, p = cli_parser(func, prog, epilog, fill, sep), cli_parser(func, prog, epilog, fill, sep, skip=pos)
+        p.format_usage, p.format_help = full.format_usage, full.format_help   # help and errors show the whole command
+    else: p = cli_parser(func, prog, epilog, fill, sep)
+    try:
+        a, rest = p.parse_known_args(argv) if var else (p.parse_args(argv), [])
+        kw = vars(a)
+        missing = [n for n in pos[len(lead):] if n not in kw and params[n].default is params[n].empty]
+        if missing: p.error(f"the following arguments are required: {', '.join(missing)}")
+    except SystemExit as e: return int(e.code or 0)
+    return int(func(*lead, *[kw.pop(n, params[n].default) for n in pos[len(lead):]], *rest, **kw) or 0)
+
+# %% ../nbs/00_config.ipynb 57
 TRANSLATORS:dict[str, str] = {"--from-open-instruct": "grpo_nb.open_instruct:translate_cli"}
 "Flags of `grpo_nb config` that hand the rest of the command line to a translator (`module:function`, imported when used, as the `grpo_nb` commands are: the translators build on this module)."
 
-def config_cli(argv:list[str]|None=None) -> int:
-    "`grpo_nb config [CONFIG] [--section.field=value ...] [--json]`: print the resolved config and derived values."
-    import argparse
-    p = argparse.ArgumentParser(prog="grpo_nb config", description=config_cli.__doc__,
-                                epilog="Any field can be overridden as --section.field=value; see `grpo_nb config --fields`.")
-    p.add_argument("config", nargs="?", default="default", help=f"YAML file or preset ({', '.join(PRESETS)})")
-    p.add_argument("--json", action="store_true", help="print JSON instead of YAML")
-    p.add_argument("--fields", action="store_true", help="list every field with its documentation")
-    p.add_argument("--list", action="store_true", help="list the presets: embedded ones and the YAML files shipped in configs/")
-    p.add_argument("--from-open-instruct", action="store_true",
-                   help="translate the open-instruct grpo_fast flags (or YAML file) that follow into a grpo-nb YAML; see `grpo_nb.open_instruct`")
-    if argv is None: argv = sys.argv[1:]
-    for flag, target in TRANSLATORS.items():   # the rest of the command line is the translator's
-        if flag in argv:
-            mod, fn = target.split(":"); i = argv.index(flag)
-            return getattr(importlib.import_module(mod), fn)(argv[:i] + argv[i + 1:])
-    args, rest = p.parse_known_args(argv)
-    if args.fields:
+def _translate(flag:str, argv:list[str]) -> int:
+    mod, fn = TRANSLATORS[flag].split(":")
+    return getattr(importlib.import_module(mod), fn)(argv)
+
+def config_command(config:str="default", # YAML file or preset ({presets})
+                   *overrides:str, # any field as --section.field=value; see `grpo_nb config --fields`
+                   json_:bool=False, # print JSON instead of YAML
+                   fields_:bool=False, # list every field with its documentation
+                   list_:bool=False, # list the presets: embedded ones and the YAML files shipped in configs/
+                   from_open_instruct:bool=False, # translate the open-instruct grpo_fast flags (or YAML file) that follow into a grpo-nb YAML; see `grpo_nb.open_instruct`
+                  ) -> int: # 0 printed, 2 on a configuration error
+    "Print the resolved config and its derived values."
+    if from_open_instruct: return _translate("--from-open-instruct", [*([] if config == "default" else [config]), *overrides])
+    if fields_:
         for k, v in field_docs(TrainConfig).items(): print(f"--{k:<42} {v}")
         return 0
-    if args.list:
+    if list_:
         for k in PRESETS: print(f"{k:<36} embedded (grpo_nb.config.PRESETS)")
         for k, path in shipped_presets().items():
             print(f"{k:<36} {trainer_of(config_data(path))[0]:<16} {path}")
         return 0
     try:
-        t, _ = trainer_of(config_data(args.config), args.config)
+        t, _ = trainer_of(config_data(config), config)
         if t == "grpo":
-            cfg = load_config(args.config, rest)
+            cfg = load_config(config, list(overrides))
             out = {"config": to_dict(cfg), "derived": dataclasses.asdict(derive(cfg))}
         else:
             mod, fn = TRAINERS[t][0].split(":")
-            res = getattr(importlib.import_module(mod), fn)(args.config, rest)
+            res = getattr(importlib.import_module(mod), fn)(config, list(overrides))
             parts = res if isinstance(res, tuple) else (res,)
             out = {"trainer": t, "run_with": TRAINERS[t][1], **{f"config{'_' + type(x).__name__ if i else ''}": dataclasses.asdict(x)
                                                                for i, x in enumerate(parts)}}
     except ConfigError as e:
         print(f"grpo_nb config: error: {e}", file=sys.stderr); return 2
-    print(json.dumps(out, indent=2) if args.json else yaml.safe_dump(out, sort_keys=False), end="")
+    print(json.dumps(out, indent=2) if json_ else yaml.safe_dump(out, sort_keys=False), end="")
     return 0
+
+def config_cli(argv:list[str]|None=None) -> int:
+    "`grpo_nb config [CONFIG] [--section.field=value ...] [--json]`: print the resolved config and derived values."
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for flag in TRANSLATORS:   # the rest of the command line is the translator's
+        if flag in argv: i = argv.index(flag); return _translate(flag, argv[:i] + argv[i + 1:])
+    return run_cli(config_command, argv, "grpo_nb config", fill={"presets": ", ".join(PRESETS)})

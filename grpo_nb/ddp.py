@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_ddp.ipynb 3
 from __future__ import annotations
-import argparse, dataclasses, json, os, random, re, signal, sys, time
+import dataclasses, json, os, random, re, signal, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Literal
 import torch
 from torch import nn, Tensor
-from .config import TrainConfig, ConfigError, load_config, parse_overrides, derive, from_dict, PRESETS, config_data, trainer_of
+from .config import TrainConfig, ConfigError, load_config, parse_overrides, derive, from_dict, PRESETS, config_data, trainer_of, run_cli
 from .loss import group_advantages, policy_loss, loss_kwargs, token_logprobs, agg_counts
 from .learner import lr_factor
 from .checkpoint import (checkpoint_files, rng_state, set_rng_state, seed_everything, tree_digest, save_checkpoint_files,
@@ -27,8 +27,8 @@ from .stop import StopFlag
 # %% auto 0
 __all__ = ['DDP_PRESETS', 'DDP_SBATCH', 'DDPOptions', 'load_run', 'BatchPlan', 'plan_batches', 'plan_table', 'prompt_indices',
            'pass_at_1', 'LogProbPolicy', 'model_path', 'load_policy', 'sample_groups', 'train_on_samples',
-           'pick_precision', 'save_checkpoint', 'load_checkpoint', 'DistEnv', 'dist_env', 'evaluate', 'train', 'main',
-           'ddp_sbatch', 'render_scripts']
+           'pick_precision', 'save_checkpoint', 'load_checkpoint', 'DistEnv', 'dist_env', 'evaluate', 'train',
+           'ddp_command', 'main', 'ddp_sbatch', 'render_scripts']
 
 # %% ../nbs/10_ddp.ipynb 6
 @dataclass
@@ -513,20 +513,14 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan, flag:S
     return summary
 
 # %% ../nbs/10_ddp.ipynb 57
-def main(argv:list[str]|None=None, # CONFIG [--section.field=value ...] [--resume auto] (None: sys.argv[1:])
-        ) -> int:
-    "The torchrun entry point: 0 on success or a clean stop, 2 on a configuration error."
-    argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m grpo_nb.ddp", description="GRPO on one node with torchrun (DDP), no Ray.",
-                                epilog="Any field can be overridden as --section.field=value (see `grpo_nb config --fields`), "
-                                       "and the launcher's own options as --ddp.field=value.")
-    p.add_argument("config", nargs="?", default="ddp-tiny", help=f"YAML file or preset ({', '.join([*DDP_PRESETS, *PRESETS])})")
-    p.add_argument("--resume", default=None, help="auto | none | a checkpoint path (same as --checkpoint.resume)")
-    args, rest = p.parse_known_args(argv)
-    if args.resume is not None: rest.append(f"--checkpoint.resume={args.resume}")
+def ddp_command(config:str="ddp-tiny", # YAML file or preset ({presets})
+                *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`), and the launcher's own options as --ddp.field=value
+                resume:str|None=None, # auto | none | a checkpoint path (same as --checkpoint.resume)
+               ) -> int: # 0 on success or a clean stop, 2 on a configuration error
+    "GRPO on one node with torchrun (DDP), no Ray."
     rank = int(os.environ.get("RANK", 0))
     try:
-        cfg, opts = load_run(args.config, rest)
+        cfg, opts = load_run(config, [*overrides, *([f"--checkpoint.resume={resume}"] if resume is not None else [])])
         env = dist_env(cfg.cluster.device)
         R = cfg.rollout
         plan_batches(R.prompts_per_step, R.num_samples_per_prompt, cfg.learner.micro_batch_size,
@@ -541,6 +535,11 @@ def main(argv:list[str]|None=None, # CONFIG [--section.field=value ...] [--resum
         print(f"[grpo_nb.ddp] {'stopped' if summary['stopped'] else 'finished'} at step {summary['step']}; "
               f"weights identical on all {env.world_size} ranks: {summary['weights_identical']}", flush=True)
     return 0
+
+def main(argv:list[str]|None=None, # CONFIG [--section.field=value ...] [--resume auto] (None: sys.argv[1:])
+        ) -> int:
+    "The torchrun entry point: 0 on success or a clean stop, 2 on a configuration error."
+    return run_cli(ddp_command, argv, "python -m grpo_nb.ddp", fill={"presets": ", ".join([*DDP_PRESETS, *PRESETS])})
 
 # %% ../nbs/10_ddp.ipynb 58
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())  # `python -m grpo_nb.ddp` (a notebook kernel has no __file__)

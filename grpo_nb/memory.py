@@ -8,7 +8,7 @@ import dataclasses, functools, json, math, sys
 from dataclasses import dataclass, field, asdict, replace
 from pathlib import Path
 from typing import Literal, Optional
-from .config import ConfigError, gpu_mem_gib_of, derive, load_config
+from .config import ConfigError, gpu_mem_gib_of, derive, load_config, run_cli
 from .tiny import builtin_model, tiny_config
 
 # %% auto 0
@@ -19,9 +19,9 @@ __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer'
            'backward_working_bytes', 'fused_saving_bytes', 'activations_bytes', 'logits_bytes', 'zero3_gathered',
            'persistent_params', 'Overheads', 'ref_policy_bytes', 'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu',
            'valid_tps', 'kv_bytes_per_token', 'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory',
-           'engine_memory', 'min_learner_gpus', 'min_engine_tp', 'Plan', 'plan', 'plan_json', 'format_plan', 'plan_cli',
-           'plan_config', 'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'plot_terms', 'planner_widget',
-           'accuracy_table']
+           'engine_memory', 'min_learner_gpus', 'min_engine_tp', 'Plan', 'plan', 'plan_json', 'format_plan',
+           'plan_command', 'plan_cli', 'plan_config', 'ColocatedMemory', 'colocated_memory', 'colocated_plan',
+           'plot_terms', 'planner_widget', 'accuracy_table']
 
 # %% ../nbs/01_memory.ipynb 6
 GiB = 2**30
@@ -727,51 +727,51 @@ def format_plan(p:Plan, # a plan
     return "\n".join(rows)
 
 # %% ../nbs/01_memory.ipynb 85
-def plan_cli(argv:list[str]|None=None) -> int:
-    "`grpo_nb plan --model NAME|PATH ...` or `grpo_nb plan --config CONFIG [--section.field=value ...]`: per-GPU memory, the verdict and the fix."
-    import argparse
-    p = argparse.ArgumentParser(prog="grpo_nb plan",
-        description="Per-GPU memory of DeepSpeed learners and vLLM engines, with a verdict and the change that makes it fit.",
-        epilog="Exit 0 with a plan (fits or not, see `fits`), 2 on bad arguments. GiB = 2^30 bytes.")
-    p.add_argument("--config", help="plan a whole training config (YAML file or preset, `grpo_nb config --list`); other flags are then its overrides")
-    p.add_argument("--model", help=f"built-in name ({', '.join(ARCHS)}) or a HF model directory / config.json")
-    p.add_argument("--learner-gpus", type=int, default=1, help="learner GPUs N (ZeRO world)")
-    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=3, help="DeepSpeed ZeRO stage")
-    p.add_argument("--offload", choices=["none", "optimizer", "all"], default="none", help="ZeRO offload to CPU")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch B")
-    p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence T (prompt + generation, or the pack length)")
-    p.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=True, help="gradient checkpointing")
-    p.add_argument("--engine-tp", type=int, default=1, help="GPUs per vLLM engine")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's fraction of an engine GPU")
-    p.add_argument("--gpu-mem-gib", type=float, default=80.0, help="memory of one GPU in GiB (2^30 bytes)")
-    p.add_argument("--gpu", default="", help="a GPU name (GH200-96GB, H100-80GB, H200, ...): its capacity as nvidia-smi reports it, instead of --gpu-mem-gib")
-    p.add_argument("--logits", choices=["chunked", "full"], default="chunked", help="chunked log-probs (grpo-nb) or HF's full-logits loss")
-    p.add_argument("--logprob-chunk", type=int, default=1024, help="tokens per log-prob chunk")
-    p.add_argument("--optimizer", choices=["adamw", "adamw-8bit"], default="adamw", help="optimizer state format")
-    p.add_argument("--ref-policy", choices=["none", "gpu", "cpu"], default="none", help="where a KL reference policy lives")
-    p.add_argument("--attn", choices=["sdpa", "flash_attention_2", "eager"], default="sdpa", help="learner attention kernel")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--list-models", action="store_true", help="list the built-in models and exit")
-    try: a, rest = p.parse_known_args(argv)
-    except SystemExit as e: return int(e.code or 0)
-    if a.config: return _plan_config_cli(a.config, rest + ([f"--cluster.gpu={a.gpu}"] if a.gpu else []), a.json)
-    if rest: print(f"grpo_nb plan: error: unrecognized arguments {rest} (overrides need --config).", file=sys.stderr); return 2
-    if a.gpu:
-        try: a.gpu_mem_gib = gpu_mem_gib_of(a.gpu)
+def plan_command(*overrides:str, # with --config: its fields, as --section.field=value
+                 config:str|None=None, # plan a whole training config (YAML file or preset, `grpo_nb config --list`); other flags are then its overrides
+                 model:str|None=None, # built-in name ({models}) or a HF model directory / config.json
+                 learner_gpus:int=1, # learner GPUs N (ZeRO world)
+                 zero:Literal[0, 1, 2, 3]=3, # DeepSpeed ZeRO stage
+                 offload:Literal["none", "optimizer", "all"]="none", # ZeRO offload to CPU
+                 micro_batch:int=1, # sequences per micro-batch B
+                 seq_len:int=2048, # tokens per sequence T (prompt + generation, or the pack length)
+                 grad_ckpt:bool=True, # gradient checkpointing
+                 engine_tp:int=1, # GPUs per vLLM engine
+                 gpu_memory_utilization:float=0.9, # vLLM's fraction of an engine GPU
+                 gpu_mem_gib:float=80.0, # memory of one GPU in GiB (2^30 bytes)
+                 gpu:str="", # a GPU name (GH200-96GB, H100-80GB, H200, ...): its capacity as nvidia-smi reports it, instead of --gpu-mem-gib
+                 logits:Literal["chunked", "full"]="chunked", # chunked log-probs (grpo-nb) or HF's full-logits loss
+                 logprob_chunk:int=1024, # tokens per log-prob chunk
+                 optimizer:Literal["adamw", "adamw-8bit"]="adamw", # optimizer state format
+                 ref_policy:Literal["none", "gpu", "cpu"]="none", # where a KL reference policy lives
+                 attn:Literal["sdpa", "flash_attention_2", "eager"]="sdpa", # learner attention kernel
+                 json_:bool=False, # print JSON instead of a table
+                 list_models:bool=False, # list the built-in models and exit
+                ) -> int: # 0 with a plan (fits or not, see `fits`), 2 on bad arguments
+    "Per-GPU memory of DeepSpeed learners and vLLM engines, with a verdict and the change that makes it fit."
+    if config: return _plan_config_cli(config, [*overrides, *([f"--cluster.gpu={gpu}"] if gpu else [])], json_)
+    if overrides:
+        print(f"grpo_nb plan: error: unrecognized arguments {list(overrides)} (overrides need --config).", file=sys.stderr); return 2
+    if gpu:
+        try: gpu_mem_gib = gpu_mem_gib_of(gpu)
         except ConfigError as e: print(f"grpo_nb plan: error: {e}", file=sys.stderr); return 2
-    if a.list_models:
+    if list_models:
         for n, s in ARCHS.items(): print(f"{n:<14} {param_counts(s)['total']/1e9:7.2f}B")
         return 0
-    if not a.model:
+    if not model:
         print("grpo_nb plan: error: --model is required (a built-in name or a HF model directory). "
               "Fix: --model Qwen2.5-7B; see --list-models.", file=sys.stderr); return 2
     try:
-        pl = plan(a.model, a.learner_gpus, a.zero, a.offload, a.micro_batch, a.seq_len, a.grad_ckpt, a.engine_tp,
-                  a.gpu_memory_utilization, a.gpu_mem_gib, a.attn, a.logits, a.logprob_chunk, a.optimizer, a.ref_policy)
+        pl = plan(model, learner_gpus, zero, offload, micro_batch, seq_len, grad_ckpt, engine_tp,
+                  gpu_memory_utilization, gpu_mem_gib, attn, logits, logprob_chunk, optimizer, ref_policy)
     except ValueError as e:
         print(f"grpo_nb plan: error: {e}", file=sys.stderr); return 2
-    print(json.dumps(plan_json(pl), indent=2) if a.json else format_plan(pl))
+    print(json.dumps(plan_json(pl), indent=2) if json_ else format_plan(pl))
     return 0
+
+def plan_cli(argv:list[str]|None=None) -> int:
+    "`grpo_nb plan --model NAME|PATH ...` or `grpo_nb plan --config CONFIG [--section.field=value ...]`: per-GPU memory, the verdict and the fix."
+    return run_cli(plan_command, argv, "grpo_nb plan", epilog="GiB = 2^30 bytes.", fill={"models": ", ".join(ARCHS)})
 
 # %% ../nbs/01_memory.ipynb 88
 def plan_config(cfg, # a `grpo_nb.config.TrainConfig`

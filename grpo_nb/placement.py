@@ -4,16 +4,16 @@
 
 # %% ../nbs/02_placement.ipynb 3
 from __future__ import annotations
-import argparse, json, math, os, socket, sys, time
+import json, math, os, socket, sys, time
 from dataclasses import dataclass, asdict
 from typing import Any, Callable, Literal
-from .config import TrainConfig, load_config, ConfigError
+from .config import TrainConfig, load_config, ConfigError, run_cli
 
 # %% auto 0
 __all__ = ['SEED_LAYOUTS', 'PlacementError', 'sync_rank', 'LearnerSlot', 'EngineSlot', 'Layout', 'plan_layout', 'plan_colocated',
            'layout_table', 'learner_env', 'ray_start_args', 'cluster_nodes', 'nodes_text', 'wait_for_nodes',
            'check_cluster', 'wait_for_group', 'PlacementGroups', 'create_placement_groups', 'placed_actor_options',
-           'placement_report', 'probe_placement', 'check_placement', 'reports_table', 'layout_cli']
+           'placement_report', 'probe_placement', 'check_placement', 'reports_table', 'layout_command', 'layout_cli']
 
 # %% ../nbs/02_placement.ipynb 6
 class PlacementError(ValueError):
@@ -629,34 +629,36 @@ def reports_table(reports:list[dict]) -> str:
     return "\n".join(lines)
 
 # %% ../nbs/02_placement.ipynb 83
-def layout_cli(argv:list[str]|None=None) -> int:
-    "`grpo_nb layout --nodes N --gpus-per-node G --learners-per-node A B ... --engines E --tp TP [--json]`: the layout, or why not."
-    p = argparse.ArgumentParser(prog="grpo_nb layout", description=layout_cli.__doc__)
-    p.add_argument("--config", help="YAML file or preset whose cluster/rollout sections give the defaults (default: the default config)")
-    p.add_argument("--nodes", type=int, help="nodes in the Ray cluster")
-    p.add_argument("--gpus-per-node", type=int, help="GPUs on each node")
-    p.add_argument("--cpus-per-node", type=int, help="CPUs on each node (0: unknown)")
-    p.add_argument("--learners-per-node", type=int, nargs="+", help="learners on each learner node, e.g. 2 2 2 2")
-    p.add_argument("--engines", type=int, help="rollout engines")
-    p.add_argument("--tp", type=int, help="tensor-parallel GPUs per engine")
-    p.add_argument("--device", choices=["cuda", "cpu"], help="cuda (bundles of GPUs) or cpu (bundles of CPUs)")
-    p.add_argument("--cpus-per-learner", type=float, default=1, help="CPUs reserved per learner process (default 1)")
-    p.add_argument("--cpus-per-engine-worker", type=float, default=1, help="CPUs reserved per engine TP worker (default 1)")
-    p.add_argument("--json", action="store_true", help="print the layout as JSON")
-    a = p.parse_args(argv)
+def layout_command(*, config:str|None=None, # YAML file or preset whose cluster/rollout sections give the defaults (default: the default config)
+                   nodes:int|None=None, # nodes in the Ray cluster
+                   gpus_per_node:int|None=None, # GPUs on each node
+                   cpus_per_node:int|None=None, # CPUs on each node (0: unknown)
+                   learners_per_node:list[int]|None=None, # learners on each learner node, e.g. 2 2 2 2
+                   engines:int|None=None, # rollout engines
+                   tp:int|None=None, # tensor-parallel GPUs per engine
+                   device:Literal["cuda", "cpu"]|None=None, # cuda (bundles of GPUs) or cpu (bundles of CPUs)
+                   cpus_per_learner:float=1, # CPUs reserved per learner process (default 1)
+                   cpus_per_engine_worker:float=1, # CPUs reserved per engine TP worker (default 1)
+                   json_:bool=False, # print the layout as JSON
+                  ) -> int: # 0 placed, 2 when the layout cannot work (the reason and the fix on stderr)
+    "Place learners and engines on nodes and GPUs: the layout as a table (or JSON), or why it cannot work."
     try:
-        try: cfg = load_config(a.config) if a.config else TrainConfig()
+        try: cfg = load_config(config) if config else TrainConfig()
         except ConfigError as e: raise PlacementError(f"config: {e}") from None
         C, R = cfg.cluster, cfg.rollout
         kw = dict(nodes=C.nodes, gpus_per_node=C.gpus_per_node, cpus_per_node=C.cpus_per_node, learners_per_node=list(C.learners_per_node),
                   num_engines=R.num_engines, tp=R.tensor_parallel_size,
                   device=C.device if C.device != "auto" else ("cuda" if C.gpus_per_node > 0 else "cpu"))
-        for k, v in dict(nodes=a.nodes, gpus_per_node=a.gpus_per_node, cpus_per_node=a.cpus_per_node, learners_per_node=a.learners_per_node,
-                         num_engines=a.engines, tp=a.tp, device=a.device).items():
+        for k, v in dict(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node, learners_per_node=learners_per_node,
+                         num_engines=engines, tp=tp, device=device).items():
             if v is not None: kw[k] = v
-        lay = plan_layout(**kw, cpus_per_learner=a.cpus_per_learner, cpus_per_engine_worker=a.cpus_per_engine_worker)
+        lay = plan_layout(**kw, cpus_per_learner=cpus_per_learner, cpus_per_engine_worker=cpus_per_engine_worker)
     except PlacementError as e:
         print(f"grpo_nb layout: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(lay.to_dict(), indent=2) if a.json else layout_table(lay))
+    print(json.dumps(lay.to_dict(), indent=2) if json_ else layout_table(lay))
     return 0
+
+def layout_cli(argv:list[str]|None=None) -> int:
+    "`grpo_nb layout --nodes N --gpus-per-node G --learners-per-node A B ... --engines E --tp TP [--json]`: the layout, or why not."
+    return run_cli(layout_command, argv, "grpo_nb layout")

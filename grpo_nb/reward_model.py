@@ -4,13 +4,13 @@
 
 # %% ../nbs/11_reward_model.ipynb 3
 from __future__ import annotations
-import argparse, json, math, os, random, sys, time, zlib
+import json, math, os, random, sys, time, zlib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable, Literal
 import torch
 import torch.nn.functional as F
-from .config import ConfigError, ModelConfig, _merge, config_data, from_dict, parse_overrides, trainer_of
+from .config import ConfigError, ModelConfig, _merge, config_data, from_dict, parse_overrides, run_cli, trainer_of
 from .memory import GiB, ModelShape, get_shape, learner_memory, param_counts
 from .rewards import register
 from .slurm import fill
@@ -21,8 +21,8 @@ __all__ = ['REFUSALS', 'HH_TINY', 'RM_PRESETS', 'SEED_ROWS', 'GPU_PEAK_TFLOPS', 
            'load_pairs', 'split_pairs', 'encode_pairs', 'resolve_model_dir', 'load_reward_model', 'pair_scores',
            'RMDataConfig', 'RMTrainConfig', 'RMConfig', 'load_rm_config', 'effective_batch', 'classifier_shape',
            'classifier_memory', 'seed_table', 'seed_table_md', 'measured_rm_step', 'epoch_estimate', 'ds_config',
-           'step_rows', 'evaluate', 'train', 'plan_text', 'reward_model_cli', 'spawned_rank', 'reward_model_reward',
-           'RMSlurmSpec', 'render_rm_sbatch', 'render_scripts']
+           'step_rows', 'evaluate', 'train', 'plan_text', 'reward_model_command', 'reward_model_cli', 'spawned_rank',
+           'reward_model_reward', 'RMSlurmSpec', 'render_rm_sbatch', 'render_scripts']
 
 # %% ../nbs/11_reward_model.ipynb 7
 def bt_loss(chosen:torch.Tensor, # `(P,)` scores of the preferred answers
@@ -452,25 +452,26 @@ def plan_text(cfg:RMConfig, # the run
                  f"({'fits' if m['total_bytes'] <= gpu_mem_gib * GiB else 'DOES NOT FIT'} in {gpu_mem_gib:g} GiB)")
     return "\n".join(lines)
 
-def reward_model_cli(argv:list[str]|None=None) -> int:
-    "`python -m grpo_nb.reward_model CONFIG [--plan] [--section.field=value ...]`: one rank of a reward-model run."
-    p = argparse.ArgumentParser(prog="grpo_nb reward-model", description="Train a pairwise reward model with DeepSpeed ZeRO-3 (run under torchrun).",
-                                epilog="Overrides: --train.steps=200 --model.name_or_path=/models/Qwen2.5-1.5B ... Exit 0 ok, 2 on a config error.")
-    p.add_argument("config", help=f"YAML file or preset ({', '.join(RM_PRESETS)})")
-    p.add_argument("--plan", action="store_true", help="print the effective batch and predicted memory per GPU, then exit")
-    p.add_argument("--gpus", type=int, default=0, help="with --plan: GPUs to plan for (default: WORLD_SIZE or 1)")
-    p.add_argument("--gpu-mem-gib", type=float, default=80.0, help="with --plan: memory of one GPU")
-    try: a, rest = p.parse_known_args(argv)
-    except SystemExit as e: return int(e.code or 0)
-    try: cfg = load_rm_config(a.config, rest)
+def reward_model_command(config:str, # YAML file or preset ({presets})
+                         *overrides:str, # fields as --section.field=value, e.g. --train.steps=200 --model.name_or_path=/models/Qwen2.5-1.5B
+                         plan:bool=False, # print the effective batch and predicted memory per GPU, then exit
+                         gpus:int=0, # with --plan: GPUs to plan for (default: WORLD_SIZE or 1)
+                         gpu_mem_gib:float=80.0, # with --plan: memory of one GPU
+                        ) -> int: # 0 ok, 2 on a config error
+    "Train a pairwise reward model with DeepSpeed ZeRO-3 (run under torchrun)."
+    try: cfg = load_rm_config(config, list(overrides))
     except (ConfigError, FileNotFoundError) as e:
         print(f"grpo_nb reward-model: error: {e}", file=sys.stderr); return 2
-    if a.plan:
-        print(plan_text(cfg, a.gpus or int(os.environ.get("WORLD_SIZE", 1)), a.gpu_mem_gib)); return 0
+    if plan:
+        print(plan_text(cfg, gpus or int(os.environ.get("WORLD_SIZE", 1)), gpu_mem_gib)); return 0
     s = train(cfg)
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"reward model: {s['steps']} steps on {s['world']} rank(s), held-out accuracy {s['eval_accuracy']}, model in {s['model_dir']}")
     return 0
+
+def reward_model_cli(argv:list[str]|None=None) -> int:
+    "`python -m grpo_nb.reward_model CONFIG [--plan] [--section.field=value ...]`: one rank of a reward-model run."
+    return run_cli(reward_model_command, argv, "grpo_nb reward-model", fill={"presets": ", ".join(RM_PRESETS)})
 
 # %% ../nbs/11_reward_model.ipynb 58
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(reward_model_cli())

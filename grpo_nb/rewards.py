@@ -4,13 +4,14 @@
 
 # %% ../nbs/04_rewards.ipynb 3
 from __future__ import annotations
-import argparse, atexit, difflib, json, math, os, queue, re, select, signal, socket, subprocess, sys, threading, time
+import atexit, difflib, json, math, os, queue, re, select, signal, socket, subprocess, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 from fastcore.basics import patch
 from . import sandbox
+from .config import run_cli
 from .sandbox import Limits, SandboxError, isolation_status, resolve_isolation
 
 # %% auto 0
@@ -19,7 +20,8 @@ __all__ = ['MV_WORKER', 'RewardFn', 'REWARDS', 'run_tests', 'extract_boxed', 'ex
            'reference_answer', 'math_equal', 'math_reward', 'arith_reward', 'format_boxed_reward',
            'format_think_reward', 'extract_code', 'register', 'check_functions', 'RewardContext', 'math_rewards',
            'arith_rewards', 'format_boxed_rewards', 'format_think_rewards', 'code_rewards', 'code_all_rewards',
-           'RewardBatch', 'compute_rewards', 'make_app', 'serve_cli', 'main', 'CodeClient', 'start_code_service']
+           'RewardBatch', 'compute_rewards', 'make_app', 'serve_command', 'serve_cli', 'main', 'CodeClient',
+           'start_code_service']
 
 # %% ../nbs/04_rewards.ipynb 6
 def extract_boxed(text:str, # a completion or a worked solution
@@ -488,42 +490,44 @@ def make_app(workers:int=4, # sandboxes running at once
     return app
 
 # %% ../nbs/04_rewards.ipynb 46
+def serve_command(*, host:str="127.0.0.1", # address to bind (0.0.0.0: reachable from other nodes)
+                  port:int=8070, # port (0: a free one, printed at start)
+                  workers:int=os.cpu_count() or 1, # sandboxes running at once
+                  max_queue:int=1024, # jobs waiting for a worker before 503
+                  max_timeout:float=60.0, # upper bound of a job's timeout_s
+                  memory_mb:int=Limits.memory_mb, # address space of each sandboxed process
+                  nproc:int=Limits.nproc, # processes + threads of one sandbox
+                  isolation:Literal["auto", "root", "userns", "none"]="auto", # sandbox mode
+                  allow_unisolated:bool=False, # run without namespaces if none can be made (unsafe)
+                  ready_file:str="", # write {url, pid, isolation} here as JSON once listening
+                  log_level:str="warning", # uvicorn log level
+                 ) -> int: # 0 after SIGINT/SIGTERM, 2 when the sandbox cannot isolate or the port cannot be bound
+    "Run the code-execution service until SIGINT/SIGTERM."
+    import uvicorn
+    try: app = make_app(workers, max_queue, max_timeout, limits=Limits(memory_mb=memory_mb, nproc=nproc),
+                        isolation=isolation, allow_unisolated=allow_unisolated)
+    except SandboxError as e:
+        print(f"grpo_nb code server: error: {e}", file=sys.stderr); return 2
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try: sock.bind((host, port))
+    except OSError as e:
+        print(f"grpo_nb code server: error: cannot bind {host}:{port} ({e.strerror}). Fix: --port 0 or another port.", file=sys.stderr)
+        return 2
+    sock.listen(1024)
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    info = {"url": url, "pid": os.getpid(), "isolation": app.state.isolation, "workers": workers}
+    if ready_file:
+        with open(ready_file + ".tmp", "w") as f: json.dump(info, f)
+        os.replace(ready_file + ".tmp", ready_file)
+    print(f"grpo_nb code server listening on {url} (isolation={info['isolation']}, workers={workers})", flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)).run(sockets=[sock])
+    return 0
+
 def serve_cli(argv:list[str]|None=None, # command-line arguments after `serve` (None: sys.argv)
              ) -> int:
     "`python -m grpo_nb.rewards serve`: run the code-execution service until SIGINT/SIGTERM."
-    p = argparse.ArgumentParser(prog="python -m grpo_nb.rewards serve", description=serve_cli.__doc__)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: reachable from other nodes)")
-    p.add_argument("--port", type=int, default=8070, help="port (0: a free one, printed at start)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="sandboxes running at once")
-    p.add_argument("--max-queue", type=int, default=1024, help="jobs waiting for a worker before 503")
-    p.add_argument("--max-timeout", type=float, default=60.0, help="upper bound of a job's timeout_s")
-    p.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="address space of each sandboxed process")
-    p.add_argument("--nproc", type=int, default=Limits.nproc, help="processes + threads of one sandbox")
-    p.add_argument("--isolation", default="auto", choices=["auto", "root", "userns", "none"], help="sandbox mode")
-    p.add_argument("--allow-unisolated", action="store_true", help="run without namespaces if none can be made (unsafe)")
-    p.add_argument("--ready-file", default="", help="write {url, pid, isolation} here as JSON once listening")
-    p.add_argument("--log-level", default="warning", help="uvicorn log level")
-    a = p.parse_args(argv)
-    import uvicorn
-    try: app = make_app(a.workers, a.max_queue, a.max_timeout, limits=Limits(memory_mb=a.memory_mb, nproc=a.nproc),
-                        isolation=a.isolation, allow_unisolated=a.allow_unisolated)
-    except SandboxError as e:
-        print(f"grpo_nb code server: error: {e}", file=sys.stderr); return 2
-    sock = socket.socket(socket.AF_INET6 if ":" in a.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try: sock.bind((a.host, a.port))
-    except OSError as e:
-        print(f"grpo_nb code server: error: cannot bind {a.host}:{a.port} ({e.strerror}). Fix: --port 0 or another port.", file=sys.stderr)
-        return 2
-    sock.listen(1024)
-    url = f"http://{a.host}:{sock.getsockname()[1]}"
-    info = {"url": url, "pid": os.getpid(), "isolation": app.state.isolation, "workers": a.workers}
-    if a.ready_file:
-        with open(a.ready_file + ".tmp", "w") as f: json.dump(info, f)
-        os.replace(a.ready_file + ".tmp", a.ready_file)
-    print(f"grpo_nb code server listening on {url} (isolation={info['isolation']}, workers={a.workers})", flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level=a.log_level, access_log=False, timeout_graceful_shutdown=5)).run(sockets=[sock])
-    return 0
+    return run_cli(serve_command, argv, "python -m grpo_nb.rewards serve")
 
 def main(argv:list[str]|None=None, # command-line arguments (None: sys.argv[1:])
         ) -> int:
@@ -536,7 +540,7 @@ def main(argv:list[str]|None=None, # command-line arguments (None: sys.argv[1:])
 # %% ../nbs/04_rewards.ipynb 47
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())
 
-# %% ../nbs/04_rewards.ipynb 49
+# %% ../nbs/04_rewards.ipynb 51
 class CodeClient:
     "Client of the code-execution service: batching, timeouts, retries."
     def __init__(self, url:str, # service address, e.g. http://head-node:8070
@@ -554,7 +558,7 @@ class CodeClient:
     def __exit__(self, *exc): self.close()
     def close(self): self._http.close()
 
-# %% ../nbs/04_rewards.ipynb 50
+# %% ../nbs/04_rewards.ipynb 52
 @patch
 def _post(self:CodeClient, path:str, payload:dict, timeout_s:float) -> dict:
     "POST with retries on connection errors and 502/503/504; ValueError on a 4xx (a bad job is not retried)."
@@ -578,7 +582,7 @@ def health(self:CodeClient) -> dict:
     try: return self._http.get("/health", timeout=5.0).json()
     except httpx.TransportError as e: raise ConnectionError(f"code service at {self.url} does not answer: {e}") from None
 
-# %% ../nbs/04_rewards.ipynb 51
+# %% ../nbs/04_rewards.ipynb 53
 @patch
 def run_batch(self:CodeClient, jobs:list[dict], # each {program, tests, timeout_s?, setup?}
              ) -> list[dict]:
@@ -608,7 +612,7 @@ def run_tests(self:CodeClient, program:str, # the untrusted source code
 
 run_tests = sandbox.run_tests   # `@patch` rebinds the module-level name to None: keep `grpo_nb.rewards.run_tests` the in-process runner
 
-# %% ../nbs/04_rewards.ipynb 53
+# %% ../nbs/04_rewards.ipynb 55
 def start_code_service(workers:int=2, # sandboxes running at once
                        host:str="127.0.0.1", # address to bind
                        port:int=0, # 0: a free port

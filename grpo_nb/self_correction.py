@@ -4,14 +4,14 @@
 
 # %% ../nbs/12_self_correction.ipynb 3
 from __future__ import annotations
-import argparse, copy, hashlib, json, math, os, shlex, sys, time
+import copy, hashlib, json, math, os, shlex, sys, time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from .config import ConfigError, _merge, config_data, from_dict, parse_overrides, trainer_of
+from .config import ConfigError, _merge, config_data, from_dict, parse_overrides, run_cli, trainer_of
 from .checkpoint import find_resume, latest_checkpoint, rng_state, save_checkpoint_files, set_rng_state
 from .loss import token_logprobs
 from .memory import GiB, ModelShape, activations_bytes, get_shape, logits_bytes, param_counts, shape_to_hf
@@ -26,7 +26,8 @@ __all__ = ['ROLES', 'TRAINED', 'SEED_PLACEMENT', 'SAVED', 'SC_SBATCH', 'resolve_
            'load_sc_config', 'rank_placement', 'load_models', 'sample', 'completion_logprobs', 'Episodes',
            'run_episodes', 'MasterAdamW', 'make_optimizers', 'critic_values', 'micro_batches', 'sum_grads', 'update',
            'param_digest', 'save_sc_checkpoint', 'load_sc_checkpoint', 'train', 'sc_role_memory', 'five_model_memory',
-           'sc_memory', 'device_totals', 'sc_gpu_table', 'self_correction_cli', 'render_scripts']
+           'sc_memory', 'device_totals', 'sc_gpu_table', 'self_correction_command', 'self_correction_cli',
+           'render_scripts']
 
 # %% ../nbs/12_self_correction.ipynb 6
 ROLES:tuple[str, ...] = ("policy", "guidance", "reference", "critic", "target_critic")
@@ -617,18 +618,13 @@ def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     return "\n".join([head] + [line(r) for r in recs]) + note
 
 # %% ../nbs/12_self_correction.ipynb 46
-def self_correction_cli(argv:list[str]|None=None) -> int:
-    "`python -m grpo_nb.self_correction [CONFIG] [--field=value ...] [--out DIR]`: a self-correction run."
-    p = argparse.ArgumentParser(prog="grpo_nb self-correction", description="Two-turn self-correction with guidance, reference and target critic.",
-                                epilog="Fields: " + ", ".join(f"--{f}" for f in SCConfig.__dataclass_fields__) + ".")
-    p.usage = "grpo_nb self-correction [CONFIG] [--field=value ...] [--out DIR]   (CONFIG: a YAML file or preset with `trainer: self-correction`)"
-    p.add_argument("--out", default="runs/self_correction", help="directory for summary.json")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    config = argv.pop(0) if argv and not argv[0].startswith("-") else None   # (argparse would take an override's value for it)
-    try: a, rest = p.parse_known_args(argv)
-    except SystemExit as e: return int(e.code or 0)
+def self_correction_command(config:str|None=None, # a YAML file or preset with `trainer: self-correction` (default: the fields' defaults)
+                            *overrides:str, # fields as --field=value
+                            out:str="runs/self_correction", # directory for summary.json
+                           ) -> int: # 0 ok (rank 0 wrote the summary), 2 on a configuration error
+    "Two-turn self-correction with guidance, reference and target critic."
     try:
-        cfg = load_sc_config(config, rest)
+        cfg = load_sc_config(config, list(overrides))
         resolve_placement(cfg.placement)
     except (ConfigError, ValueError) as e:
         print(f"grpo_nb self-correction: error: {e}", file=sys.stderr); return 2
@@ -636,10 +632,15 @@ def self_correction_cli(argv:list[str]|None=None) -> int:
     except ConfigError as e:
         print(f"grpo_nb self-correction: error: {e}", file=sys.stderr); return 2
     if _world()[0] != 0: return 0   # rank 0 writes the summary
-    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out); out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"config": asdict(cfg), **res}, indent=1))
     print(f"self-correction: {cfg.steps} updates, final turn-2 reward {res['metrics'][-1]['reward2']:.3f}; {out / 'summary.json'}")
     return 0
+
+def self_correction_cli(argv:list[str]|None=None) -> int:
+    "`python -m grpo_nb.self_correction [CONFIG] [--field=value ...] [--out DIR]`: a self-correction run."
+    return run_cli(self_correction_command, argv, "grpo_nb self-correction",
+                   epilog="Fields: " + ", ".join(f"--{f}" for f in SCConfig.__dataclass_fields__))
 
 # %% ../nbs/12_self_correction.ipynb 47
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(self_correction_cli())

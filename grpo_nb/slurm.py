@@ -4,24 +4,23 @@
 
 # %% ../nbs/09_slurm.ipynb 3
 from __future__ import annotations
-import argparse, json, math, os, re, shlex, shutil, subprocess, sys, tempfile, time
+import argparse, json, math, re, shlex, subprocess, sys, time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
-from .config import TrainConfig, ConfigError, load_config, derive
-from .memory import plan_config, colocated_plan, GiB
-from .placement import Layout, PlacementError
-from .tiny import builtin_model
+from .config import TrainConfig, ConfigError, load_config
+from .chain import FUNCTIONS_CHAIN
+# Names of the chain and preflight pages that callers reach through grpo_nb.slurm: the `grpo_nb preflight` command,
+# the SLURM guide, and the scripts an earlier `grpo_nb sbatch` wrote (they call grpo_nb.slurm's job_env_cli).
+from .chain import run_chain_case
+from .preflight import job_env_cli, preflight_cli
 
 # %% auto 0
-__all__ = ['LAUNCHER_TO_SLURM', 'Network', 'NETWORK_ENV', 'FUNCTIONS_HEAD', 'FUNCTIONS_CHAIN', 'FUNCTIONS_STOP', 'BLOCK_START',
-           'BLOCK_RUN', 'BLOCK_RAY', 'BLOCK_CODE', 'BLOCK_TRAIN', 'BLOCK_END', 'NODE_SETUP', 'LADDER',
-           'TRAINER_CONTRACT', 'Check', 'markdown_table', 'SlurmSpec', 'signal_margin_s', 'spec_from_config', 'fill',
-           'sbatch_header', 'env_vars', 'env_block', 'knobs_block', 'render_sbatch', 'bash_syntax_errors',
-           'render_node_setup', 'render_scripts', 'uses_code_rewards', 'job_env', 'check_baked', 'job_env_cli',
-           'ray_hosts', 'missing_hosts', 'wait_for_ray', 'wait_ray_cli', 'functions_block', 'run_chain_case',
-           'sbatch_cli', 'check_model', 'check_writable', 'parse_sinfo', 'check_nodes', 'check_memory', 'check_layout',
-           'preflight', 'preflight_cli']
+__all__ = ['LAUNCHER_TO_SLURM', 'Network', 'NETWORK_ENV', 'FUNCTIONS_HEAD', 'FUNCTIONS_STOP', 'BLOCK_START', 'BLOCK_RUN',
+           'BLOCK_RAY', 'BLOCK_CODE', 'BLOCK_TRAIN', 'BLOCK_END', 'NODE_SETUP', 'LADDER', 'markdown_table', 'SlurmSpec',
+           'signal_margin_s', 'spec_from_config', 'fill', 'sbatch_header', 'env_vars', 'env_block', 'knobs_block',
+           'render_sbatch', 'bash_syntax_errors', 'render_node_setup', 'ray_hosts', 'missing_hosts', 'wait_for_ray',
+           'wait_ray_cli', 'render_scripts', 'sbatch_cli']
 
 # %% ../nbs/09_slurm.ipynb 6
 LAUNCHER_TO_SLURM:list[tuple[str, str, str]] = [
@@ -159,7 +158,7 @@ def env_vars(spec:SlurmSpec) -> dict[str, tuple[str, str]]:
     out.update({k: (v, "set by this script's SlurmSpec.env") for k, v in spec.env.items()})
     return out
 
-# %% ../nbs/09_slurm.ipynb 28
+# %% ../nbs/09_slurm.ipynb 29
 def env_block(spec:SlurmSpec) -> list[str]:
     "Shell lines that load the software environment and export the variables."
     out = ["# ---- 2. Software and variables (srun steps and Ray workers inherit them) ----"]
@@ -175,11 +174,11 @@ def env_block(spec:SlurmSpec) -> list[str]:
     out += [f"{l:<{w}}  # {why}" for l, why in lines]
     return out
 
-# %% ../nbs/09_slurm.ipynb 31
+# %% ../nbs/09_slurm.ipynb 33
 def knobs_block(spec:SlurmSpec) -> list[str]:
     "Variables with defaults that a submission's environment can override."
     knobs = [
-        ("TRAIN_CMD", spec.train_cmd, "the trainer (contract in nbs/09_slurm.ipynb)"),
+        ("TRAIN_CMD", spec.train_cmd, "the trainer (contract in nbs/09a_chain.ipynb)"),
         ("MAX_JOB_CHAINS", spec.max_job_chains, "jobs this submission may grow into, itself included"),
         ("GRPO_CHAIN_INDEX", 0, "this job's place in the chain, 0 = submitted by hand (never name it SLURM_*)"),
         ("RAY_PORT", spec.ray_port, "GCS port of the head"),
@@ -197,7 +196,7 @@ def knobs_block(spec:SlurmSpec) -> list[str]:
     out.append("export RAY_PORT RAY_NODE_PORT_BASE RAY_WAIT_S RAY_TMPDIR_BASE NODE_IP_CMD   # read by ray_node_setup.sh")
     return out
 
-# %% ../nbs/09_slurm.ipynb 34
+# %% ../nbs/09_slurm.ipynb 37
 FUNCTIONS_HEAD = r'''log() { echo "[grpo.sbatch $(date +%T)] $*"; }
 job_field() {  # job_field NAME: one field of `scontrol show job -o $SLURM_JOB_ID` (read once into JOB_INFO)
   sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<"$JOB_INFO"
@@ -218,34 +217,7 @@ on_stop() {  # the trap: SIGUSR1 (walltime near) or SIGTERM (scancel, walltime):
   return 0
 }'''
 
-# %% ../nbs/09_slurm.ipynb 36
-FUNCTIONS_CHAIN = r'''chain_ledger_start() {  # record this job in $LEDGER; JOBS_IN_CHAIN = jobs of this chain so far
-  if ! { [ -f "$LEDGER" ] && [ "$(tail -n 1 "$LEDGER")" = "submitted $SLURM_JOB_ID" ]; }; then
-    if [ -f "$LEDGER" ]; then mv "$LEDGER" "$LEDGER.prev"; fi  # submitted by hand: a new chain
-  fi
-  echo "started $SLURM_JOB_ID index=$GRPO_CHAIN_INDEX $(date +%FT%T)" >> "$LEDGER"
-  JOBS_IN_CHAIN=$(grep -c '^started ' "$LEDGER")
-}
-chain_next() {  # chain_next TRAIN_RC START_STEP END_STEP: submit the job that resumes, or say why not
-  local rc=$1 start=$2 end=$3 next=$((GRPO_CHAIN_INDEX + 1)) id
-  if [ "$STOP_REQUESTED" != 1 ]; then log "chain: stop: the trainer ended before the walltime signal (exit $rc)"; return 0; fi
-  if [ "$rc" != 0 ]; then log "chain: stop: the trainer failed (exit $rc); resubmit by hand once fixed (it resumes from step $end)"; return 0; fi
-  if [ "$end" -le "$start" ]; then log "chain: the walltime signal came before the first step of this job: chaining on from step $end (MAX_JOB_CHAINS bounds the chain)"; fi
-  if [ "$end" -ge "$TOTAL_STEPS" ]; then log "chain: stop: the run is complete (step $end of $TOTAL_STEPS)"; return 0; fi
-  if [ "$next" -ge "$MAX_JOB_CHAINS" ]; then log "chain: stop: GRPO_CHAIN_INDEX=$GRPO_CHAIN_INDEX is the last of MAX_JOB_CHAINS=$MAX_JOB_CHAINS"; return 0; fi
-  if [ "$JOBS_IN_CHAIN" -ge "$MAX_JOB_CHAINS" ]; then log "chain: stop: $LEDGER lists $JOBS_IN_CHAIN jobs = MAX_JOB_CHAINS (the counter says $GRPO_CHAIN_INDEX)"; return 0; fi
-  if ! id=$(sbatch --parsable --dependency="afterany:$SLURM_JOB_ID" --nodes="$SLURM_JOB_NUM_NODES" --time="$TIME_LIMIT" \
-      --job-name="$SLURM_JOB_NAME" ${SLURM_JOB_PARTITION:+--partition="$SLURM_JOB_PARTITION"} \
-      ${SLURM_JOB_ACCOUNT:+--account="$SLURM_JOB_ACCOUNT"} \
-      --export="ALL,GRPO_CHAIN_INDEX=$next,MAX_JOB_CHAINS=$MAX_JOB_CHAINS" "$SCRIPT" "${ARGS[@]}"); then
-    log "chain: sbatch failed (its message is above)"; return 1
-  fi
-  id=${id%%;*}
-  echo "submitted $id" >> "$LEDGER"
-  log "chain: submitted job $id (GRPO_CHAIN_INDEX=$next); it starts when job $SLURM_JOB_ID ends and resumes from step $end"
-}'''
-
-# %% ../nbs/09_slurm.ipynb 38
+# %% ../nbs/09_slurm.ipynb 40
 FUNCTIONS_STOP = r'''stop_ray() {  # the head leaves first; every worker sees it go, stops its Ray and exits 0
   if [ -n "${CODE_PID:-}" ]; then kill -TERM "$CODE_PID" 2>/dev/null; fi
   [ "${#RAY_PIDS[@]}" -gt 0 ] || return 0
@@ -263,7 +235,7 @@ FUNCTIONS_STOP = r'''stop_ray() {  # the head leaves first; every worker sees it
   RAY_PIDS=()
 }'''
 
-# %% ../nbs/09_slurm.ipynb 40
+# %% ../nbs/09_slurm.ipynb 42
 BLOCK_START = r'''STOP_REQUESTED=0 TRAIN_PID= RAY_PIDS=() HOSTS=() CODE_PID=
 trap 'on_stop USR1' USR1
 trap 'on_stop TERM' TERM
@@ -283,9 +255,9 @@ OVERRIDES=(${BAKED[@]+"${BAKED[@]}"} "$@")   # (this form also works under `set 
 [ -f "$SCRIPT_DIR/ray_node_setup.sh" ] || { log "no ray_node_setup.sh next to $SCRIPT: keep the two files together"; exit 2; }
 log "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $SCRIPT $CONFIG ${OVERRIDES[*]}"'''
 
-# %% ../nbs/09_slurm.ipynb 42
+# %% ../nbs/09_slurm.ipynb 44
 BLOCK_RUN = r'''# ---- 4. The run, as grpo_nb reads CONFIG: OUTPUT_DIR CKPT_DIR TOTAL_STEPS CODE_REWARDS ----
-RUN_ENV=$(python -c 'import sys; from grpo_nb.slurm import job_env_cli; sys.exit(job_env_cli())' --baked "${#BAKED[@]}" "$CONFIG" "${OVERRIDES[@]}") \
+RUN_ENV=$(python -c 'import sys; from grpo_nb.preflight import job_env_cli; sys.exit(job_env_cli())' --baked "${#BAKED[@]}" "$CONFIG" "${OVERRIDES[@]}") \
   || { log "cannot run CONFIG=$CONFIG with this job (message above)"; exit 2; }
 eval "$RUN_ENV"
 mkdir -p "$OUTPUT_DIR" "$CKPT_DIR"
@@ -293,7 +265,7 @@ LEDGER=$OUTPUT_DIR/slurm_chain.log
 chain_ledger_start
 log "chain: job $((GRPO_CHAIN_INDEX + 1)) (ledger: $JOBS_IN_CHAIN) of at most MAX_JOB_CHAINS=$MAX_JOB_CHAINS; checkpoints in $CKPT_DIR"'''
 
-# %% ../nbs/09_slurm.ipynb 44
+# %% ../nbs/09_slurm.ipynb 46
 BLOCK_RAY = r'''# ---- 5. Ray: the head on this node (the first of the job), then a worker on every other node ----
 mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD=${HOSTS[0]}
@@ -330,7 +302,7 @@ while kill -0 "$WAIT_PID" 2>/dev/null; do   # a node whose Ray step has ended wi
 done
 wait "$WAIT_PID" || { log "the Ray cluster did not form: stopping (no chain)"; stop_ray; exit 1; }'''
 
-# %% ../nbs/09_slurm.ipynb 46
+# %% ../nbs/09_slurm.ipynb 48
 BLOCK_CODE = r'''# ---- 6. The code-execution reward service on the head node, when a reward function runs code ----
 CODE_URL=
 if [ "$CODE_REWARDS" = 1 ]; then
@@ -346,7 +318,7 @@ if [ "$CODE_REWARDS" = 1 ]; then
   log "code-execution service at $CODE_URL (log: $LOG_DIR/code-server-$SLURM_JOB_ID.log)"
 fi'''
 
-# %% ../nbs/09_slurm.ipynb 48
+# %% ../nbs/09_slurm.ipynb 50
 BLOCK_TRAIN = r'''# ---- 7. Train here, in the background behind `wait`, so that the trap can forward the signal ----
 EXTRA=(--cluster.ray_address=auto ${CODE_URL:+--reward.code_service_url=$CODE_URL})
 START_STEP=$(latest_step) TRAIN_RC=0
@@ -365,14 +337,14 @@ fi
 END_STEP=$(latest_step)
 log "trainer exit $TRAIN_RC; checkpoint step $START_STEP -> $END_STEP"'''
 
-# %% ../nbs/09_slurm.ipynb 50
+# %% ../nbs/09_slurm.ipynb 52
 BLOCK_END = r'''# ---- 8. The next job of the chain, then Ray down; exit with the trainer's status ----
 chain_next "$TRAIN_RC" "$START_STEP" "$END_STEP"
 stop_ray
 log "done"
 exit "$TRAIN_RC"'''
 
-# %% ../nbs/09_slurm.ipynb 52
+# %% ../nbs/09_slurm.ipynb 54
 def render_sbatch(spec:SlurmSpec, name:str="grpo.sbatch") -> str:
     "The batch script of `spec`, as text."
     intro = [f"#!/bin/bash", f"# {name}: {spec.description}",
@@ -388,13 +360,13 @@ def render_sbatch(spec:SlurmSpec, name:str="grpo.sbatch") -> str:
     return fill(text, default_config=shlex.quote(spec.config) if spec.config else "",
                 default_overrides=ov, code_server_cmd=spec.code_server_cmd)
 
-# %% ../nbs/09_slurm.ipynb 55
+# %% ../nbs/09_slurm.ipynb 57
 def bash_syntax_errors(text:str) -> str:
     "What `bash -n` says about a script ('' when the syntax is fine)."
     p = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
     return p.stderr.strip()
 
-# %% ../nbs/09_slurm.ipynb 58
+# %% ../nbs/09_slurm.ipynb 61
 NODE_SETUP = r'''#!/bin/bash
 # ray_node_setup.sh: Ray on one node of a SLURM job, kept alive until the job is done with it.
 # Generated by grpo_nb.slurm (nbs/09_slurm.ipynb); do not edit by hand.
@@ -459,89 +431,7 @@ def render_node_setup(spec:SlurmSpec) -> str:
     "The per-node Ray bootstrap script, as text."
     return fill(NODE_SETUP, ray_port=spec.ray_port, ray_node_port_base=spec.ray_node_port_base)
 
-# %% ../nbs/09_slurm.ipynb 61
-LADDER:dict[str, SlurmSpec] = {
-    "grpo.sbatch": SlurmSpec(),
-    "debug_tiny.sbatch": SlurmSpec(
-        job_name="grpo-debug-tiny", nodes=1, gpus_per_node=2, cpus_per_node=8, mem="64G", exclusive=False,
-        time="00:30:00", signal_s=120, max_job_chains=1, nccl_debug="INFO", config="demo",
-        overrides=["--cluster.device=cuda", "--cluster.nodes=1", "--cluster.gpus_per_node=2", "--cluster.learners_per_node=[1]"],
-        description="debug rung 1: the tiny built-in model on two GPUs (a learner, an engine); modules, venv, CUDA, vLLM, the trainer."),
-    "debug_1node.sbatch": SlurmSpec(
-        job_name="grpo-debug-1node", nodes=1, time="01:00:00", signal_s=300, max_job_chains=1, nccl_debug="INFO",
-        overrides=["--cluster.nodes=1"],
-        description="debug rung 2: one whole node with your config; NCCL inside a node, placement of learners and engines."),
-    "debug_2nodes.sbatch": SlurmSpec(
-        job_name="grpo-debug-2nodes", nodes=2, time="00:20:00", signal_s=300, max_job_chains=2, nccl_debug="INFO",
-        overrides=["--cluster.nodes=2"],
-        description="debug rung 3: two nodes, Ray and NCCL across them, and one chained job (signal, checkpoint, resume)."),
-}
-
-def render_scripts(out_dir:str|Path="sbatch") -> list[Path]:
-    "Write the ladder's scripts and `ray_node_setup.sh` into `out_dir`; return their paths."
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    texts = {name: render_sbatch(spec, name) for name, spec in LADDER.items()}
-    texts["ray_node_setup.sh"] = render_node_setup(LADDER["grpo.sbatch"])
-    paths = []
-    for name, text in texts.items():
-        p = out / name
-        if not p.exists() or p.read_text() != text: p.write_text(text)
-        p.chmod(0o755); paths.append(p)
-    return paths
-
-# %% ../nbs/09_slurm.ipynb 67
-def uses_code_rewards(cfg:TrainConfig) -> bool:
-    "Whether a reward function of `cfg` runs code (needs the code-execution service; names containing 'code')."
-    return any("code" in name for name, w in cfg.reward.functions.items() if w) and not cfg.reward.code_service_url
-
-def job_env(cfg:TrainConfig, environ:dict) -> dict[str, str]:
-    "Shell variables of a run inside a SLURM job (`environ`: the job's environment); raises `ConfigError` on a mismatch."
-    C, d = cfg.cluster, derive(cfg)
-    nodes = environ.get("SLURM_JOB_NUM_NODES")
-    if nodes and int(nodes) != C.nodes:
-        raise ConfigError("cluster.nodes", f"the config places work on {C.nodes} node(s) but job {environ.get('SLURM_JOB_ID', '?')} has {nodes}.",
-                          f"sbatch --nodes={C.nodes} ..., or pass --cluster.nodes={nodes} (and learners_per_node to match)")
-    gpus = environ.get("SLURM_GPUS_ON_NODE")
-    if C.device != "cpu" and gpus is not None and int(gpus) < C.gpus_per_node:
-        raise ConfigError("cluster.gpus_per_node", f"the config expects {C.gpus_per_node} GPUs a node but the job has {gpus}.",
-                          f"sbatch --gpus-per-node={C.gpus_per_node} ..., or --cluster.gpus_per_node={gpus}")
-    if C.device != "cpu":   # the layout check of `grpo_nb preflight`, before any node starts Ray
-        try: Layout.from_config(cfg)
-        except PlacementError as e: raise ConfigError("cluster", f"the layout cannot be placed: {e.problem}", e.fix) from None
-    return {"OUTPUT_DIR": str(Path(cfg.logging.output_dir).resolve()), "CKPT_DIR": str(Path(d.checkpoint_dir).resolve()),
-            "TOTAL_STEPS": str(cfg.total_steps), "CODE_REWARDS": "1" if uses_code_rewards(cfg) else "0"}
-
-# %% ../nbs/09_slurm.ipynb 71
-def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and the submission's
-                submitted:TrainConfig, # CONFIG with the submission's overrides only
-                baked:list[str], # the overrides baked into the script
-                config:str, # CONFIG as submitted
-               ) -> None:
-    "Refuse a job whose baked overrides would move the submitted config's output or checkpoint directory (naming both)."
-    for field_, what, get in (("logging.output_dir", "output directory", lambda c: Path(c.logging.output_dir)),
-                              ("checkpoint.dir", "checkpoint directory", lambda c: Path(derive(c).checkpoint_dir))):
-        mine, theirs = get(submitted).resolve(), get(cfg).resolve()
-        if mine != theirs:
-            raise ConfigError(field_, f"the script's baked overrides ({' '.join(baked)}) put the {what} at {theirs}, "
-                              f"but {config} as submitted says {mine}: refusing before Ray starts, so that no other run's checkpoints are read or moved.",
-                              f"regenerate the script for this config (grpo_nb sbatch {config} ...), or pass the directory you mean at submission")
-
-# %% ../nbs/09_slurm.ipynb 72
-def job_env_cli(argv:list[str]|None=None) -> int:
-    "Print `job_env` of CONFIG [overrides] in this job's environment as shell assignments; exit 2 with the fix on a mismatch."
-    argv = list(sys.argv[1:] if argv is None else argv)
-    baked = 0
-    if argv[:1] == ["--baked"]: baked, argv = int(argv[1]), argv[2:]   # the first `baked` overrides come from the script itself
-    if not argv: print("usage: job_env_cli [--baked N] CONFIG [--section.field=value ...]", file=sys.stderr); return 2
-    try:
-        cfg = load_config(argv[0], argv[1:])
-        if baked: check_baked(cfg, load_config(argv[0], argv[1 + baked:]), argv[1:1 + baked], argv[0])
-        env = job_env(cfg, dict(os.environ))
-    except ConfigError as e: print(f"grpo_nb: {e}", file=sys.stderr); return 2
-    print("\n".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
-    return 0
-
-# %% ../nbs/09_slurm.ipynb 75
+# %% ../nbs/09_slurm.ipynb 64
 def ray_hosts(nodes:list[dict]) -> dict[str, float]:
     "SLURM host -> GPUs, for the live nodes of `ray.nodes()` that carry a `slurm_node_<host>` resource."
     out = {}
@@ -557,7 +447,7 @@ def missing_hosts(expected:list[str], seen:dict[str, float], gpus_per_node:int) 
     out = [f"{h} (no Ray node)" for h in expected if h not in seen]
     return out + [f"{h} ({seen[h]:g} of {gpus_per_node} GPUs)" for h in expected if h in seen and seen[h] < gpus_per_node]
 
-# %% ../nbs/09_slurm.ipynb 77
+# %% ../nbs/09_slurm.ipynb 66
 def _port_open(address:str, timeout:float=2.0) -> bool:
     import socket
     host, port = address.rsplit(":", 1)
@@ -590,7 +480,7 @@ def wait_for_ray(address:str, hosts:list[str], gpus_per_node:int, timeout:float=
             f"reach {address} (firewall, or the head's address is on the wrong interface: set NODE_IP_CMD), RAY_AUTH_MODE "
             f"differs between nodes, or a node's Ray ports are taken (change RAY_NODE_PORT_BASE).")
 
-# %% ../nbs/09_slurm.ipynb 78
+# %% ../nbs/09_slurm.ipynb 67
 def wait_ray_cli(argv:list[str]|None=None) -> int:
     "`wait_ray_cli --address A --gpus-per-node G --timeout S HOST...`: 0 once every host joined, 1 with the missing hosts."
     p = argparse.ArgumentParser(prog="wait_ray", description=wait_ray_cli.__doc__)
@@ -604,41 +494,37 @@ def wait_ray_cli(argv:list[str]|None=None) -> int:
     if msg: print(f"[wait_ray] FAILED: {msg}", flush=True); return 1
     return 0
 
-# %% ../nbs/09_slurm.ipynb 81
-def functions_block(script:str) -> str:
-    "The shell functions of a generated batch script (between its `>>> functions` and `<<< functions` lines)."
-    m = re.search(r"^# >>> functions.*?\n(.*?)^# <<< functions", script, re.M | re.S)
-    if not m: raise ValueError("no functions block in this script")
-    return m.group(1)
+# %% ../nbs/09_slurm.ipynb 71
+LADDER:dict[str, SlurmSpec] = {
+    "grpo.sbatch": SlurmSpec(),
+    "debug_tiny.sbatch": SlurmSpec(
+        job_name="grpo-debug-tiny", nodes=1, gpus_per_node=2, cpus_per_node=8, mem="64G", exclusive=False,
+        time="00:30:00", signal_s=120, max_job_chains=1, nccl_debug="INFO", config="demo",
+        overrides=["--cluster.device=cuda", "--cluster.nodes=1", "--cluster.gpus_per_node=2", "--cluster.learners_per_node=[1]"],
+        description="debug rung 1: the tiny built-in model on two GPUs (a learner, an engine); modules, venv, CUDA, vLLM, the trainer."),
+    "debug_1node.sbatch": SlurmSpec(
+        job_name="grpo-debug-1node", nodes=1, time="01:00:00", signal_s=300, max_job_chains=1, nccl_debug="INFO",
+        overrides=["--cluster.nodes=1"],
+        description="debug rung 2: one whole node with your config; NCCL inside a node, placement of learners and engines."),
+    "debug_2nodes.sbatch": SlurmSpec(
+        job_name="grpo-debug-2nodes", nodes=2, time="00:20:00", signal_s=300, max_job_chains=2, nccl_debug="INFO",
+        overrides=["--cluster.nodes=2"],
+        description="debug rung 3: two nodes, Ray and NCCL across them, and one chained job (signal, checkpoint, resume)."),
+}
 
-def run_chain_case(script:str, rc:int, start:int, end:int, stop:int=1, index:int=0, ledger_jobs:int=1,
-                   max_chains:int=3, total:int=100) -> tuple[str, str]:
-    "Run `chain_next` of `script` (its functions block) once in a scratch directory; return (its log line, the stub sbatch's argv)."
-    funcs = functions_block(script)
-    with tempfile.TemporaryDirectory() as d:
-        stub = Path(d) / "sbatch"
-        stub.write_text('#!/bin/bash\necho "$@" > "$(dirname "$0")/argv"\necho 4242\n'); stub.chmod(0o755)
-        (Path(d) / "ledger").write_text("".join(f"started {i}\n" for i in range(ledger_jobs)))
-        driver = (funcs + f'\nSTOP_REQUESTED={stop} GRPO_CHAIN_INDEX={index} MAX_JOB_CHAINS={max_chains} TOTAL_STEPS={total}\n'
-                  f'LEDGER={d}/ledger JOBS_IN_CHAIN=$(grep -c "^started " "$LEDGER") SCRIPT=/x/grpo.sbatch ARGS=(cfg.yaml --a.b=1)\n'
-                  'SLURM_JOB_ID=41 SLURM_JOB_NUM_NODES=2 SLURM_JOB_NAME=grpo TIME_LIMIT=01:00:00 SLURM_JOB_PARTITION=gpu\n'
-                  f'chain_next {rc} {start} {end}\n')
-        p = subprocess.run(["bash", "-c", driver], capture_output=True, text=True, env={**os.environ, "PATH": f"{d}:{os.environ['PATH']}"})
-        argv = (Path(d) / "argv").read_text().strip() if (Path(d) / "argv").exists() else ""
-        return (p.stdout + p.stderr).strip().split("] ", 1)[-1], argv
+def render_scripts(out_dir:str|Path="sbatch") -> list[Path]:
+    "Write the ladder's scripts and `ray_node_setup.sh` into `out_dir`; return their paths."
+    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    texts = {name: render_sbatch(spec, name) for name, spec in LADDER.items()}
+    texts["ray_node_setup.sh"] = render_node_setup(LADDER["grpo.sbatch"])
+    paths = []
+    for name, text in texts.items():
+        p = out / name
+        if not p.exists() or p.read_text() != text: p.write_text(text)
+        p.chmod(0o755); paths.append(p)
+    return paths
 
-# %% ../nbs/09_slurm.ipynb 85
-TRAINER_CONTRACT:list[tuple[str, str]] = [
-    ("command", "TRAIN_CMD CONFIG [--section.field=value ...] --cluster.ray_address=auto [--reward.code_service_url=URL] --resume auto"),
-    ("Ray", "ray.init(address=\"auto\") joins the cluster at $RAY_ADDRESS (set by grpo.sbatch); every node carries a slurm_node_<host> resource"),
-    ("checkpoints", "complete checkpoints under derive(cfg).checkpoint_dir; after each one, the file `latest` there is replaced atomically (write, then rename) by text ending in the step number (`12`, `step_12`, `global_step12`)"),
-    ("--resume auto", "start from the newest complete checkpoint if there is one, else from scratch; a resumed run neither repeats nor skips a step"),
-    ("SIGUSR1, SIGTERM", "finish or abandon the current step, write a checkpoint, exit 0 (SIGUSR1 comes signal_s before the walltime; at SIGTERM the other nodes' Ray is being killed too, so SIGUSR1 is the one to rely on)"),
-    ("exit status", "0: finished or stopped on a signal after checkpointing; anything else: failed (the chain stops)"),
-    ("files it must leave alone", "OUTPUT_DIR/slurm_chain.log (the chain's ledger)"),
-]
-
-# %% ../nbs/09_slurm.ipynb 88
+# %% ../nbs/09_slurm.ipynb 78
 _SBATCH_OPTIONS = ["nodes", "gpus_per_node", "cpus_per_node", "time", "partition", "account", "qos", "signal_s",
                    "max_job_chains", "log_dir", "venv", "job_name", "mem", "train_cmd", "network", "nccl_debug"]
 
@@ -683,132 +569,3 @@ def sbatch_cli(argv:list[str]|None=None) -> int:
     print(f"wrote {out} and {setup} ({spec.nodes} node(s) x {spec.gpus_per_node} GPU(s), --time={spec.time}, "
           f"chain of at most {spec.max_job_chains} jobs)\ncheck:  grpo_nb preflight {a.config} --log-dir {spec.log_dir} {' '.join(overrides)}\nsubmit: sbatch {out}")
     return 0
-
-# %% ../nbs/09_slurm.ipynb 91
-Check = tuple[str, str]  # (PASS | WARN | FAIL | SKIP, detail)
-
-def check_model(name_or_path:str, hf_home:str|None=None) -> Check:
-    "The policy's weights: a local directory with config.json and weights, a built-in model, or a cached hub id."
-    p = Path(name_or_path).expanduser()
-    if p.is_dir():
-        if not (p / "config.json").is_file(): return "FAIL", f"{p} has no config.json: point model.name_or_path at the HF model directory"
-        weights = [w for pat in ("*.safetensors", "*.bin", "*.pt") for w in p.glob(pat)]
-        if not weights: return "FAIL", f"{p} has no weight files (*.safetensors, *.bin)"
-        unreadable = [w.name for w in weights if not os.access(w, os.R_OK)]
-        if unreadable: return "FAIL", f"cannot read {unreadable[:3]} in {p}: fix the permissions"
-        return "PASS", f"{p}: config.json and {len(weights)} weight file(s), {sum(w.stat().st_size for w in weights) / 2**30:.2f} GiB"
-    if builtin_model(name_or_path): return "PASS", f"built-in model {name_or_path!r} (grpo_nb.tiny)"
-    if name_or_path == TrainConfig().model.name_or_path: return "PASS", f"built-in model {name_or_path!r}"
-    if "/" in name_or_path and not name_or_path.startswith(("/", ".")):
-        hub = Path(hf_home or os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "hub" / ("models--" + name_or_path.replace("/", "--"))
-        if (hub / "snapshots").is_dir(): return "PASS", f"hub id {name_or_path} cached in {hub}"
-        return "FAIL", (f"{name_or_path} is neither a directory nor in the cache {hub.parent}; compute nodes are usually offline: "
-                        f"`huggingface-cli download {name_or_path}` on a login node, or point model.name_or_path at a directory")
-    return "FAIL", f"no model at {p}: set model.name_or_path to a HF model directory"
-
-# %% ../nbs/09_slurm.ipynb 94
-def check_writable(path:str, what:str) -> Check:
-    "Whether `path` exists or can be created, and a file can be written in it."
-    p = Path(path).expanduser()
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / f".grpo_preflight_{os.getpid()}"
-        probe.write_text("ok"); probe.unlink()
-        free = shutil.disk_usage(p).free / 2**30
-        return ("PASS" if free > 1 else "WARN"), f"{what} {p} writable, {free:.0f} GiB free"
-    except OSError as e: return "FAIL", f"{what} {p}: {e.strerror or e}; choose a directory you can write"
-
-# %% ../nbs/09_slurm.ipynb 97
-def parse_sinfo(text:str) -> dict[str, tuple[int, str]]:
-    "`sinfo -h -N -o '%N %G %t'` lines -> {node: (GPUs, state)}."
-    out = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 3: continue
-        node, gres, state = parts[0], parts[1], parts[2]
-        gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[\w.-]+)?:(\d+)", gres))
-        out[node] = (gpus, state.rstrip("*~#!%$@^-"))
-    return out
-
-def check_nodes(nodes:int, gpus_per_node:int, partition:str="", sinfo:str|None=None) -> Check:
-    "Whether the partition has `nodes` nodes with `gpus_per_node` GPUs, and how many are idle now."
-    if sinfo is None:
-        if not shutil.which("sinfo"): return "SKIP", "no sinfo here: run preflight on the cluster's login node"
-        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %G %t", *(["-p", partition] if partition else [])], capture_output=True, text=True, timeout=30)
-        if r.returncode: return "WARN", f"sinfo failed, nodes not checked: {' '.join(r.stderr.split())[:160]}"
-        sinfo = r.stdout
-    info = parse_sinfo(sinfo)
-    fit = {n: s for n, (g, s) in info.items() if g >= gpus_per_node and not s.startswith(("down", "drain", "fail", "inval"))}
-    idle = [n for n, s in fit.items() if s == "idle"]
-    where = f"partition {partition!r}" if partition else "the default partition"
-    if len(fit) < nodes:
-        return "FAIL", f"{where} has {len(fit)} usable node(s) with >= {gpus_per_node} GPUs, the job needs {nodes}: use another partition or fewer nodes"
-    if len(idle) < nodes: return "WARN", f"{len(fit)} usable nodes, {len(idle)} idle now: the job will queue"
-    return "PASS", f"{len(fit)} usable node(s) with >= {gpus_per_node} GPUs, {len(idle)} idle"
-
-# %% ../nbs/09_slurm.ipynb 100
-def _run_cli(module:str, func:str, argv:list[str]) -> tuple[int|None, str, str]:
-    "Call `module.func(argv)` capturing its output; (None, '', why) when the module or function is absent."
-    import contextlib, importlib, io
-    try: fn = getattr(importlib.import_module(module), func)
-    except (ImportError, AttributeError) as e: return None, "", f"{module}.{func} is not available ({e.__class__.__name__})"
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try: rc = fn(argv)
-        except SystemExit as e: rc = e.code if isinstance(e.code, int) else 2
-    return int(rc or 0), out.getvalue(), err.getvalue()
-
-def check_memory(cfg:TrainConfig) -> Check:
-    "Whether the memory plan of `cfg` fits the GPUs: the planner's own `plan_config` (colocated: `colocated_plan`)."
-    if cfg.cluster.device == "cpu": return "SKIP", "cluster.device is cpu"
-    if builtin_model(cfg.model.name_or_path): return "SKIP", "a tiny built-in model fits anywhere"
-    try: plan = plan_config(cfg)
-    except ValueError as e: return "WARN", f"no memory plan: {e}"
-    if cfg.rollout.placement == "colocated":
-        cm = colocated_plan(cfg)
-        detail = f"learner + engine on one GPU: peak {cm.peak_bytes / GiB:.1f} GiB ({cm.phase} phase) of {cfg.cluster.gpu_mem_gib:.1f} GiB"
-        return ("PASS", detail) if cm.fits else ("FAIL", f"{detail}; lower rollout.gpu_memory_utilization, or place engines apart (rollout.placement=split)")
-    detail = f"learner peak {plan.learner.peak_bytes / GiB:.1f} GiB of {cfg.cluster.gpu_mem_gib:.1f} GiB"
-    if plan.fits: return "PASS", detail
-    return "FAIL", f"{detail}; fixes: {'; '.join(plan.advice) or 'see grpo_nb plan'}"
-
-def check_layout(cfg:TrainConfig) -> Check:
-    "Whether learners and engines of `cfg` fit the nodes (`grpo_nb layout --json`)."
-    if cfg.cluster.device == "cpu": return "SKIP", "cluster.device is cpu"
-    C, R = cfg.cluster, cfg.rollout
-    argv = ["--nodes", str(C.nodes), "--gpus-per-node", str(C.gpus_per_node), "--learners-per-node",
-            *map(str, C.learners_per_node), "--engines", str(R.num_engines), "--tp", str(R.tensor_parallel_size), "--json"]
-    rc, out, err = _run_cli("grpo_nb.placement", "layout_cli", argv)
-    if rc is None: return "SKIP", f"{err}; check the layout by hand (grpo_nb layout)"
-    if rc: return "FAIL", (err or out).strip()[:300]
-    try: lay = json.loads(out)
-    except ValueError: return "PASS", "layout feasible"
-    return "PASS", f"learner world {lay.get('learner_world_size')}, sync world {lay.get('sync_world_size')}, idle GPUs {lay.get('idle_gpus')}"
-
-# %% ../nbs/09_slurm.ipynb 102
-def preflight(cfg:TrainConfig, nodes:int|None=None, partition:str="", log_dir:str="logs", sinfo:str|None=None) -> list[tuple[str, str, str]]:
-    "Every check of `cfg` before submission: rows (check, status, detail)."
-    C, d = cfg.cluster, derive(cfg)
-    gpus = C.gpus_per_node if C.device != "cpu" else 0
-    rows = [("model", *check_model(cfg.model.name_or_path)), ("memory plan", *check_memory(cfg)), ("layout", *check_layout(cfg)),
-            ("nodes (sinfo)", *check_nodes(nodes or C.nodes, gpus, partition, sinfo))]
-    for what, path in [("output dir", cfg.logging.output_dir), ("checkpoint dir", d.checkpoint_dir), ("log dir", log_dir)]:
-        rows.append((what, *check_writable(path, what)))
-    return rows
-
-def preflight_cli(argv:list[str]|None=None) -> int:
-    "`grpo_nb preflight CONFIG [--nodes N] [--partition P] [--log-dir D] [overrides]`: check before you submit; exit 1 on a failure."
-    p = argparse.ArgumentParser(prog="grpo_nb preflight", description=preflight_cli.__doc__)
-    p.add_argument("config", help="YAML config or preset name")
-    p.add_argument("--nodes", type=int, default=None, help="nodes you will ask for (default: cluster.nodes)")
-    p.add_argument("--partition", default="", help="partition you will submit to")
-    p.add_argument("--log-dir", default="logs", help="directory of the job's --output")
-    a, overrides = p.parse_known_args(sys.argv[1:] if argv is None else argv)
-    try: cfg = load_config(a.config, overrides)
-    except ConfigError as e:
-        print(f"{'config':<16}FAIL  {e}"); return 2
-    rows = [("config", "PASS", f"{a.config} is valid")] + preflight(cfg, a.nodes, a.partition, a.log_dir)
-    for check, status, detail in rows: print(f"{check:<16}{status:<6}{detail}")
-    failed = [r[0] for r in rows if r[1] == "FAIL"]
-    print(f"\npreflight: {'FAILED: ' + ', '.join(failed) if failed else 'ok'}")
-    return 1 if failed else 0

@@ -4,12 +4,12 @@
 
 # %% ../nbs/08_trainer.ipynb 3
 from __future__ import annotations
-import argparse, contextlib, copy, dataclasses, json, math, os, random, signal, sys, time
+import contextlib, copy, dataclasses, json, math, os, random, signal, sys, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 from fastcore.basics import patch
-from .config import ConfigError, TrainConfig, derive, load_config, to_dict, to_yaml, validate
+from .config import ConfigError, TrainConfig, derive, load_config, run_cli, to_dict, to_yaml, validate
 from .stop import StopFlag, catch_early
 from .run import MetricsLog, load_rows, read_metrics
 from .learner import TrainBatch, LearnerGroup
@@ -25,7 +25,8 @@ from .weight_sync import connect_weight_sync, sync_weights, WeightSyncError, ver
 # %% auto 0
 __all__ = ['encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'preflight_run', 'start_ray', 'Actors',
            'start_actors', 'stop_actors', 'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'train',
-           'train_cli', 'plot_curve', 'demo_verdict', 'demo_cli', 'demo_report', 'e2e_table', 'e2e_split_table']
+           'train_command', 'train_cli', 'plot_curve', 'demo_verdict', 'demo_command', 'demo_cli', 'demo_report',
+           'e2e_table', 'e2e_split_table']
 
 # %% ../nbs/08_trainer.ipynb 7
 def encode_prompts(rows:list[dict], # `{'prompt', 'answer'}` rows
@@ -539,20 +540,13 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
 # %% ../nbs/08_trainer.ipynb 46
-def _parse_train_args(argv:list[str]|None, prog:str="grpo_nb train"):
-    p = argparse.ArgumentParser(prog=prog, description="Run GRPO training from a YAML config or preset; any field can be overridden "
-                                "as --section.field=value (see `grpo_nb config --fields`).")
-    p.add_argument("config", help="YAML file or preset name (default, demo)")
-    p.add_argument("--resume", default=None, help="auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path")
-    args, rest = p.parse_known_args(argv)
-    if args.resume is not None: rest = rest + [f"--checkpoint.resume={args.resume}"]
-    return args, rest
-
-def train_cli(argv:list[str]|None=None) -> int:
-    "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."
-    args, rest = _parse_train_args(argv)
+def train_command(config:str, # YAML file or preset name (default, demo)
+                  *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`)
+                  resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
+                 ) -> int: # 0 finished or stopped with a checkpoint, 2 configuration error (nothing started), 1 failed (`--resume auto` continues), 130 interrupted
+    "Run GRPO training from a YAML config or preset (or resume it); print the run's summary as JSON."
     try:
-        cfg = load_config(args.config, rest)
+        cfg = load_config(config, [*overrides, *([f"--checkpoint.resume={resume}"] if resume is not None else [])])
         summary = train(cfg)
     except ConfigError as e:
         print(f"grpo_nb train: error: {e}", file=sys.stderr); return 2
@@ -564,6 +558,10 @@ def train_cli(argv:list[str]|None=None) -> int:
         return 1
     print(json.dumps(summary, indent=1, default=str))
     return 0
+
+def train_cli(argv:list[str]|None=None) -> int:
+    "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."
+    return run_cli(train_command, argv, "grpo_nb train")
 
 # %% ../nbs/08_trainer.ipynb 49
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
@@ -596,14 +594,13 @@ def demo_verdict(records:list[dict], # metrics records of a run
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
 # %% ../nbs/08_trainer.ipynb 53
-def demo_cli(argv:list[str]|None=None) -> int:
-    "`grpo_nb demo [--out DIR] [--section.field=value ...]`: the tiny CPU GRPO run of `make demo`; prints the curve, writes a plot."
-    p = argparse.ArgumentParser(prog="grpo_nb demo", description=demo_cli.__doc__)
-    p.add_argument("--out", default="", help="output directory (default: runs/demo/<date-time>, a new one each time)")
-    p.add_argument("--start_below", type=float, default=0.2, help="held-out reward at step 0 must be below this")
-    p.add_argument("--end_above", type=float, default=0.6, help="... and above this at the end")
-    args, rest = p.parse_known_args(argv)
-    out = Path(args.out or f"runs/demo/{time.strftime('%Y%m%d-%H%M%S')}")
+def demo_command(*overrides:str, # fields of the demo preset, as --section.field=value
+                 out:str="", # output directory (default: runs/demo/<date-time>, a new one each time)
+                 start_below:float=0.2, # held-out reward at step 0 must be below this
+                 end_above:float=0.6, # ... and above this at the end
+                ) -> int: # 0 learned, 1 did not reach the target, 2 configuration error
+    "The tiny CPU GRPO run of `make demo`: prints the curve as it trains, writes a plot and demo.json."
+    out = Path(out or f"runs/demo/{time.strftime('%Y%m%d-%H%M%S')}")
     t0, marks, load0 = time.perf_counter(), {}, os.getloadavg()
     def on_step(r):
         marks.setdefault("first_record_s", time.perf_counter() - t0)
@@ -612,7 +609,7 @@ def demo_cli(argv:list[str]|None=None) -> int:
         else: print(f"[{time.perf_counter() - t0:6.1f} s] step {r['step']:>3}  reward {r['reward_mean']:.3f}  "
                     f"len {r['response_len_mean']:.1f}  {r['time/step']:.2f} s/step{ev}", flush=True)
     try:
-        cfg = load_config("demo", [f"--logging.output_dir={out}", "--checkpoint.resume=none", "--logging.progress_bar=false", *rest])
+        cfg = load_config("demo", [f"--logging.output_dir={out}", "--checkpoint.resume=none", "--logging.progress_bar=false", *overrides])
         R = cfg.rollout
         print(f"grpo_nb demo: {cfg.model.name_or_path} learns {cfg.data.train_path} with GRPO: {R.prompts_per_step} prompts × G={R.num_samples_per_prompt} "
               f"a step, {cfg.total_steps} steps; {R.backend} engine, DeepSpeed ZeRO-{cfg.learner.zero_stage} learner, Ray; output {out}", flush=True)
@@ -623,7 +620,7 @@ def demo_cli(argv:list[str]|None=None) -> int:
     png = plot_curve(recs, out / "curve.png", f"{cfg.model.name_or_path}: GRPO on held-out sums")
     ev = [(r["step"], r["eval/reward_mean"]) for r in recs if "eval/reward_mean" in r]
     print("\nheld-out reward (greedy):  " + "  ".join(f"step {s_}: {v:.2f}" for s_, v in ev))
-    v = demo_verdict(recs, args.start_below, args.end_above)
+    v = demo_verdict(recs, start_below, end_above)
     ok = v["learned"]
     res = {"learned": ok, "start": v["start"], "end_mean_last3": v["end"], "eval_curve": ev, "train_curve": [(r["step"], r["reward_mean"]) for r in recs if "reward_mean" in r],
            "startup_s": marks.get("first_record_s"), "wall_s": time.perf_counter() - t0, "config": to_dict(cfg),
@@ -631,10 +628,14 @@ def demo_cli(argv:list[str]|None=None) -> int:
            "step_s_median": sorted(r["time/step"] for r in recs if "time/step" in r)[len([r for r in recs if "time/step" in r]) // 2] if recs else None}
     (out / "demo.json").write_text(json.dumps(res, indent=1))
     print(f"wall {res['wall_s']:.0f} s (start-up {res['startup_s'] or 0:.0f} s); plot {png}; held-out {v['start']:.2f} -> {v['end'] or 0:.2f} "
-          "(mean of the last 3 evaluations): " + ("LEARNED" if ok else f"did NOT reach the target (start < {args.start_below}, end > {args.end_above})"))
+          "(mean of the last 3 evaluations): " + ("LEARNED" if ok else f"did NOT reach the target (start < {start_below}, end > {end_above})"))
     return 0 if ok else 1
 
-# %% ../nbs/08_trainer.ipynb 59
+def demo_cli(argv:list[str]|None=None) -> int:
+    "`grpo_nb demo [--out DIR] [--section.field=value ...]`: the tiny CPU GRPO run of `make demo`; prints the curve, writes a plot."
+    return run_cli(demo_command, argv, "grpo_nb demo", sep="_")
+
+# %% ../nbs/08_trainer.ipynb 60
 def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_nb demo` (demo.json of its output directory)
                ) -> str:
     "A markdown summary of a recorded demo run: the held-out curve, wall time, start-up time."
@@ -647,7 +648,7 @@ def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_
             f"(start-up {d['startup_s']:.0f} s, median step {d['step_s_median']:.2f} s){' on ' + d['machine'] if d.get('machine') else ''}. "
             f"Learned: **{d['learned']}**.\n\n| step | held-out reward |\n|---|---|\n{rows}")
 
-# %% ../nbs/08_trainer.ipynb 62
+# %% ../nbs/08_trainer.ipynb 63
 def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
               layout:str|None=None, # only this layout ("colocated" | "split"); None: all
              ) -> str:
@@ -668,7 +669,7 @@ def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/
     return "\n".join(lines)
 
 
-# %% ../nbs/08_trainer.ipynb 65
+# %% ../nbs/08_trainer.ipynb 66
 def e2e_split_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
                    ) -> str:
     "Per-phase mean seconds of each measured run, ours next to TRL's."

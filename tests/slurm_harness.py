@@ -134,7 +134,7 @@ class LocalSlurm:
     # -- bring-up -----------------------------------------------------------------------------------
     WARM_MODULES = ["ray", "ray.scripts.scripts", "ray.dashboard.agent", "ray._private.log_monitor",
                     "ray.autoscaler._private.monitor", "ray.util.client.server.server",
-                    "ray._private.runtime_env.agent.main", "ray._private.workers.default_worker", "grpo_nb.slurm"]
+                    "ray._private.runtime_env.agent.main", "ray._private.workers.default_worker", "grpo_nb.preflight", "grpo_nb.slurm"]
 
     def warm_start(self, python:str=sys.executable) -> subprocess.Popen:
         """Compile the bytecode of what every Ray start imports into this cluster's cache, in the background

@@ -1,7 +1,8 @@
-"""STAND-IN TRAINER for the SLURM tests: honours the trainer contract of nbs/09_slurm.ipynb, trains nothing.
+"""STAND-IN TRAINER for the SLURM tests: honours the trainer contract of nbs/09a_chain.ipynb, trains nothing.
 
-The real trainer (`grpo_nb train`, issue 9) replaces it; until then `tests/test_slurm_cluster.py` submits
-`sbatch/grpo.sbatch` with `TRAIN_CMD="python tests/slurm_standin_trainer.py"`. The contract it honours:
+`grpo_nb train` keeps the same contract; the fast tests of `tests/test_slurm_cluster.py` submit `sbatch/grpo.sbatch`
+with `TRAIN_CMD="python tests/slurm_standin_trainer.py"` so that a chain of jobs takes minutes, and a slow test runs
+`grpo_nb train` itself. The contract it honours:
 
     TRAIN_CMD CONFIG [--section.field=value ...] --cluster.ray_address=auto --resume auto
 

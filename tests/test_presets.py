@@ -37,7 +37,7 @@ def test_config_resolves(name):
 def test_grpo_presets_plan_layout_preflight(name):
     from grpo_nb.memory import plan_cli
     from grpo_nb.placement import layout_cli
-    from grpo_nb.slurm import preflight_cli
+    from grpo_nb.preflight import preflight_cli
     rc, out, err = run(plan_cli, ["--config", name, "--json"])
     assert rc == 0, err
     plan = json.loads(out)

@@ -1,10 +1,12 @@
-"""The generated SLURM scripts without a scheduler: syntax, the known SLURM traps (see nbs/09_slurm.ipynb), the chain decision,
+"""The generated SLURM scripts without a scheduler: syntax, the known SLURM traps (see nbs/09_slurm.ipynb), the chain decision (nbs/09a_chain.ipynb),
 signal forwarding and the per-node Ray bootstrap (with a fake `ray`). Fast; the real scheduler runs in
 tests/test_slurm_cluster.py."""
 import os, re, signal, socket, subprocess, sys, tempfile, textwrap, time
 from pathlib import Path
 import pytest
 import grpo_nb.slurm as lib
+import grpo_nb.chain as chain
+import grpo_nb.preflight as preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 SBATCH = ROOT / "sbatch"
@@ -82,7 +84,7 @@ CHAIN_CASES = [  # (kwargs of run_chain_case, submits?, words the log line must 
 
 @pytest.mark.parametrize("kw,submits,says", CHAIN_CASES, ids=[str(c[0]) for c in CHAIN_CASES])
 def test_chain_decision(kw, submits, says):
-    line, argv = lib.run_chain_case((SBATCH / "grpo.sbatch").read_text(), **kw)
+    line, argv = chain.run_chain_case((SBATCH / "grpo.sbatch").read_text(), **kw)
     assert says in line, line
     assert bool(argv) == submits
     if submits:
@@ -92,7 +94,7 @@ def test_chain_decision(kw, submits, says):
 
 
 def funcs(text:str) -> str:
-    return lib.functions_block(text)
+    return chain.functions_block(text)
 
 
 def _signal_the_train_block(tmp_path, trainer_body:str, poll_s:float=0.05) -> str:
@@ -234,7 +236,7 @@ def test_node_setup_refuses_a_taken_port(tmp_path):
 def test_job_env_refuses_a_mismatched_allocation(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"; cfg.write_text("cluster: {nodes: 2, learners_per_node: [4, 4]}\n")
     os.environ["SLURM_JOB_NUM_NODES"] = "1"
-    try: rc = lib.job_env_cli([str(cfg)])
+    try: rc = preflight.job_env_cli([str(cfg)])
     finally: del os.environ["SLURM_JOB_NUM_NODES"]
     assert rc == 2 and "sbatch --nodes=2" in capsys.readouterr().err
 
@@ -267,14 +269,14 @@ def test_help_of_the_commands(command):
 
 def test_preflight_table_and_exit_codes(tmp_path, capsys):
     model = tmp_path / "m"; model.mkdir(); (model / "config.json").write_text("{}"); (model / "model.safetensors").write_bytes(b"x")
-    ok = lib.preflight_cli(["demo", f"--model.name_or_path={model}", f"--logging.output_dir={tmp_path}/out", f"--log-dir={tmp_path}/logs"])
+    ok = preflight.preflight_cli(["demo", f"--model.name_or_path={model}", f"--logging.output_dir={tmp_path}/out", f"--log-dir={tmp_path}/logs"])
     out = capsys.readouterr().out
     assert "model" in out and "PASS" in out and "checkpoint dir" in out
     assert ok == (1 if "FAIL" in out else 0)
-    bad = lib.preflight_cli(["demo", f"--model.name_or_path={tmp_path}/missing", f"--logging.output_dir={tmp_path}/out"])
+    bad = preflight.preflight_cli(["demo", f"--model.name_or_path={tmp_path}/missing", f"--logging.output_dir={tmp_path}/out"])
     out = capsys.readouterr().out
     assert bad == 1 and re.search(r"model\s+FAIL", out) and "preflight: FAILED: model" in out
-    assert lib.preflight_cli(["demo", "--learner.zero_stage=9"]) == 2
+    assert preflight.preflight_cli(["demo", "--learner.zero_stage=9"]) == 2
 
 
 def test_preflight_passes_on_its_own_demo_preset_and_uses_the_planner():
@@ -283,7 +285,7 @@ def test_preflight_passes_on_its_own_demo_preset_and_uses_the_planner():
     from grpo_nb.cli import main
     from grpo_nb.config import load_config
     from grpo_nb.memory import GiB, plan_config
-    from grpo_nb.slurm import check_memory
+    from grpo_nb.preflight import check_memory
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out): rc = main(["preflight", "demo"])
     assert rc == 0 and "model           PASS" in out.getvalue(), out.getvalue()
@@ -306,7 +308,7 @@ def test_the_sbatch_check_hint_names_the_log_dir(tmp_path):
 def test_baked_overrides_never_move_a_submitted_config_to_another_runs_directories(tmp_path, monkeypatch):
     "Issue 21.2: the script baked --logging.output_dir of run A; submitting config B must refuse before Ray, naming both paths."
     import contextlib, io
-    from grpo_nb.slurm import job_env_cli
+    from grpo_nb.preflight import job_env_cli
     b = tmp_path / "b.yaml"
     b.write_text(f"logging:\n  output_dir: {tmp_path / 'runB'}\ncluster:\n  device: cpu\n")
     for k in ("SLURM_JOB_NUM_NODES", "SLURM_GPUS_ON_NODE"): monkeypatch.delenv(k, raising=False)
@@ -325,7 +327,7 @@ def test_baked_overrides_never_move_a_submitted_config_to_another_runs_directori
 def test_the_job_runs_the_preflight_layout_check_before_ray(monkeypatch):
     "Issue 21.3: a layout that cannot fit (14 learner GPUs asked of 3 nodes x 4) is refused by the job's first step, with the fix."
     import contextlib, io
-    from grpo_nb.slurm import job_env_cli
+    from grpo_nb.preflight import job_env_cli
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "3"); monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
