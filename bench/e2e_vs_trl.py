@@ -45,8 +45,8 @@ def stats(xs:list[float]) -> dict:
     return {"mean": statistics.fmean(s), "median": statistics.median(s), "p90": s[min(len(s) - 1, math.ceil(0.9 * len(s)) - 1)]}
 
 
-def build_model(model:dict, out:Path) -> Path:
-    "A random-init Qwen2 of `model`'s shape plus a word-level tokenizer covering every id (`t<id>` tokens), as a HF directory."
+def build_model(model:dict, out:Path, weights:bool=True) -> Path:
+    "A random-init Qwen2 of `model`'s shape plus a word-level tokenizer covering every id (`t<id>` tokens), as a HF directory (`weights=False`: config and tokenizer only, for `load_format='dummy'`)."
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -58,6 +58,7 @@ def build_model(model:dict, out:Path) -> Path:
     fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     fast.save_pretrained(out)
     cfg = Qwen2Config(**model, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if not weights: cfg.architectures = ["Qwen2ForCausalLM"]; cfg.save_pretrained(out); return out
     torch.manual_seed(0)
     Qwen2ForCausalLM(cfg).save_pretrained(out)
     return out

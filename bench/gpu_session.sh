@@ -1,7 +1,8 @@
 #!/bin/bash
 # bench/gpu_session.sh: the GPU benchmarks of grpo-nb in lanes that run in parallel on a node with two GPUs.
 #
-#   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 single1 split01 (or its parts split01a/b/c)
+#   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 single1 split01 (or its parts split01a/b/c),
+#                                                        coloclong0 trlcoloclong1 wsvllm01 wstf01 mfu2 sc2
 #
 # Each lane runs its benchmarks one after another on its own GPUs (CUDA_VISIBLE_DEVICES), each under `timeout`,
 # writing JSON results and a log per benchmark under $GPUWORK (default /tmp/gpuwork, kept across calls). At the end
@@ -62,6 +63,17 @@ lane_split01c() {
   e2e ours:split:sync:long 300 0,1
 }
 lane_split01() { lane_split01a; lane_split01b; lane_split01c; }
+# the long colocated shape on one GPU each (ours on GPU 0, the peer's colocate mode on GPU 1, at the same time)
+lane_coloclong0() { e2e ours:colocated:sync:long 330 0; }
+lane_trlcoloclong1() { e2e trl:vllm-colocate:long 300 1; }
+# both GPUs: weight sync into a real vLLM engine (results merged into $OUT/weight_sync.json, which may hold the other receiver's)
+lane_wsvllm01() { run weight_sync_vllm 200 0,1 python3 bench/weight_sync.py --receiver vllm --buckets-mib 1024,0 --budget-s 150 --out "$OUT/weight_sync.json"; }
+lane_wstf01() { run weight_sync_transformers 150 0,1 python3 bench/weight_sync.py --buckets-mib 1024,0 --budget-s 100 --out "$OUT/weight_sync.json"; }
+# both GPUs: ZeRO-3 learners with Liger kernels, DeepSpeed's default buckets and larger ones (1.5B and 3B)
+lane_mfu2() { run learner_mfu_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-1.5B,Qwen2.5-3B --only liger \
+                --budget-s 290 --variant-limit-s 140 --out "$OUT/learner_mfu.json"; }
+# both GPUs: the seed-004 2-GPU preset's placement with 3B policy and guidance (frozen models in CPU memory)
+lane_sc2() { run sc_memory_gpu 440 0,1 python3 bench/sc_memory_gpu.py --only 2 --merge --limit-s 420 --out "$OUT/sc_memory_gpu.json"; }
 
 for l in $LANES; do "lane_$l" & done
 wait

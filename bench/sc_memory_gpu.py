@@ -30,6 +30,10 @@ CONFIGS = [   # most important first
           placement={"*": "cuda:0"}, steps=3, episodes=8, max_new_tokens=64)),
     ("3B policy, 1B guidance, 0.5B critic, optimizer states in CPU memory",
      dict(policy="random:Llama-3.2-3B", guidance="random:Llama-3.2-1B", critic="random:Qwen2.5-0.5B", optimizer_offload=True)),
+    ("seed004-score-2gpu: 3B policy and guidance, 1B critic, the preset's placement on 2 GPUs, optimizer states in CPU memory",
+     dict(policy="random:Llama-3.2-3B", guidance="random:Llama-3.2-3B", critic="random:Llama-3.2-1B", optimizer_offload=True,
+          placement={"policy": "cuda:0", "critic": "cuda:0", "guidance": "cuda:1", "reference": "cpu", "target_critic": "cpu"},
+          steps=3, episodes=8, max_new_tokens=64)),
 ]
 COMMON = dict(placement=ON_GPU, steps=4, episodes=16, micro_batch=4, max_new_tokens=128, grad_ckpt=True, dtype="bfloat16",
               lr=1e-6, guidance_every=2, tau=0.005)
@@ -47,18 +51,20 @@ def one(name:str, kw:dict, q) -> None:
         from grpo_nb.self_correction import SCConfig, device_totals, sc_memory, train
         cfg = SCConfig(**kw)
         cuda = torch.cuda.is_available() and any(d != "cpu" for d in cfg.placement.values())
+        devs = sorted({d for d in cfg.placement.values() if d.startswith("cuda")}) if cuda else []
         peak = {}
         def on_step(step, models):
-            if not cuda: return
-            torch.cuda.synchronize()
-            if step == 1: torch.cuda.reset_peak_memory_stats()
-            peak["bytes"] = torch.cuda.max_memory_allocated()
+            for d in devs:
+                torch.cuda.synchronize(d)
+                if step == 1: torch.cuda.reset_peak_memory_stats(d)
+                peak[d] = torch.cuda.max_memory_allocated(d)
         res = train(cfg, on_step=on_step, digests=False)
         times = [m["step_s"] for m in res["metrics"][1:]]
         pred = device_totals(sc_memory(cfg))
         rec = {"name": name, "config": asdict(cfg), "device": torch.cuda.get_device_name() if cuda else "cpu",
                "step_s_all": times, **stats(times), "steps": len(res["metrics"]),
-               "measured_bytes": peak.get("bytes"), "predicted_bytes": pred.get("cuda:0") if cuda else None,
+               "measured_bytes": peak.get("cuda:0"), "predicted_bytes": pred.get("cuda:0") if cuda else None,
+               "measured_by_device": peak, "predicted_by_device": {d: pred.get(d) for d in devs},
                "predicted_host_bytes": pred.get("cpu"), "params": res["params"],
                "reward2": [m["reward2"] for m in res["metrics"]], "versions": {"torch": torch.__version__}}
     except Exception as e:
@@ -71,9 +77,11 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny models on the CPU (checks the script, measures nothing)")
     p.add_argument("--limit-s", type=float, default=240, help="time limit of one config")
     p.add_argument("--only", type=int, nargs="*", help="indices of CONFIGS to run (default: all)")
+    p.add_argument("--merge", action="store_true", help="keep the records of --out whose name is not run now")
     a = p.parse_args(argv)
     configs = [("smoke: tiny models on the CPU", {**SMOKE})] if a.smoke else [(n, {**COMMON, **kw}) for i, (n, kw) in enumerate(CONFIGS) if a.only is None or i in a.only]
     out, records = Path(a.out), []
+    if a.merge and out.exists(): records = [r for r in json.loads(out.read_text())["records"] if r["name"] not in {n for n, _ in configs}]
     ctx = mp.get_context("spawn")
     for name, kw in configs:
         q = ctx.Queue(); proc = ctx.Process(target=one, args=(name, kw, q)); t0 = time.time(); proc.start()

@@ -1,8 +1,10 @@
-"""Weight-sync benchmark: a ZeRO-3 learner on GPU 0 pushes its weights into a transformers engine on GPU 1.
+"""Weight-sync benchmark: a ZeRO-3 learner on GPU 0 pushes its weights into a rollout engine on GPU 1, either the
+transformers engine (`--receiver transformers`) or a real vLLM engine (`--receiver vllm`).
 
 A Qwen2.5-1.5B-shaped policy (random init, bf16, 3.09 GB, 338 tensors) lives in a one-rank DeepSpeed ZeRO-3
-world on GPU 0, in this process; a `grpo_nb.rollout.HFEngine` with the same architecture lives on GPU 1, in a
-child process (spawned, driven through a pipe: no Ray needed). They form the weight-sync group (NCCL) through
+world on GPU 0, in this process; the engine (`grpo_nb.rollout.HFEngine`, or `grpo_nb.rollout.VllmEngine` whose
+worker loads the buckets through vLLM's own loader) with the same architecture lives on GPU 1, in a child process
+(spawned, driven through a pipe: no Ray needed). They form the weight-sync group (NCCL) through
 the library's own `connect_weight_sync` / `sync_weights` / `verify_weight_sync`, and this script times:
 
   floor  a raw NCCL broadcast of one buffer of the same number of bytes, through the same group, same run
@@ -12,11 +14,14 @@ the library's own `connect_weight_sync` / `sync_weights` / `verify_weight_sync`,
   total  the real, pipelined sync: first gather on the learner -> last tensor copied on the engine
          (the next bucket is gathered while the previous one is on the wire, and loaded while the next arrives)
 
-for a few bucket sizes, then verifies the engine bit for bit (checksums) and by log-probs.
-Records go to bench/results/weight_sync.json (model, bytes, floor_s, gather_s, send_s, load_s, total_s, device).
+for a few bucket sizes, then verifies the engine bit for bit (checksums) and by log-probs. vLLM packs q/k/v and
+gate/up into single tensors, so for it the learner's checksums are taken of the same packing (concatenated full
+tensors) and compared with the checksums of the worker's own parameters (`bench/vllm_bench_ext.py`).
+Records go to bench/results/weight_sync.json (receiver, model, bytes, floor_s, gather_s, send_s, load_s, total_s,
+total_over_floor, device); a run replaces the records of its own receiver and keeps the other receiver's.
 
-GPU (2 GPUs; see the guide page "Measured on GPUs"):                     python bench/weight_sync.py
-CPU smoke test (tiny model, gloo, ~1 min):                               python bench/weight_sync.py --smoke
+GPU (2 GPUs; see the guide page "Measured on GPUs"):                     python bench/weight_sync.py [--receiver vllm]
+CPU smoke test (tiny model, gloo, ~1 min):                               python bench/weight_sync.py --smoke [--receiver vllm]
 
 Every stage (start-up, floor, each bucket size, verification) is guarded: a failure is recorded under "errors"
 and the JSON is rewritten after every stage, so one failure still leaves the rest. A stage that times out
@@ -34,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from grpo_nb.rollout import HFEngine, gather, submit  # noqa: E402
+from grpo_nb.rollout import HFEngine, VllmEngine, gather, submit  # noqa: E402
 from grpo_nb.weight_sync import (WeightSyncError, WeightSyncSource, connect_weight_sync, sync_weights,  # noqa: E402
-                                 verify_weight_sync)
+                                 tensor_checksum, verify_weight_sync)
 
 QWEN25_1P5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                    num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True, rope_theta=1e6,
@@ -81,11 +86,37 @@ class Learner(WeightSyncSource):
         "Sender side of a raw broadcast of `nbytes` through the sync group; one time per iteration."
         return _raw_broadcast(self._ws_group, nbytes, iters)
 
+    def packed_checksums(self) -> dict[str, int]:
+        "Checksums of the full tensors packed as vLLM's Qwen2 holds them (q/k/v -> qkv_proj, gate/up -> gate_up_proj)."
+        import deepspeed
+        named = dict(self.model.module.named_parameters())
+        out = {}
+        with deepspeed.zero.GatheredParameters(list(named.values()), modifier_rank=None):
+            for n, p in named.items():
+                packed = [(parts, name) for parts, name in PACKED if f".{parts[0]}." in n]
+                if packed:
+                    parts, name = packed[0]
+                    out[n.replace(parts[0], name)] = tensor_checksum(torch.cat([named[n.replace(parts[0], q)].data for q in parts], 0))
+                elif not any(f".{q}." in n for parts, _ in PACKED for q in parts):
+                    out[n] = tensor_checksum(p.data)
+        return out
+
+
+PACKED = [(("q_proj", "k_proj", "v_proj"), "qkv_proj"), (("gate_proj", "up_proj"), "gate_up_proj")]   # vLLM's Qwen2 packing
+
 
 class Engine(HFEngine):
     "The transformers engine, plus the receiving side of the raw broadcast."
     def floor(self, nbytes:int, iters:int) -> list[float]:
         return _raw_broadcast(self.sync_group, nbytes, iters)
+
+
+class VEngine(VllmEngine):
+    "The real vLLM engine (worker extension `bench/vllm_bench_ext.py`), plus the floor and the packed checksums."
+    def floor(self, nbytes:int, iters:int) -> list[float]:
+        return self.llm.collective_rpc("grpo_floor", args=(nbytes, iters))[0]
+    def packed_checksums(self) -> dict[str, int]:
+        return self.llm.collective_rpc("grpo_param_checksums")[0]
 
 
 def _raw_broadcast(group, nbytes:int, iters:int) -> list[float]:
@@ -161,6 +192,8 @@ class InProcess:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU with gloo (checks the script, not the hardware)")
+    ap.add_argument("--receiver", choices=["transformers", "vllm"], default="transformers",
+                    help="the engine that receives: grpo_nb's transformers engine or a real vLLM engine (vLLM's loader)")
     ap.add_argument("--reps", type=int, default=5, help="timed syncs per bucket size (median reported)")
     ap.add_argument("--buckets-mib", default="1024,256,0", help="bucket sizes in MiB; 0 = the whole model in one bucket")
     ap.add_argument("--out", default=None, help="JSON output (default: bench/results/weight_sync.json; smoke: a temp file)")
@@ -174,10 +207,23 @@ def main(argv=None) -> int:
     t_all, timeout = time.time(), args.call_timeout_s
     res = {"records": [], "errors": [], "created": time.strftime("%Y-%m-%d %H:%M:%S"), "host": socket.gethostname(),
            "argv": sys.argv[1:] if argv is None else list(argv), "reference_floor_s": None if args.smoke else 0.0118}
+    kept, kept_err, runs = [], [], {}   # the other receiver's results stay in the file
+    if out.exists():
+        try:
+            old = json.loads(out.read_text())
+            kept = [r for r in old.get("records", []) if r.setdefault("receiver", "transformers") != args.receiver]
+            kept_err = [e for e in old.get("errors", []) if e.setdefault("receiver", "transformers") != args.receiver]
+            runs = {k: v for k, v in old.get("runs", {}).items() if k != args.receiver}
+        except (json.JSONDecodeError, AttributeError): pass
+    mine = res["records"]
     def write():
         res["wall_s"] = time.time() - t_all
+        for e in res["errors"]: e.setdefault("receiver", args.receiver)
+        meta = {k: res.get(k) for k in ("created", "host", "argv", "learner", "engine", "sync_group", "startup_s", "wall_s",
+                                        "before_sync_check", "verified", "checksums", "floor_s")}
+        full = {**res, "records": kept + mine, "errors": kept_err + res["errors"], "runs": {**runs, args.receiver: meta}}
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(res, indent=1))
+        out.write_text(json.dumps(full, indent=1))
     hung = False
     def stage(name, fn):
         "Run one stage; record its error (and skip later stages after a timeout) instead of raising."
@@ -199,7 +245,20 @@ def main(argv=None) -> int:
             nonlocal E
             engine_env = {**SAFE_ENV, "CUDA_VISIBLE_DEVICES": "1"} if device == "cuda" else dict(SAFE_ENV)
             # the engine process starts first (it is spawned, so it sees the environment before any CUDA call here)
-            E = InProcess(Engine, qwen2_config(shape), device=device, dtype="auto", seed=1, env=engine_env, timeout_s=300)
+            if args.receiver == "vllm":
+                sys.path.insert(0, str(ROOT / "bench"))
+                from e2e_vs_trl import build_model
+                mdir = build_model({k: v for k, v in shape.items() if k not in ("max_position_embeddings", "eos_token_id", "bos_token_id")},
+                                   Path(tempfile.mkdtemp(prefix="ws-vllm-")) / "model", weights=False)
+                engine_env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench"), str(ROOT), os.environ.get("PYTHONPATH", "")])
+                engine_env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+                engine_env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # the worker lives in the (daemonic) engine process itself
+                E = InProcess(VEngine, str(mdir), gpu_memory_utilization=0.5 if device == "cuda" else 0.9, enforce_eager=True,
+                              dtype="bfloat16" if device == "cuda" else "float32", seed=1, max_model_len=256,
+                              load_format="dummy", worker_extension_cls="vllm_bench_ext.BenchVllmExtension",
+                              env=engine_env, timeout_s=600)
+            else:
+                E = InProcess(Engine, qwen2_config(shape), device=device, dtype="auto", seed=1, env=engine_env, timeout_s=300)
             L = Learner(shape, device, port=29500 + os.getpid() % 500)
             desc, einfo = L.describe(), E.info()
             print(f"learner: {desc}\nengine: {einfo}\nstart-up {time.time() - t_all:.1f} s", flush=True)
@@ -239,7 +298,7 @@ def main(argv=None) -> int:
                 timed = [sync_weights([L], [E], bucket_bytes=bb, timing=True, timeout_s=timeout) for _ in range(args.reps)]
                 piped = [sync_weights([L], [E], bucket_bytes=bb, timeout_s=timeout) for _ in range(args.reps)]
                 med = lambda rows, k: statistics.median(r[k] for r in rows)
-                rec = {"model": model_name, "bytes": nbytes, "tensors": first["tensors"],
+                rec = {"receiver": args.receiver, "model": model_name, "bytes": nbytes, "tensors": first["tensors"],
                        "bucket": "whole model" if bb is None else f"{mib} MiB", "buckets": piped[0]["buckets"],
                        "floor_s": floor_s, "gather_s": med(timed, "gather_s"), "send_s": med(timed, "send_s"),
                        "load_s": med(timed, "load_s"), "recv_s": med(timed, "recv_s"), "phased_total_s": med(timed, "total_s"),
@@ -259,6 +318,16 @@ def main(argv=None) -> int:
 
         def verify():
             rep = verify_weight_sync([L], [E], atol=atol, checksums=True, max_new_tokens=4)
+            if args.receiver == "vllm":   # bit for bit, in vLLM's packing
+                want, got = L.packed_checksums(), E.packed_checksums()
+                diff = sorted(n for n in got if want.get(n) != got[n])
+                missing = sorted(set(got) - set(want))
+                if device == "cpu" and not missing and got and all(n.endswith("proj.weight") for n in diff):
+                    rep["checksums"] = (f"vLLM worker bit-identical on {len(got) - len(diff)} of {len(got)} packed tensors; the other "
+                                        f"{len(diff)} are linear weights the CPU build re-lays out after loading (the log-probs cover them)")
+                elif diff or missing or not got:
+                    raise WeightSyncError(f"vLLM worker parameters differ bit-wise from the learner's: {diff[:3]} (no learner tensor: {missing[:3]})")
+                else: rep["checksums"] = f"vLLM worker bit-identical on {len(got)} packed tensors"
             print("verified:", rep, flush=True)
             res["verified"] = rep
             for r in res["records"]: r["verified"] = True

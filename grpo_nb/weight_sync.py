@@ -20,9 +20,10 @@ from .placement import sync_rank
 __all__ = ['ALIGN', 'DEFAULT_BUCKET_BYTES', 'DEFAULT_VERIFY_PROMPTS', 'sync_unit', 'plan_buckets', 'TensorSpec', 'SyncPlan',
            'full_shape', 'full_numel', 'make_plan', 'pack_bucket', 'unpack_bucket', 'SyncGroup', 'open_store',
            'join_group', 'WeightSyncError', 'NonFiniteWeightsError', 'nonfinite_flags', 'nonfinite_params',
-           'send_weights', 'receive_buckets', 'load_into_module', 'refresh_shared_modules', 'VllmWorkerExtension',
-           'tensor_checksum', 'module_checksums', 'gathered_checksums', 'sequence_logprobs', 'verify_sync',
-           'WeightSyncSource', 'connect_weight_sync', 'sync_weights', 'verify_weight_sync', 'bench_table', 'tp2_table']
+           'place_slices', 'gather_bucket', 'send_weights', 'receive_buckets', 'load_into_module',
+           'refresh_shared_modules', 'VllmWorkerExtension', 'tensor_checksum', 'module_checksums', 'gathered_checksums',
+           'sequence_logprobs', 'verify_sync', 'WeightSyncSource', 'connect_weight_sync', 'sync_weights',
+           'verify_weight_sync', 'bench_table', 'tp2_table']
 
 # %% ../nbs/06_weight_sync.ipynb 6
 _UNIT = re.compile(r"^(.*?\.\d+)\.")
@@ -227,6 +228,50 @@ def nonfinite_params(named_params:Iterable[tuple[str, Tensor]], # `model.named_p
     return [named[i][0] for i in bad.nonzero().flatten().tolist()]
 
 # %% ../nbs/06_weight_sync.ipynb 29
+def place_slices(gathered:Sequence[Tensor], # per rank: [S] uint8, that rank's slices of the bucket's tensors, concatenated in plan order
+                 slice_nbytes:Sequence[int], # bytes of one rank's slice of each tensor (the same on every rank; the last one padded)
+                 specs:Sequence[TensorSpec], # the bucket's specs (full sizes and offsets)
+                 nbytes:int, # bucket buffer size
+                 device:torch.device|str|None=None, # where the bucket is built (None: where `gathered` lives)
+                ) -> Tensor: # [nbytes] uint8: the bytes `pack_bucket` makes of the full tensors
+    "Copy every rank's slice of every tensor to its place in one bucket buffer."
+    flat = torch.empty(nbytes, dtype=torch.uint8, device=device or gathered[0].device)
+    off = 0
+    for s, pb in zip(specs, slice_nbytes):
+        dst = flat.narrow(0, s.offset, s.nbytes)
+        for r, g in enumerate(gathered):
+            n = min(pb, s.nbytes - r * pb)                     # the last slices hold padding, or nothing
+            if n <= 0: break
+            dst.narrow(0, r * pb, n).copy_(g.narrow(0, off, n), non_blocking=True)
+        off += pb
+    return flat
+
+# %% ../nbs/06_weight_sync.ipynb 32
+def gather_bucket(ps:Sequence[Tensor], # the bucket's ZeRO-3 parameters, in plan order (every learner rank calls this)
+                  specs:Sequence[TensorSpec], # their specs
+                  nbytes:int, # bucket buffer size
+                  device:torch.device|None, # rank 0: the sync group's device (where the bucket is built); other ranks: None
+                 ) -> Tensor|None: # rank 0: [nbytes] uint8, as `pack_bucket` of the full tensors; other ranks: None
+    "One all-gather of this bucket's ZeRO-3 slices (none with one rank); rank 0 places them into the bucket buffer."
+    import torch.distributed as dist
+    group = ps[0].ds_process_group
+    world = dist.get_world_size(group=group) if dist.is_initialized() else 1
+    parts = [p.ds_tensor.detach().reshape(-1)[:int(p.ds_tensor.ds_numel)] for p in ps]
+    if world == 1:   # the slice is the tensor: copy it into the bucket, no collective
+        return None if device is None else pack_bucket([t[:full_numel(p)] for t, p in zip(parts, ps)], specs, nbytes, device)
+    local = torch.cat([t.view(torch.uint8) for t in parts])                          # [S] this rank's slices
+    if dist.get_backend(group) == "nccl":
+        if local.device.type != "cuda": local = local.to(torch.device("cuda", torch.cuda.current_device()))
+        big = torch.empty(world * local.numel(), dtype=torch.uint8, device=local.device)
+        dist.all_gather_into_tensor(big, local, group=group)
+        gathered = list(big.chunk(world))                                            # world × [S]
+    else:
+        gathered = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(gathered, local, group=group)
+    if device is None: return None
+    return place_slices(gathered, [t.numel() * t.element_size() for t in parts], specs, nbytes, device)
+
+# %% ../nbs/06_weight_sync.ipynb 36
 def _sync_device(dev:torch.device) -> None:
     if dev.type == "cuda": torch.cuda.synchronize(dev)
 
@@ -240,14 +285,17 @@ def send_weights(named_params:Iterable[tuple[str, Tensor]], # `model.named_param
     partitioned = any(_partitioned(p) for p in params.values())
     stats = {"bytes": 0, "gather_s": 0.0, "send_s": 0.0, "buckets": len(plan.buckets)}
     if group is None and not partitioned: return stats   # plain replicas: rank 0 sends alone
-    if partitioned: import deepspeed
     stats["t_start"], stats["host"] = time.time(), socket.gethostname()   # wall clock: comparable with the receivers' t_end on one host
     t_start, pending = time.perf_counter(), None
     for k, specs in enumerate(plan.buckets):
         ps = [params[s.name] for s in specs]
         t0 = time.perf_counter()
-        with (deepspeed.zero.GatheredParameters(ps, modifier_rank=None) if partitioned else nullcontext()):
-            flat = pack_bucket(ps, specs, plan.bucket_nbytes[k], group.device) if group is not None else None
+        dev = group.device if group is not None else None
+        if partitioned and all(_partitioned(p) for p in ps): flat = gather_bucket(ps, specs, plan.bucket_nbytes[k], dev)
+        else:   # replicas, or a bucket that mixes partitioned and whole tensors
+            import deepspeed
+            with (deepspeed.zero.GatheredParameters(ps, modifier_rank=None) if partitioned else nullcontext()):
+                flat = pack_bucket(ps, specs, plan.bucket_nbytes[k], dev) if dev is not None else None
         if group is None: stats["gather_s"] += time.perf_counter() - t0; continue
         if timing: _sync_device(group.device)
         t1 = time.perf_counter(); stats["gather_s"] += t1 - t0
@@ -262,7 +310,7 @@ def send_weights(named_params:Iterable[tuple[str, Tensor]], # `model.named_param
     stats["total_s"] = time.perf_counter() - t_start
     return stats
 
-# %% ../nbs/06_weight_sync.ipynb 31
+# %% ../nbs/06_weight_sync.ipynb 38
 def receive_buckets(group:SyncGroup, # this worker's sync group
                     plan:SyncPlan, # the plan of this sync
                     stats:dict|None=None, # filled with recv_s, load_s, bytes
@@ -289,7 +337,7 @@ def receive_buckets(group:SyncGroup, # this worker's sync group
     _sync_device(group.device)
     stats["t_end"], stats["host"] = time.time(), socket.gethostname()   # when the last bucket was handed over (and copied, on GPU)
 
-# %% ../nbs/06_weight_sync.ipynb 33
+# %% ../nbs/06_weight_sync.ipynb 40
 def load_into_module(module:nn.Module, # the engine's model
                      named:Iterable[tuple[str, Tensor]], # (name, full tensor), e.g. from `receive_buckets`
                      strict:bool=True, # every parameter of `module` must be received
@@ -307,7 +355,7 @@ def load_into_module(module:nn.Module, # the engine's model
     if strict and missing: raise WeightSyncError(f"the sync did not cover {len(missing)} engine parameters, e.g. {missing[:3]}; they would stay stale.")
     return len(seen)
 
-# %% ../nbs/06_weight_sync.ipynb 36
+# %% ../nbs/06_weight_sync.ipynb 43
 def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.get_model()`)
                           ) -> list[str]: # names of the modules re-processed
     "Re-run `quant_method.process_weights_after_loading` on every module that shares a parameter with another module."
@@ -324,7 +372,7 @@ def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.
                 qm.process_weights_after_loading(mod); done.append(name)
     return done
 
-# %% ../nbs/06_weight_sync.ipynb 37
+# %% ../nbs/06_weight_sync.ipynb 44
 class VllmWorkerExtension:
     "Weight-sync methods added to every vLLM worker; called through `LLM.collective_rpc('grpo_…')`."
     def grpo_join_sync(self, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo", timeout_s:float=600) -> int:
@@ -350,7 +398,7 @@ class VllmWorkerExtension:
         g = getattr(self, "grpo_group", None)
         if g is not None: g.close(); self.grpo_group = None
 
-# %% ../nbs/06_weight_sync.ipynb 39
+# %% ../nbs/06_weight_sync.ipynb 46
 _CHUNK = 1 << 24
 
 def tensor_checksum(t:Tensor) -> int:
@@ -370,7 +418,7 @@ def module_checksums(named:Iterable[tuple[str, Tensor]], # (name, tensor) pairs
     "Checksum of every tensor, by name."
     return {n: tensor_checksum(t) for n, t in named}
 
-# %% ../nbs/06_weight_sync.ipynb 41
+# %% ../nbs/06_weight_sync.ipynb 48
 def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner parameters (ZeRO-3 placeholders are fine)
                        plan:SyncPlan, # gives the buckets: memory stays bounded as in a sync
                        rank:int=0, # this learner's rank; only rank 0 computes
@@ -387,7 +435,7 @@ def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner para
             if rank == 0: out.update({s.name: tensor_checksum(p) for s, p in zip(specs, ps)})
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 43
+# %% ../nbs/06_weight_sync.ipynb 50
 @torch.no_grad()
 def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input_ids=...).logits`)
                       sequences:Sequence[Sequence[int]], # prompt + completion token ids
@@ -403,7 +451,7 @@ def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input
         out.append(z.log_softmax(-1).gather(-1, ids[0, L:, None])[:, 0].tolist())
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 44
+# %% ../nbs/06_weight_sync.ipynb 51
 DEFAULT_VERIFY_PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14], [15, 16]]
 "Token-id prompts used by `verify_sync` when none are given (valid for any vocabulary of 17 tokens or more)."
 
@@ -451,7 +499,7 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
         report["checksums"] = f"{compared} engine(s) bit-identical on {len(checksums)} tensors" if compared else "not available (engines repack weights)"
     return report
 
-# %% ../nbs/06_weight_sync.ipynb 46
+# %% ../nbs/06_weight_sync.ipynb 53
 class WeightSyncSource:
     "Mixin for learner actors: the learner side of `connect_weight_sync`, `sync_weights` and `verify_weight_sync`."
     def sync_module(self) -> nn.Module:
@@ -499,7 +547,7 @@ class WeightSyncSource:
         if g is not None: g.close()
         self._ws_group = self._ws_store = None
 
-# %% ../nbs/06_weight_sync.ipynb 47
+# %% ../nbs/06_weight_sync.ipynb 54
 def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`WeightSyncSource`), rank 0 first
                         engines:Sequence, # engine objects or actor handles
                         tp:int=1, # TP workers per engine
@@ -566,7 +614,7 @@ def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
         sums = gather([submit(l, "ws_checksums", plan) for l in learners], timeout_s)[0]
     return verify_sync(engines, score, prompts, max_new_tokens, atol, sums, timeout_s, version)
 
-# %% ../nbs/06_weight_sync.ipynb 56
+# %% ../nbs/06_weight_sync.ipynb 63
 def _ms(x) -> str: return "—" if x is None else f"{x * 1e3:.1f}"
 def _gbps(nbytes, x) -> str: return "" if not x else f" ({nbytes / x / 1e9:.3g} GB/s)"
 
@@ -589,7 +637,7 @@ def bench_table(path:str|Path="bench/results/weight_sync.json", # results writte
     out += [f"\n- **{e.get('stage', '?')}** failed: {e.get('error', '')[:300]}" for e in errors]
     return "\n".join(out)
 
-# %% ../nbs/06_weight_sync.ipynb 62
+# %% ../nbs/06_weight_sync.ipynb 69
 def tp2_table(path:str|Path="bench/results/tp2_gpu.json", # results written by bench/tp2_gpu.py
              ) -> str: # markdown
     "The records of `bench/tp2_gpu.py` as a table, and which layouts have not been measured yet."
