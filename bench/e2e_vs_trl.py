@@ -30,6 +30,7 @@ MODEL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_
              vocab_size=151936, tie_word_embeddings=True)   # the Qwen2.5-0.5B shape
 SMOKE_MODEL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128,
                    vocab_size=512, tie_word_embeddings=True)
+MIN_TIMED = 8   # a run cut by its time limit still counts when at least this many steps after warm-up completed
 SHAPES = {"bench": dict(prompts=8, prompt_len=128, G=8, gen=256, steps=10, warmup=2),
           "long": dict(prompts=8, prompt_len=128, G=8, gen=1024, steps=10, warmup=2),
           "smoke": dict(prompts=2, prompt_len=8, G=2, gen=8, steps=3, warmup=1)}
@@ -108,7 +109,10 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
     wall = time.perf_counter() - t0
     recs = [json.loads(l) for l in (tmp / "run" / "metrics.jsonl").read_text().splitlines()] if (tmp / "run" / "metrics.jsonl").exists() else []
     recs = [r for r in recs if "time/step" in r]
-    if rc != 0 or len(recs) < n:
+    stopped = None
+    if rc == "timeout" and len(recs) - shape["warmup"] >= MIN_TIMED:   # enough timed steps: keep them, and say the run was cut
+        stopped = f"stopped by the benchmark's time limit after {len(recs)} of {n} steps ({wall:.0f} s, start-up included)"
+    elif rc != 0 or len(recs) < n:
         raise RuntimeError(f"grpo_nb train exited {rc} after {len(recs)} of {n} steps ({[round(r['time/step'], 2) for r in recs]}) in {wall:.0f} s:\n"
                            + "\n".join(l for l in log.read_text().splitlines() if "Warning" not in l)[-2500:])
     timed = recs[shape["warmup"]:]
@@ -116,7 +120,8 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
     return {"step_s_all": [r["time/step"] for r in recs], "split_s": {k.removeprefix("time/"): statistics.fmean(r.get(k, 0.0) for r in timed) for k in keys},
             "peak_gib": max(r.get("peak_gpu_mem_gib", 0) for r in recs), "staleness": timed[-1].get("staleness"),
             "learner_mfu": statistics.fmean(r["mfu"] for r in timed) if all(r.get("mfu") is not None for r in timed) else None,
-            "wall_s": wall, "command": "grpo_nb train default " + " ".join(o for o in over if "/" not in o)}
+            "wall_s": wall, "command": "grpo_nb train default " + " ".join(o for o in over if "/" not in o),
+            **({"stopped": stopped} if stopped else {})}
 
 
 # ---------------------------------------------------------------- TRL, in its best supported modes
@@ -254,7 +259,7 @@ def merge(run_dir:Path) -> dict:
                 s = r.get("stats") or {}
                 rec |= {f"{side}_step_s": s.get("median"), f"{side}_step_mean_s": s.get("mean"), f"{side}_step_p90_s": s.get("p90"),
                         f"{side}_step_s_all": r.get("step_s_all"), f"{side}_split_s": r.get("split_s"), f"{side}_peak_gib": r.get("peak_gib"),
-                        f"{side}_error": r.get("error")}
+                        f"{side}_error": r.get("error"), f"{side}_stopped": r.get("stopped")}
             rec["trl_version"] = t.get("version")
             rec["ours_command"] = o.get("command")
             if rec["ours_step_mean_s"] and rec["trl_step_mean_s"]:

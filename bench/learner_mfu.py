@@ -160,7 +160,7 @@ def record(v:dict, device_name:str, info:dict|None, res:dict|None, err:str|None)
     r = {"model": v["model"], "gpus": v["gpus"], "zero": v["zero"], "tokens_per_s": None, "mfu": None, "measured_bytes": None,
          "predicted_bytes": None, "device": device_name, "variant": v["variant"], "pack_length": v["pack"],
          "grad_ckpt": v["ckpt"], "compile": v["compile"], "attention": (info or {}).get("attention_kernel"),
-         "launcher": v.get("launcher"), "ds_overrides": v.get("ds")}
+         "launcher": v.get("launcher"), "ds_overrides": v.get("ds"), "kernels": v.get("kernels", "torch")}
     if res: r.update(res)
     if r.get("measured_bytes") and r.get("predicted_bytes"): r["predicted_over_measured"] = r["predicted_bytes"] / r["measured_bytes"]
     if err: r["error"] = err

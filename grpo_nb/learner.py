@@ -1045,7 +1045,8 @@ def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench
     head = ("| model | GPUs | ZeRO | variant | attention | device | row tokens | tokens/s | MFU | measured GiB | predicted GiB | predicted / measured |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|")
     def line(r):
-        variant = ("compiled" if r.get("compile") else "Liger kernels" if r.get("kernels") == "liger" else "eager") + (", checkpointing" if r.get("grad_ckpt") else "")
+        variant = (("compiled" if r.get("compile") else "Liger kernels" if r.get("kernels") == "liger" else "eager")
+                   + (", checkpointing" if r.get("grad_ckpt") else "") + (", larger ZeRO-3 buckets" if r.get("ds_overrides") else ""))
         start = f"| {r['model']} | {r['gpus']} | {r['zero']} | {variant} | {r.get('attention') or '–'} | {r['device']} | {r.get('pack_length', '')} | "
         if not r.get("tokens_per_s"): return start + f"{r.get('error', '?')[:80]} | | | | | |"
         pred = planned_peak(r) if r.get("device", "").startswith("NVIDIA") else r.get("predicted_bytes")

@@ -608,14 +608,21 @@ def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     if not p.is_absolute(): p = next((q / path for q in [Path.cwd(), *Path.cwd().parents] if (q / path).exists()), p)
     if not p.exists(): return f"No GPU measurement committed yet ({path})."
     recs = json.loads(p.read_text())["records"]
-    head = "| config | device | step s (mean / median / p90) | measured peak | predicted | predicted / measured |\n|---|---|---|---|---|---|"
-    line = lambda r: (f"| {r['name']} | {r['device']} | {r['step_s_mean']:.2f} / {r['step_s_median']:.2f} / {r['step_s_p90']:.2f} | "
-                      f"{r['measured_bytes']/GiB:.1f} GiB | {r['predicted_bytes']/GiB:.1f} GiB | {r['predicted_bytes']/r['measured_bytes']:.2f} |"
-                      if r.get("measured_bytes") else f"| {r['name']} | {r.get('device', '?')} | {r.get('error', '?')[:90]} | | | |")
-    ok = [r for r in recs if r.get("measured_bytes")]
-    worst = max((abs(r["predicted_bytes"] / r["measured_bytes"] - 1) for r in ok), default=None)
+    head = ("| config | device | timed steps | step s (mean / median / p90) | measured peak | predicted | predicted / measured |\n"
+            "|---|---|---|---|---|---|---|")
+    def pairs(r):   # (device, measured, predicted) per GPU the config uses
+        by = r.get("measured_by_device") or {"cuda:0": r["measured_bytes"]}
+        pred = r.get("predicted_by_device") or {"cuda:0": r["predicted_bytes"]}
+        return [(d, by[d], pred.get(d)) for d in sorted(by)]
+    def lines(r):
+        if not r.get("measured_bytes"): return [f"| {r['name']} | {r.get('device', '?')} | | {r.get('error', '?')[:90]} | | | |"]
+        steps = f"{r['step_s_mean']:.2f} / {r['step_s_median']:.2f} / {r['step_s_p90']:.2f}"
+        return [f"| {r['name'] if k == 0 else '〃'} | {r['device']} {d} | {len(r['step_s_all'])} | {steps if k == 0 else '〃'} | "
+                f"{m / GiB:.1f} GiB | {p / GiB:.1f} GiB | {p / m:.2f} |" for k, (d, m, p) in enumerate(pairs(r))]
+    ok = [x for r in recs if r.get("measured_bytes") for x in pairs(r)]
+    worst = max((abs(p / m - 1) for _, m, p in ok), default=None)
     note = "" if worst is None else f"\n\nLargest gap between prediction and measurement: {100 * worst:.0f}% ({'within' if worst <= 0.1 else 'outside'} the 10% the planner aims for)."
-    return "\n".join([head] + [line(r) for r in recs]) + note
+    return "\n".join([head] + [l for r in recs for l in lines(r)]) + note
 
 # %% ../nbs/12_self_correction.ipynb 46
 def self_correction_command(config:str|None=None, # a YAML file or preset with `trainer: self-correction` (default: the fields' defaults)

@@ -657,14 +657,15 @@ def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/
     if not p.exists(): return "_No GPU results yet: see `bench/e2e_vs_trl.py`._"
     f = lambda x: f"{x:.2f}" if isinstance(x, (int, float)) else ""
     st = lambda r, s: " / ".join(f(r.get(k)) for k in (f"{s}_step_mean_s", f"{s}_step_s", f"{s}_step_p90_s")) if r.get(f"{s}_step_mean_s") else ""
-    lines = ["| layout | shape | ours | TRL | GPUs | ours s/step mean / median / p90 | TRL s/step mean / median / p90 | speed-up (mean) | target | note |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| layout | shape | ours | TRL | GPUs | device | ours s/step mean / median / p90 | TRL s/step mean / median / p90 | speed-up (mean) | target | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in json.loads(p.read_text())["records"]:
         if layout is not None and r["layout"] != layout: continue
         err = (r.get("ours_error") or r.get("trl_error") or "").splitlines()
         note = ("ours: " if r.get("ours_error") else "TRL: ") + err[0][:70] if err else ""
+        if r.get("ours_stopped"): note = (note + "; " if note else "") + "ours: " + r["ours_stopped"]
         sp = r.get("speedup_mean")
-        lines.append(f"| {r['layout']} | {r['shape']} | {r['ours_mode']} | {r['trl_backend']} | {r['gpus']} | {st(r, 'ours')} | {st(r, 'trl')} | "
+        lines.append(f"| {r['layout']} | {r['shape']} | {r['ours_mode']} | {r['trl_backend']} | {r['gpus']} | {r.get('device') or ''} | {st(r, 'ours')} | {st(r, 'trl')} | "
                      f"{f(sp) + '×' if sp else ''} | ≥{r['target_speedup']:g}× {'met' if r.get('target_met') else ('missed' if sp else '')} | {note} |")
     return "\n".join(lines)
 

@@ -626,18 +626,18 @@ def bench_table(path:str|Path="bench/results/weight_sync.json", # results writte
     res = json.loads(p.read_text())
     rows = res.get("records", []) if isinstance(res, dict) else res
     errors = res.get("errors", []) if isinstance(res, dict) else []
-    out = ["| model | device | bucket | GB | floor ms | gather ms | send ms | load ms | total ms | total / floor |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| receiver | model | device | bucket | GB | floor ms | gather ms | send ms | load ms | total ms | total / floor |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         nb, f, t = r.get("bytes", 0), r.get("floor_s"), r.get("total_s")
-        out.append(f"| {r.get('model', '?')} | {r.get('device', '?')} | {r.get('bucket', '')} | {nb / 1e9:.2f} | {_ms(f)}{_gbps(nb, f)} | "
+        out.append(f"| {r.get('receiver', 'transformers')} | {r.get('model', '?')} | {r.get('device', '?')} | {r.get('bucket', '')} | {nb / 1e9:.2f} | {_ms(f)}{_gbps(nb, f)} | "
                    + " | ".join(f"{_ms(r.get(k))}{_gbps(nb, r.get(k))}" for k in ("gather_s", "send_s", "load_s", "total_s"))
                    + (f" | {t / f:.2f} |" if f and t else " | — |"))
-    if not rows: out.append("| _no completed measurement_ | | | | | | | | | |")
-    out += [f"\n- **{e.get('stage', '?')}** failed: {e.get('error', '')[:300]}" for e in errors]
+    if not rows: out.append("| _no completed measurement_ | | | | | | | | | | |")
+    out += [f"\n- **{e.get('stage', '?')}** ({e.get('receiver', 'transformers')}) failed: {e.get('error', '')[:300]}" for e in errors]
     return "\n".join(out)
 
-# %% ../nbs/06_weight_sync.ipynb 69
+# %% ../nbs/06_weight_sync.ipynb 72
 def tp2_table(path:str|Path="bench/results/tp2_gpu.json", # results written by bench/tp2_gpu.py
              ) -> str: # markdown
     "The records of `bench/tp2_gpu.py` as a table, and which layouts have not been measured yet."

@@ -141,7 +141,7 @@ def test_bench_table_renders_missing_partial_and_failed_runs(tmp_path):
                                                               {"model": "m", "bytes": 1, "floor_s": None, "total_s": None}],
                                                   "errors": [{"stage": "floor", "error": "TimeoutError: hung"}]}))
     t = bench_table(tmp_path / "r.json")
-    assert "| 1.40 |" in t and "**floor** failed: TimeoutError" in t and t.count("\n| m |") == 2
+    assert "| 1.40 |" in t and "**floor** (transformers) failed: TimeoutError" in t and t.count("\n| transformers | m |") == 2
 
 
 def test_checksum_sees_one_ulp_and_order():
