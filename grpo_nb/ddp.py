@@ -23,12 +23,13 @@ from .sandbox import run_tests, Limits
 from .tiny import builtin_model, resolve_model, _no_progress_bars
 from .run import MetricsLog, load_rows
 from .stop import StopFlag
+from .memory import GiB, get_shape, param_counts, activations_bytes, logits_bytes, kv_bytes_per_token, ModelShape
 
 # %% auto 0
 __all__ = ['DDP_PRESETS', 'DDP_SBATCH', 'DDPOptions', 'load_run', 'BatchPlan', 'plan_batches', 'plan_table', 'prompt_indices',
            'pass_at_1', 'LogProbPolicy', 'model_path', 'load_policy', 'sample_groups', 'train_on_samples',
-           'pick_precision', 'save_checkpoint', 'load_checkpoint', 'DistEnv', 'dist_env', 'evaluate', 'train',
-           'ddp_command', 'main', 'ddp_sbatch', 'render_scripts']
+           'pick_precision', 'ddp_memory', 'ddp_plan', 'ddp_fit_error', 'save_checkpoint', 'load_checkpoint', 'DistEnv',
+           'dist_env', 'evaluate', 'train', 'ddp_command', 'main', 'ddp_sbatch', 'render_scripts']
 
 # %% ../nbs/10_ddp.ipynb 6
 @dataclass
@@ -40,6 +41,7 @@ class DDPOptions:
     threads_per_rank:int=0 # torch CPU threads of each rank (0: torch's default; CPU runs want cores ÷ W)
     save_final:bool=True # checkpoint after the last step (benchmarks turn it off)
     collective_timeout_s:float=1800.0 # a rank silent this long fails the job instead of hanging it
+    memory_check:bool=True # on GPUs, refuse before loading the model when `ddp_memory` puts a rank's peak over the GPU's memory
     fail_at_step:int=0 # testing: the last rank dies (os._exit) at the start of this step, like a lost GPU (0: never)
 
 # %% ../nbs/10_ddp.ipynb 8
@@ -320,6 +322,74 @@ def pick_precision(device:str, # "cuda" or "cpu"
     return ("weights", dtype, "")
 
 # %% ../nbs/10_ddp.ipynb 44
+def ddp_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelShape`
+               micro_batch:int, # sequences per forward/backward (`learner.micro_batch_size`)
+               seq_len:int, # tokens per sequence: longest prompt + `rollout.max_new_tokens`
+               sequences:int, # sequences one rank samples per step (prompts per rank × G)
+               world_size:int=1, # ranks (GPUs)
+               precision:Literal["bf16-autocast","fp16-autocast","weights"]="bf16-autocast", # `pick_precision`'s answer
+               weight_bytes:int=4, # bytes per weight: 4 under autocast; 2 for bf16 weights (precision "weights")
+               zero1:bool=False, # `learner.zero_stage: 1`: AdamW moments sharded over the ranks
+               grad_ckpt:bool=False, # `model.gradient_checkpointing`
+               logprob_chunk:int=1024, # `learner.logprob_chunk`
+               attn:str="sdpa", # `model.attn_implementation`
+              ) -> dict[str, int]: # bytes per GPU of each term, and `peak`
+    "Peak memory of one rank of the torchrun trainer: resident states plus the larger of the update and the sampling phase."
+    s = get_shape(model)
+    N = param_counts(s)["total"]
+    autocast = precision != "weights"
+    wb = 4 if autocast else weight_bytes
+    shard = world_size if zero1 and world_size > 1 else 1
+    t = {"weights": wb * N, "gradients": wb * N, "adamw": 2 * wb * N // shard,
+         "ddp_buckets": wb * N if world_size > 1 else 0, "autocast_copies": 2 * N if autocast else 0}
+    tokens = micro_batch * seq_len
+    act = activations_bytes(s, tokens, seq_len, grad_ckpt, attn)
+    if grad_ckpt and autocast: act["saved"] += tokens * s.layers * 2 * s.hidden   # fp32 layer inputs, not bf16
+    t["activations"] = act["saved"] + act["working"]
+    t["logprob_head"] = logits_bytes(tokens, s.vocab, s.hidden, "chunked", logprob_chunk)
+    t["adamw_step"] = wb * N // shard   # foreach temporaries, only inside step()
+    t["kv_cache"] = sequences * seq_len * kv_bytes_per_token(s, 1, 2)
+    t["sampling_logits"] = 3 * 4 * sequences * s.vocab   # fp32 logits of the last position, and the sampler's copies
+    resident = t["weights"] + t["gradients"] + t["adamw"] + t["ddp_buckets"]
+    update = t["autocast_copies"] + t["activations"] + t["logprob_head"]
+    t["peak"] = resident + max(update, t["adamw_step"], t["kv_cache"] + t["sampling_logits"] + t["autocast_copies"])
+    return t
+
+# %% ../nbs/10_ddp.ipynb 48
+def ddp_plan(cfg:TrainConfig, # the run's config
+             opts:DDPOptions, # its launcher options (`load_run`)
+             world_size:int=1, # ranks (GPUs)
+             prompt_tokens:int|None=None, # longest prompt in tokens (None: `data.max_prompt_tokens`)
+            ) -> dict[str, int]: # `ddp_memory` of this config, per GPU
+    "The torchrun trainer's memory per GPU for a config (on GPUs; `cluster.gpu` says whether they run bf16)."
+    R, L = cfg.rollout, cfg.learner
+    plan = plan_batches(R.prompts_per_step, R.num_samples_per_prompt, L.micro_batch_size, L.gradient_accumulation_steps,
+                        world_size, opts.batch_scaling, L.epochs_per_batch)
+    prec, _, _ = pick_precision("cuda", cfg.model.dtype, bf16_ok=not cfg.cluster.gpu.upper().startswith("V100"))
+    return ddp_memory(cfg.model.name_or_path, plan.micro_batch, (prompt_tokens or cfg.data.max_prompt_tokens) + R.max_new_tokens,
+                      plan.sequences_per_rank, world_size, prec, 2 if cfg.model.dtype in ("bfloat16", "float16") else 4,
+                      L.zero_stage == 1, cfg.model.gradient_checkpointing, L.logprob_chunk, cfg.model.attn_implementation)
+
+# %% ../nbs/10_ddp.ipynb 51
+def ddp_fit_error(cfg:TrainConfig, # the run's config
+                  opts:DDPOptions, # its launcher options
+                  world_size:int, # ranks (GPUs)
+                  gpu_bytes:int, # memory of one GPU (`torch.cuda.get_device_properties(i).total_memory`)
+                 ) -> ConfigError|None: # None: it fits, or the model's shape is not known to the planner
+    "The error to raise when a rank's planned peak is over its GPU's memory, with the fixes in order of cost."
+    try: p = ddp_plan(cfg, opts, world_size)
+    except (ValueError, KeyError, OSError): return None
+    if p["peak"] <= gpu_bytes: return None
+    L = cfg.learner
+    fixes = ([] if L.zero_stage == 1 or world_size == 1 else ["--learner.zero_stage=1 (AdamW's moments sharded over the ranks)"]) + \
+            ([] if cfg.model.gradient_checkpointing else ["--model.gradient_checkpointing=true"]) + \
+            ([f"--learner.micro_batch_size={L.micro_batch_size // 2} --learner.gradient_accumulation_steps={2 * L.gradient_accumulation_steps}"]
+             if L.micro_batch_size > 1 else []) + ["a smaller model, or the Ray trainer (grpo_nb train) with ZeRO-3"]
+    return ConfigError("learner", f"a rank's planned peak is {p['peak'] / GiB:.1f} GiB (states {(p['weights'] + p['gradients'] + p['adamw'] + p['ddp_buckets']) / GiB:.1f}, "
+                       f"activations {p['activations'] / GiB:.1f}, log-prob head {p['logprob_head'] / GiB:.1f}) but a GPU has {gpu_bytes / GiB:.1f} GiB.",
+                       "; or ".join(fixes) + " (or --ddp.memory_check=false to try anyway)")
+
+# %% ../nbs/10_ddp.ipynb 56
 def save_checkpoint(root:str|Path, # checkpoint directory (derive(cfg).checkpoint_dir)
                     step:int, # GRPO steps completed
                     lm:nn.Module, # the unwrapped policy
@@ -334,7 +404,7 @@ def save_checkpoint(root:str|Path, # checkpoint directory (derive(cfg).checkpoin
     blobs = {"model.pt": lm.state_dict(), "optimizer.pt": optimizer.state_dict()} if rank == 0 else {}
     return save_checkpoint_files(root, step, blobs, state, rank, world_size, keep_last)
 
-# %% ../nbs/10_ddp.ipynb 45
+# %% ../nbs/10_ddp.ipynb 57
 def load_checkpoint(path:str|Path, # a verified checkpoint directory
                     lm:nn.Module, # the unwrapped policy (before DDP wraps it)
                     optimizer, # its optimizer (ZeRO-1 takes the full state and keeps its shard)
@@ -352,7 +422,7 @@ def load_checkpoint(path:str|Path, # a verified checkpoint directory
         seed_everything(state.get("seed", 0) + 7919 * state["step"] + rank)
     return state
 
-# %% ../nbs/10_ddp.ipynb 50
+# %% ../nbs/10_ddp.ipynb 62
 @dataclass
 class DistEnv:
     "This process's place in the run."
@@ -375,7 +445,7 @@ def dist_env(device:str="auto", # cluster.device
                           f"torchrun --nproc_per_node={torch.cuda.device_count()}")
     return DistEnv(rank, world, local, torch.device("cuda", local) if cuda else torch.device("cpu"))
 
-# %% ../nbs/10_ddp.ipynb 53
+# %% ../nbs/10_ddp.ipynb 65
 def _setup(cfg:TrainConfig, opts:DDPOptions, env:DistEnv):
     "Process group, threads, seeds."
     if opts.threads_per_rank: torch.set_num_threads(opts.threads_per_rank)
@@ -406,7 +476,7 @@ def _build(cfg:TrainConfig, env:DistEnv):
     else: opt = torch.optim.AdamW(lm.parameters(), **akw)
     return lm, tok, policy, opt
 
-# %% ../nbs/10_ddp.ipynb 54
+# %% ../nbs/10_ddp.ipynb 66
 def _step_metrics(rewards:list[float], n_tokens:int, env:DistEnv) -> dict:
     "Reward statistics and token count summed over ranks."
     r = torch.tensor(rewards, dtype=torch.float64)
@@ -433,7 +503,7 @@ def evaluate(lm, # the unwrapped policy
         r = pass_at_1(complete, rows, cfg.reward.code_timeout_s, cfg.reward.code_workers, cfg.reward.allow_unisolated, limits)
     return {"eval/pass@1": r["pass@1"], "eval/passed": r["passed"], "eval/problems": r["problems"]}
 
-# %% ../nbs/10_ddp.ipynb 55
+# %% ../nbs/10_ddp.ipynb 67
 def train(cfg:TrainConfig, # the validated run config
           opts:DDPOptions, # the launcher's options
           env:DistEnv, # this rank's place (from `dist_env`)
@@ -442,6 +512,9 @@ def train(cfg:TrainConfig, # the validated run config
     R = cfg.rollout
     plan = plan_batches(R.prompts_per_step, R.num_samples_per_prompt, cfg.learner.micro_batch_size,
                         cfg.learner.gradient_accumulation_steps, env.world_size, opts.batch_scaling, cfg.learner.epochs_per_batch)
+    if env.device.type == "cuda" and opts.memory_check:   # before any model is loaded
+        err = ddp_fit_error(cfg, opts, env.world_size, torch.cuda.get_device_properties(env.device).total_memory)
+        if err is not None: raise err
     _setup(cfg, opts, env)
     with StopFlag() as flag: return _train(cfg, opts, env, plan, flag)   # SIGUSR1/SIGTERM: stop at the next step (grpo_nb.stop)
 
@@ -512,7 +585,7 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan, flag:S
     log.close()
     return summary
 
-# %% ../nbs/10_ddp.ipynb 57
+# %% ../nbs/10_ddp.ipynb 69
 def ddp_command(config:str="ddp-tiny", # YAML file or preset ({presets})
                 *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`), and the launcher's own options as --ddp.field=value
                 resume:str|None=None, # auto | none | a checkpoint path (same as --checkpoint.resume)
@@ -541,10 +614,10 @@ def main(argv:list[str]|None=None, # CONFIG [--section.field=value ...] [--resum
     "The torchrun entry point: 0 on success or a clean stop, 2 on a configuration error."
     return run_cli(ddp_command, argv, "python -m grpo_nb.ddp", fill={"presets": ", ".join([*DDP_PRESETS, *PRESETS])})
 
-# %% ../nbs/10_ddp.ipynb 58
+# %% ../nbs/10_ddp.ipynb 70
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())  # `python -m grpo_nb.ddp` (a notebook kernel has no __file__)
 
-# %% ../nbs/10_ddp.ipynb 64
+# %% ../nbs/10_ddp.ipynb 76
 DDP_SBATCH = r'''#!/bin/bash
 # ddp.sbatch: GRPO on ONE node with torchrun (one process per GPU, DDP), no Ray.
 # Generated by grpo_nb.ddp (nbs/10_ddp.ipynb): change the notebook and re-export; do not edit by hand.
