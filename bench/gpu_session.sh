@@ -64,7 +64,7 @@ lane_split01c() {
 }
 lane_split01() { lane_split01a; lane_split01b; lane_split01c; }
 # the long colocated shape on one GPU each (ours on GPU 0, the peer's colocate mode on GPU 1, at the same time)
-lane_coloclong0() { e2e ours:colocated:sync:long 330 0; }
+lane_coloclong0() { e2e ours:colocated:sync:long 400 0; }   # start-up alone took about 3 minutes on an H100
 lane_trlcoloclong1() { e2e trl:vllm-colocate:long 300 1; }
 # both GPUs: weight sync into a real vLLM engine (results merged into $OUT/weight_sync.json, which may hold the other receiver's)
 lane_wsvllm01() { run weight_sync_vllm 200 0,1 python3 bench/weight_sync.py --receiver vllm --buckets-mib 1024,0 --budget-s 150 --out "$OUT/weight_sync.json"; }
