@@ -19,7 +19,7 @@ COMMANDS:dict[str, tuple[str, str]] = {
     "train":     ("grpo_nb.trainer:train_cli",     "run GRPO training from a config (resumes with --resume auto)"),
     "demo":      ("grpo_nb.trainer:demo_cli", "the tiny CPU GRPO run of `make demo`"),
     "sbatch":    ("grpo_nb.slurm:sbatch_cli",      "write an sbatch script for your cluster from a config"),
-    "preflight": ("grpo_nb.slurm:preflight_cli",   "check a config against the cluster before submitting"),
+    "preflight": ("grpo_nb.preflight:preflight_cli", "check a config against the cluster before submitting"),
     "code-server": ("grpo_nb.rewards:serve_cli",   "run the sandboxed code-execution service that code rewards call"),
     "reward-model": ("grpo_nb.reward_model:reward_model_cli", "train a pairwise reward model (one process; several GPUs: torchrun -m grpo_nb.reward_model)"),
     "self-correction": ("grpo_nb.self_correction:self_correction_cli", "two-turn self-correction with guidance, reference and target critic"),

@@ -525,6 +525,7 @@ def _arg_kwargs(anno, # a parameter's annotation
     if anno is bool: return {"action": "store_true"} if default is False else {"action": argparse.BooleanOptionalAction}
     if get_origin(anno) is Literal: return {"choices": list(get_args(anno)), "type": type(get_args(anno)[0])}
     if get_origin(anno) is list: return {"nargs": "+", "type": get_args(anno)[0]}
+    if get_origin(anno) is tuple: return {"action": "append", "type": get_args(anno)[0]}   # tuple[str, ...]: the flag repeated
     return {"type": anno} if anno in (int, float) else {}
 
 def _fill(text:str|None, fill:dict|None) -> str|None:
@@ -538,6 +539,7 @@ def cli_parser(func, # the command: positional parameters are positional argumen
                fill:dict|None=None, # values of `{name}` fields in the docments and the docstring
                sep:str="-", # between a flag's words: "-" gives --learner-gpus, "_" gives --start_below
                skip:tuple=(), # parameters left out of the parser
+               short:dict|None=None, # one-letter aliases of flags: {"output": "o"} makes -o the same as --output
               ) -> argparse.ArgumentParser:
     "The argparse parser of `func`: its docstring is the description, its docments the help of each argument."
     docs, params = docments(func, full=True, eval_str=True), inspect.signature(func).parameters
@@ -549,40 +551,46 @@ def cli_parser(func, # the command: positional parameters are positional argumen
     for n, q in params.items():
         if n in skip or q.kind in (q.VAR_POSITIONAL, q.VAR_KEYWORD): continue
         doc, kw = (_fill(docs[n].docment, fill) or "").replace("%", "%%"), _arg_kwargs(docs[n].anno, q.default)   # argparse %-formats help
+        default = list(q.default) if kw.get("action") == "append" else q.default   # argparse appends to a copy of a list
         if q.kind is q.KEYWORD_ONLY:
-            p.add_argument("--" + n.rstrip("_").replace("_", sep), dest=n, help=doc, **kw,
-                           **({"required": True} if q.default is q.empty else {"default": q.default}))
-        else: p.add_argument(n, help=doc, **kw, **({} if q.default is q.empty else {"nargs": "?", "default": q.default}))
+            flags = [f"-{short[n]}"] if n in (short or {}) else []
+            if n.endswith("_") and kw.get("action") in (None, "append"): kw["metavar"] = n.rstrip("_").upper()   # --time TIME, not TIME_
+            p.add_argument(*flags, "--" + n.rstrip("_").replace("_", sep), dest=n, help=doc, **kw,
+                           **({"required": True} if q.default is q.empty else {"default": default}))
+        else: p.add_argument(n, help=doc, **kw, **({} if q.default is q.empty else {"nargs": "?", "default": default}))
     if var: p.usage = p.format_usage().removeprefix("usage: ").rstrip().replace("%", "%%") + f" [{var} ...]"
     return p
 
-# %% ../nbs/00_config.ipynb 54
+# %% ../nbs/00_config.ipynb 57
 def run_cli(func, # the command (see `cli_parser`)
             argv:list[str]|None, # its command line (None: sys.argv[1:])
             prog:str, # the command as its usage line shows it
             epilog:str="", # as in `cli_parser`
             fill:dict|None=None, # as in `cli_parser`
             sep:str="-", # as in `cli_parser`
+            short:dict|None=None, # as in `cli_parser`
            ) -> int: # what `func` returns; 0 after --help, 2 after a usage error
     "Parse `argv` for `func` and call it."
     argv = sys.argv[1:] if argv is None else list(argv)
     params = inspect.signature(func).parameters
     pos = [n for n, q in params.items() if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
     var, lead = any(q.kind is q.VAR_POSITIONAL for q in params.values()), []
+    parser = lambda skip=(): cli_parser(func, prog, epilog, fill, sep, skip, short)
     if var:   # the positionals are the leading words (argparse would take the value of `--key value` for one)
         while argv and len(lead) < len(pos) and not argv[0].startswith("-"): lead.append(argv.pop(0))
-        full, p = cli_parser(func, prog, epilog, fill, sep), cli_parser(func, prog, epilog, fill, sep, skip=pos)
+        full, p = parser(), parser(skip=pos)
         p.format_usage, p.format_help = full.format_usage, full.format_help   # help and errors show the whole command
-    else: p = cli_parser(func, prog, epilog, fill, sep)
+    else: p = parser()
     try:
         a, rest = p.parse_known_args(argv) if var else (p.parse_args(argv), [])
         kw = vars(a)
+        while rest and len(lead) < len(pos) and not rest[0].startswith("-"): lead.append(rest.pop(0))   # or the words after its flags
         missing = [n for n in pos[len(lead):] if n not in kw and params[n].default is params[n].empty]
         if missing: p.error(f"the following arguments are required: {', '.join(missing)}")
     except SystemExit as e: return int(e.code or 0)
     return int(func(*lead, *[kw.pop(n, params[n].default) for n in pos[len(lead):]], *rest, **kw) or 0)
 
-# %% ../nbs/00_config.ipynb 57
+# %% ../nbs/00_config.ipynb 60
 TRANSLATORS:dict[str, str] = {"--from-open-instruct": "grpo_nb.open_instruct:translate_cli"}
 "Flags of `grpo_nb config` that hand the rest of the command line to a translator (`module:function`, imported when used, as the `grpo_nb` commands are: the translators build on this module)."
 

@@ -4,16 +4,17 @@
 
 # %% ../nbs/09b_preflight.ipynb 3
 from __future__ import annotations
-import argparse, json, os, re, shlex, shutil, subprocess, sys
+import json, os, re, shlex, shutil, subprocess, sys
 from pathlib import Path
-from .config import TrainConfig, ConfigError, load_config, derive
+from .config import TrainConfig, ConfigError, load_config, derive, run_cli
 from .memory import plan_config, colocated_plan, GiB
 from .placement import Layout, PlacementError
 from .tiny import builtin_model
 
 # %% auto 0
 __all__ = ['Check', 'check_model', 'check_writable', 'parse_sinfo', 'check_nodes', 'check_memory', 'check_layout', 'preflight',
-           'preflight_cli', 'uses_code_rewards', 'job_env', 'check_baked', 'job_env_cli']
+           'preflight_command', 'preflight_cli', 'uses_code_rewards', 'job_env', 'check_baked', 'job_env_command',
+           'job_env_cli']
 
 # %% ../nbs/09b_preflight.ipynb 6
 Check = tuple[str, str]  # (PASS | WARN | FAIL | SKIP, detail)
@@ -127,24 +128,28 @@ def preflight(cfg:TrainConfig, nodes:int|None=None, partition:str="", log_dir:st
         rows.append((what, *check_writable(path, what)))
     return rows
 
-def preflight_cli(argv:list[str]|None=None) -> int:
-    "`grpo_nb preflight CONFIG [--nodes N] [--partition P] [--log-dir D] [overrides]`: check before you submit; exit 1 on a failure."
-    p = argparse.ArgumentParser(prog="grpo_nb preflight", description=preflight_cli.__doc__)
-    p.add_argument("config", help="YAML config or preset name")
-    p.add_argument("--nodes", type=int, default=None, help="nodes you will ask for (default: cluster.nodes)")
-    p.add_argument("--partition", default="", help="partition you will submit to")
-    p.add_argument("--log-dir", default="logs", help="directory of the job's --output")
-    a, overrides = p.parse_known_args(sys.argv[1:] if argv is None else argv)
-    try: cfg = load_config(a.config, overrides)
+# %% ../nbs/09b_preflight.ipynb 20
+def preflight_command(config:str, # YAML config or preset name
+                      *overrides:str, # config fields as --section.field=value, as you will pass them at submission
+                      nodes:int|None=None, # nodes you will ask for (default: cluster.nodes)
+                      partition:str="", # partition you will submit to
+                      log_dir:str="logs", # directory of the job's --output
+                     ) -> int: # 0 every check passed or warned, 1 one failed, 2 on a configuration error
+    "Check CONFIG before you submit: the model, the memory plan, the layout, nodes in the partition, writable directories."
+    try: cfg = load_config(config, list(overrides))
     except ConfigError as e:
         print(f"{'config':<16}FAIL  {e}"); return 2
-    rows = [("config", "PASS", f"{a.config} is valid")] + preflight(cfg, a.nodes, a.partition, a.log_dir)
+    rows = [("config", "PASS", f"{config} is valid")] + preflight(cfg, nodes, partition, log_dir)
     for check, status, detail in rows: print(f"{check:<16}{status:<6}{detail}")
     failed = [r[0] for r in rows if r[1] == "FAIL"]
     print(f"\npreflight: {'FAILED: ' + ', '.join(failed) if failed else 'ok'}")
     return 1 if failed else 0
 
-# %% ../nbs/09b_preflight.ipynb 22
+def preflight_cli(argv:list[str]|None=None) -> int:
+    "`grpo_nb preflight CONFIG [--nodes N] [--partition P] [--log-dir D] [overrides]`: check before you submit; exit 1 on a failure."
+    return run_cli(preflight_command, argv, "grpo_nb preflight")
+
+# %% ../nbs/09b_preflight.ipynb 24
 def uses_code_rewards(cfg:TrainConfig) -> bool:
     "Whether a reward function of `cfg` runs code (needs the code-execution service; names containing 'code')."
     return any("code" in name for name, w in cfg.reward.functions.items() if w) and not cfg.reward.code_service_url
@@ -166,7 +171,7 @@ def job_env(cfg:TrainConfig, environ:dict) -> dict[str, str]:
     return {"OUTPUT_DIR": str(Path(cfg.logging.output_dir).resolve()), "CKPT_DIR": str(Path(d.checkpoint_dir).resolve()),
             "TOTAL_STEPS": str(cfg.total_steps), "CODE_REWARDS": "1" if uses_code_rewards(cfg) else "0"}
 
-# %% ../nbs/09b_preflight.ipynb 26
+# %% ../nbs/09b_preflight.ipynb 28
 def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and the submission's
                 submitted:TrainConfig, # CONFIG with the submission's overrides only
                 baked:list[str], # the overrides baked into the script
@@ -181,17 +186,20 @@ def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and 
                               f"but {config} as submitted says {mine}: refusing before Ray starts, so that no other run's checkpoints are read or moved.",
                               f"regenerate the script for this config (grpo_nb sbatch {config} ...), or pass the directory you mean at submission")
 
-# %% ../nbs/09b_preflight.ipynb 28
-def job_env_cli(argv:list[str]|None=None) -> int:
-    "Print `job_env` of CONFIG [overrides] in this job's environment as shell assignments; exit 2 with the fix on a mismatch."
-    argv = list(sys.argv[1:] if argv is None else argv)
-    baked = 0
-    if argv[:1] == ["--baked"]: baked, argv = int(argv[1]), argv[2:]   # the first `baked` overrides come from the script itself
-    if not argv: print("usage: job_env_cli [--baked N] CONFIG [--section.field=value ...]", file=sys.stderr); return 2
+# %% ../nbs/09b_preflight.ipynb 30
+def job_env_command(config:str, # CONFIG as submitted to the script
+                    *overrides:str, # the script's baked overrides first, then the submission's (--section.field=value)
+                    baked:int=0, # how many of the overrides the script baked in (they must not move the submitted config's directories)
+                   ) -> int: # 0 printed, 2 with the fix when this job cannot run the config
+    "Print `job_env` of CONFIG [overrides] in this job's environment as shell assignments."
     try:
-        cfg = load_config(argv[0], argv[1:])
-        if baked: check_baked(cfg, load_config(argv[0], argv[1 + baked:]), argv[1:1 + baked], argv[0])
+        cfg = load_config(config, list(overrides))
+        if baked: check_baked(cfg, load_config(config, list(overrides[baked:])), list(overrides[:baked]), config)
         env = job_env(cfg, dict(os.environ))
     except ConfigError as e: print(f"grpo_nb: {e}", file=sys.stderr); return 2
     print("\n".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
     return 0
+
+def job_env_cli(argv:list[str]|None=None) -> int:
+    "`job_env_cli [--baked N] CONFIG [overrides]` (what the scripts run): the exit code of `job_env_command`."
+    return run_cli(job_env_command, argv, "job_env_cli")

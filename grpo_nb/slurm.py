@@ -4,23 +4,21 @@
 
 # %% ../nbs/09_slurm.ipynb 3
 from __future__ import annotations
-import argparse, json, math, re, shlex, subprocess, sys, time
+import json, math, re, shlex, subprocess, sys, time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
-from .config import TrainConfig, ConfigError, load_config
+from fastcore.docments import docments
+from .config import TrainConfig, ConfigError, load_config, run_cli
 from .chain import FUNCTIONS_CHAIN
-# Names of the chain and preflight pages that callers reach through grpo_nb.slurm: the `grpo_nb preflight` command,
-# the SLURM guide, and the scripts an earlier `grpo_nb sbatch` wrote (they call grpo_nb.slurm's job_env_cli).
-from .chain import run_chain_case
-from .preflight import job_env_cli, preflight_cli
+from .preflight import job_env_cli   # scripts written by earlier versions call grpo_nb.slurm's job_env_cli
 
 # %% auto 0
 __all__ = ['LAUNCHER_TO_SLURM', 'Network', 'NETWORK_ENV', 'FUNCTIONS_HEAD', 'FUNCTIONS_STOP', 'BLOCK_START', 'BLOCK_RUN',
            'BLOCK_RAY', 'BLOCK_CODE', 'BLOCK_TRAIN', 'BLOCK_END', 'NODE_SETUP', 'LADDER', 'markdown_table', 'SlurmSpec',
            'signal_margin_s', 'spec_from_config', 'fill', 'sbatch_header', 'env_vars', 'env_block', 'knobs_block',
            'render_sbatch', 'bash_syntax_errors', 'render_node_setup', 'ray_hosts', 'missing_hosts', 'wait_for_ray',
-           'wait_ray_cli', 'render_scripts', 'sbatch_cli']
+           'wait_ray_command', 'wait_ray_cli', 'render_scripts', 'sbatch_command', 'sbatch_cli']
 
 # %% ../nbs/09_slurm.ipynb 6
 LAUNCHER_TO_SLURM:list[tuple[str, str, str]] = [
@@ -480,21 +478,23 @@ def wait_for_ray(address:str, hosts:list[str], gpus_per_node:int, timeout:float=
             f"reach {address} (firewall, or the head's address is on the wrong interface: set NODE_IP_CMD), RAY_AUTH_MODE "
             f"differs between nodes, or a node's Ray ports are taken (change RAY_NODE_PORT_BASE).")
 
-# %% ../nbs/09_slurm.ipynb 67
-def wait_ray_cli(argv:list[str]|None=None) -> int:
-    "`wait_ray_cli --address A --gpus-per-node G --timeout S HOST...`: 0 once every host joined, 1 with the missing hosts."
-    p = argparse.ArgumentParser(prog="wait_ray", description=wait_ray_cli.__doc__)
-    p.add_argument("hosts", nargs="+", help="SLURM hosts that must join (scontrol show hostnames)")
-    p.add_argument("--address", required=True, help="head GCS address host:port")
-    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs each host must bring")
-    p.add_argument("--timeout", type=float, default=600, help="seconds before giving up")
-    p.add_argument("--log-dir", default="", help="where the per-node Ray logs are (named in the failure)")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    msg = wait_for_ray(a.address, a.hosts, a.gpus_per_node, a.timeout, log_dir=a.log_dir)
+# %% ../nbs/09_slurm.ipynb 70
+def wait_ray_command(hosts:list[str], # SLURM hosts that must join (scontrol show hostnames)
+                     *, address:str, # head GCS address host:port
+                     gpus_per_node:int=0, # GPUs each host must bring
+                     timeout:float=600, # seconds before giving up
+                     log_dir:str="", # where the per-node Ray logs are (named in the failure)
+                    ) -> int: # 0 once every host joined, 1 with the missing hosts, 2 on a usage error
+    "Wait until every host of the job has joined the Ray cluster at ADDRESS with its GPUs."
+    msg = wait_for_ray(address, hosts, gpus_per_node, timeout, log_dir=log_dir)
     if msg: print(f"[wait_ray] FAILED: {msg}", flush=True); return 1
     return 0
 
-# %% ../nbs/09_slurm.ipynb 71
+def wait_ray_cli(argv:list[str]|None=None) -> int:
+    "`wait_ray_cli --address A --gpus-per-node G --timeout S HOST...` (what the scripts run): the exit code of `wait_ray_command`."
+    return run_cli(wait_ray_command, argv, "wait_ray")
+
+# %% ../nbs/09_slurm.ipynb 74
 LADDER:dict[str, SlurmSpec] = {
     "grpo.sbatch": SlurmSpec(),
     "debug_tiny.sbatch": SlurmSpec(
@@ -524,48 +524,60 @@ def render_scripts(out_dir:str|Path="sbatch") -> list[Path]:
         p.chmod(0o755); paths.append(p)
     return paths
 
-# %% ../nbs/09_slurm.ipynb 78
+# %% ../nbs/09_slurm.ipynb 81
 _SBATCH_OPTIONS = ["nodes", "gpus_per_node", "cpus_per_node", "time", "partition", "account", "qos", "signal_s",
                    "max_job_chains", "log_dir", "venv", "job_name", "mem", "train_cmd", "network", "nccl_debug"]
 
-def _sbatch_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="grpo_nb sbatch", description="Write an sbatch script (and ray_node_setup.sh beside it) for CONFIG.",
-                                epilog="Other --section.field=value arguments are config overrides, baked into the script.")
-    p.add_argument("config", help="YAML config or preset name")
-    p.add_argument("-o", "--output", default="grpo.sbatch", help="script path (ray_node_setup.sh goes next to it)")
-    doc = {f.name: f for f in fields(SlurmSpec)}
-    try:
-        from fastcore.docments import docments
-        helps = docments(SlurmSpec)
-    except Exception: helps = {}  # a class defined in a notebook kernel has no source to read
-    for name in _SBATCH_OPTIONS:
-        kw = dict(type=int) if doc[name].type in ("int", int) else {}
-        if name == "network": kw = dict(choices=["ethernet", "infiniband", "slingshot"])
-        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=(helps.get(name) or "").replace("%", "%%"), **kw)
-    p.add_argument("--module", action="append", default=[], help="module to load (repeat)")
-    p.add_argument("--setup", action="append", default=[], help="shell line run before the venv (repeat)")
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="variable to export (repeat)")
-    p.add_argument("--sbatch", action="append", default=[], metavar="OPTION", help="extra #SBATCH option, e.g. --constraint=h100 (repeat)")
-    p.add_argument("--no-exclusive", action="store_true", help="share nodes (leave --exclusive out)")
-    return p
+def _spec_docs() -> dict[str, str]:
+    "SlurmSpec field -> its docment ('' where the class has no source to read, as in a notebook kernel)."
+    try: docs = docments(SlurmSpec)
+    except Exception: docs = {}
+    return {f.name: docs.get(f.name) or "" for f in fields(SlurmSpec)}
+
+def sbatch_command(config:str, # YAML config or preset name
+                   *overrides:str, # config fields as --section.field=value, baked into the script
+                   output:str="grpo.sbatch", # script path (ray_node_setup.sh goes next to it)
+                   nodes:int|None=None, # {nodes}; default: the config's cluster.nodes
+                   gpus_per_node:int|None=None, # {gpus_per_node}; default: the config's cluster.gpus_per_node
+                   cpus_per_node:int|None=None, # {cpus_per_node}; default: the config's cluster.cpus_per_node
+                   time_:str|None=None, # {time}
+                   partition:str|None=None, # {partition}
+                   account:str|None=None, # {account}
+                   qos:str|None=None, # {qos}
+                   signal_s:int|None=None, # {signal_s}
+                   max_job_chains:int|None=None, # {max_job_chains}
+                   log_dir:str|None=None, # {log_dir}
+                   venv:str|None=None, # {venv}
+                   job_name:str|None=None, # {job_name}
+                   mem:str|None=None, # {mem}
+                   train_cmd:str|None=None, # {train_cmd}
+                   network:Network|None=None, # {network}
+                   nccl_debug:str|None=None, # {nccl_debug}
+                   module:tuple[str, ...]=(), # module to load (repeat the flag for more)
+                   setup:tuple[str, ...]=(), # shell line run before the venv (repeat)
+                   env:tuple[str, ...]=(), # NAME=VALUE: a variable to export (repeat)
+                   sbatch:tuple[str, ...]=(), # extra #SBATCH option, e.g. --constraint=h100 (repeat)
+                   exclusive:bool=True, # {exclusive} (--no-exclusive shares nodes)
+                  ) -> int: # 0 written, 2 on a configuration error
+    "Write an sbatch script (and ray_node_setup.sh beside it) for CONFIG."
+    given = {k.rstrip("_"): v for k, v in locals().items() if k.rstrip("_") in _SBATCH_OPTIONS and v is not None}   # the parameters set
+    try: cfg = load_config(config, list(overrides))
+    except ConfigError as e: print(f"grpo_nb sbatch: error: {e}", file=sys.stderr); return 2
+    bad = [e for e in env if "=" not in e]
+    if bad: print(f"grpo_nb sbatch: error: --env wants NAME=VALUE (got {bad[0]!r}).", file=sys.stderr); return 2
+    path = str(Path(config).resolve()) if Path(config).exists() else config
+    spec = spec_from_config(cfg, **given, config=path, overrides=list(overrides), modules=list(module), setup=list(setup),
+                            env=dict(e.split("=", 1) for e in env), extra_sbatch=list(sbatch), exclusive=exclusive)
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_sbatch(spec, out.name)); out.chmod(0o755)
+    node_setup = out.parent / "ray_node_setup.sh"
+    node_setup.write_text(render_node_setup(spec)); node_setup.chmod(0o755)
+    Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
+    print(f"wrote {out} and {node_setup} ({spec.nodes} node(s) x {spec.gpus_per_node} GPU(s), --time={spec.time}, "
+          f"chain of at most {spec.max_job_chains} jobs)\ncheck:  grpo_nb preflight {config} --log-dir {spec.log_dir} {' '.join(overrides)}\nsubmit: sbatch {out}")
+    return 0
 
 def sbatch_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb sbatch CONFIG [options] [overrides]`: write an sbatch script for your cluster."
-    a, overrides = _sbatch_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
-    try: cfg = load_config(a.config, overrides)
-    except ConfigError as e: print(f"grpo_nb sbatch: error: {e}", file=sys.stderr); return 2
-    bad = [e for e in a.env if "=" not in e]
-    if bad: print(f"grpo_nb sbatch: error: --env wants NAME=VALUE (got {bad[0]!r}).", file=sys.stderr); return 2
-    config = str(Path(a.config).resolve()) if Path(a.config).exists() else a.config
-    given = {k: v for k, v in vars(a).items() if k in _SBATCH_OPTIONS and v is not None}
-    spec = spec_from_config(cfg, **given, config=config, overrides=overrides, modules=a.module, setup=a.setup,
-                            env=dict(e.split("=", 1) for e in a.env), extra_sbatch=a.sbatch, exclusive=not a.no_exclusive)
-    out = Path(a.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_sbatch(spec, out.name)); out.chmod(0o755)
-    setup = out.parent / "ray_node_setup.sh"
-    setup.write_text(render_node_setup(spec)); setup.chmod(0o755)
-    Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
-    print(f"wrote {out} and {setup} ({spec.nodes} node(s) x {spec.gpus_per_node} GPU(s), --time={spec.time}, "
-          f"chain of at most {spec.max_job_chains} jobs)\ncheck:  grpo_nb preflight {a.config} --log-dir {spec.log_dir} {' '.join(overrides)}\nsubmit: sbatch {out}")
-    return 0
+    return run_cli(sbatch_command, argv, "grpo_nb sbatch", fill=_spec_docs(), short={"output": "o"})

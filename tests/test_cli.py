@@ -10,7 +10,11 @@ DOCUMENTED = {"config": "grpo_nb.config:config_command", "plan": "grpo_nb.memory
               "layout": "grpo_nb.placement:layout_command", "train": "grpo_nb.trainer:train_command",
               "demo": "grpo_nb.trainer:demo_command", "code-server": "grpo_nb.rewards:serve_command",
               "reward-model": "grpo_nb.reward_model:reward_model_command",
-              "self-correction": "grpo_nb.self_correction:self_correction_command", "ddp": "grpo_nb.ddp:ddp_command"}
+              "self-correction": "grpo_nb.self_correction:self_correction_command", "ddp": "grpo_nb.ddp:ddp_command",
+              "sbatch": "grpo_nb.slurm:sbatch_command", "preflight": "grpo_nb.preflight:preflight_command"}
+# Commands the generated sbatch scripts run as `python -c 'from MODULE import X_cli; ...'` (not `grpo_nb` subcommands).
+SCRIPT_COMMANDS = {"wait_ray": ("grpo_nb.slurm:wait_ray_cli", "grpo_nb.slurm:wait_ray_command"),
+                   "job_env": ("grpo_nb.preflight:job_env_cli", "grpo_nb.preflight:job_env_command")}
 
 
 def run(argv):
@@ -19,9 +23,29 @@ def run(argv):
     return rc, out.getvalue(), err.getvalue()
 
 
-def command(name):
-    mod, fn = DOCUMENTED[name].split(":")
+def resolve(spec):
+    mod, fn = spec.split(":")
     return getattr(importlib.import_module(mod), fn)
+
+
+def command(name):
+    return resolve(DOCUMENTED[name])
+
+
+def run_script(name, argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err): rc = resolve(SCRIPT_COMMANDS[name][0])(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def assert_help_is_the_docments(func, out, where, sep="-"):
+    text = " ".join(out.split())
+    assert " ".join(func.__doc__.split()) in text
+    for arg, doc in docments(func).items():
+        assert doc, f"{where}: {arg} has no docment"
+        if "{" not in doc: assert doc in text, (where, arg)   # ({presets}) and the like are filled in at run time
+    for arg, q in inspect.signature(func).parameters.items():
+        if q.kind is q.KEYWORD_ONLY: assert "--" + arg.rstrip("_").replace("_", sep) in out, (where, arg)
 
 
 @pytest.mark.parametrize("name", DOCUMENTED)
@@ -31,14 +55,30 @@ def test_help_is_the_docments(name, monkeypatch):
     func = command(name)
     rc, out, _ = run([name, "--help"])
     assert rc == 0
-    text = " ".join(out.split())
-    assert " ".join(func.__doc__.split()) in text
-    for arg, doc in docments(func).items():
-        assert doc, f"{DOCUMENTED[name]}: {arg} has no docment"
-        if "{" not in doc: assert doc in text, (name, arg)   # ({presets}) and the like are filled in at run time
-    sep = "_" if name == "demo" else "-"
-    for arg, q in inspect.signature(func).parameters.items():
-        if q.kind is q.KEYWORD_ONLY: assert "--" + arg.rstrip("_").replace("_", sep) in out, (name, arg)
+    assert_help_is_the_docments(func, out, DOCUMENTED[name], sep="_" if name == "demo" else "-")
+
+
+@pytest.mark.parametrize("name", SCRIPT_COMMANDS)
+def test_help_of_the_script_commands_is_the_docments(name, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")
+    rc, out, _ = run_script(name, ["--help"])
+    assert rc == 0
+    assert_help_is_the_docments(resolve(SCRIPT_COMMANDS[name][1]), out, name)
+
+
+def test_sbatch_options_are_documented_by_their_slurm_spec_fields(monkeypatch):
+    "`grpo_nb sbatch`'s script options take their help from `SlurmSpec`'s docments (one source), and keep their flags."
+    from grpo_nb.slurm import SlurmSpec
+    monkeypatch.setenv("COLUMNS", "1000")
+    rc, out, _ = run(["sbatch", "--help"])
+    text, spec = " ".join(out.split()), docments(SlurmSpec)
+    for arg, doc in docments(command("sbatch")).items():
+        if "{" in doc:
+            field = doc[doc.index("{") + 1:doc.index("}")]
+            assert spec[field] and spec[field] in text, (arg, field)
+    for flag in ["-o OUTPUT, --output OUTPUT", "--time TIME", "--no-exclusive", "--module MODULE", "--env ENV", "--sbatch SBATCH",
+                 "--network {ethernet,infiniband,slingshot}", "--signal-s SIGNAL_S", "--log-dir LOG_DIR"]:
+        assert flag in out, flag
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -51,10 +91,56 @@ def test_help_is_the_docments(name, monkeypatch):
     (["reward-model", "tiny", "--gpus", "x"], "invalid int value"),
     (["self-correction", "--out"], "expected one argument"),
     (["ddp", "--resume"], "expected one argument"),
+    (["sbatch"], "the following arguments are required: config"),
+    (["sbatch", "demo", "--nodes", "two"], "invalid int value"),
+    (["sbatch", "demo", "--network", "myrinet"], "invalid choice"),
+    (["preflight", "demo", "--nodes", "x"], "invalid int value"),
+    (["preflight", "demo", "--log-dir"], "expected one argument"),
 ])
 def test_usage_errors_exit_2(argv, says):
     rc, _, err = run(argv)
     assert rc == 2 and says in err and f"usage: " in err, err
+
+
+@pytest.mark.parametrize("name, argv, says", [
+    ("wait_ray", ["n1", "--address", "127.0.0.1:9", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ("wait_ray", ["--address", "127.0.0.1:9"], "the following arguments are required: hosts"),
+    ("wait_ray", ["n1"], "the following arguments are required: --address"),
+    ("wait_ray", ["n1", "--address", "a:1", "--timeout", "soon"], "invalid float value"),
+    ("job_env", [], "the following arguments are required: config"),
+    ("job_env", ["--baked", "x", "demo"], "invalid int value"),
+])
+def test_script_usage_errors_exit_2(name, argv, says):
+    rc, _, err = run_script(name, argv)
+    assert rc == 2 and says in err and "usage: " in err, err
+
+
+@pytest.mark.parametrize("argv", [["sbatch", "demo", "--no-such-flag=1"], ["preflight", "demo", "--no-such-flag=1"]])
+def test_unknown_flags_of_override_commands_exit_2(argv, tmp_path, monkeypatch):
+    "sbatch and preflight pass flags they do not know on as config overrides, and the config refuses an unknown field."
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(argv)
+    assert rc == 2 and "no-such-flag" in out + err, (out, err)
+
+
+def test_script_command_lines_keep_their_contract(tmp_path, monkeypatch):
+    "The lines the sbatch scripts run (new and earlier versions) parse as before: `--baked N CONFIG ...`, `CONFIG ...`, `-o`, repeated flags."
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run_script("job_env", ["--baked", "1", "demo", "--total_steps=3", "--seed", "4"])
+    assert rc == 0 and "TOTAL_STEPS=3" in out, err
+    rc, out, err = run_script("job_env", ["demo", "--total_steps", "5"])   # a script from before --baked
+    assert rc == 0 and "TOTAL_STEPS=5" in out, err
+    rc, _, err = run_script("job_env", ["--baked", "1", "demo", "--logging.output_dir=elsewhere"])
+    assert rc == 2 and "refusing before Ray starts" in err, err
+    from grpo_nb.slurm import job_env_cli as old_import   # scripts written by earlier versions import it from grpo_nb.slurm
+    assert old_import is resolve(SCRIPT_COMMANDS["job_env"][0])
+    rc, out, err = run(["sbatch", "-o", "site/a.sbatch", "demo", "--module", "cuda", "--module=nccl", "--env", "A=1", "--env", "B=2",
+                        "--no-exclusive", "--time", "1:00:00", "--log-dir", "L", "--total_steps", "7"])
+    text = (tmp_path / "site" / "a.sbatch").read_text()
+    assert rc == 0 and "module load cuda\nmodule load nccl" in text and "export A=1" in text and "export B=2" in text, err
+    assert "#SBATCH --exclusive" not in text and "#SBATCH --time=1:00:00" in text and "BAKED=(--total_steps 7 " in text
+    rc, _, err = run(["sbatch", "demo", "--env", "A"])
+    assert rc == 2 and "--env wants NAME=VALUE" in err
 
 
 def test_positionals_are_the_leading_words():
