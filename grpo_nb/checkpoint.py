@@ -24,17 +24,20 @@ def seed_everything(seed:int, # rank r passes seed + r
     "Seed Python, NumPy, torch (and CUDA) generators."
     random.seed(seed); np.random.seed(seed % 2**32); torch.manual_seed(seed)
 
+# %% ../nbs/02d_checkpoint.ipynb 8
 def rng_state() -> dict:
     "This process's generator states (Python, NumPy, torch, CUDA)."
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
+# %% ../nbs/02d_checkpoint.ipynb 10
 def set_rng_state(s:dict, # from `rng_state`
                  ) -> None:
     "Restore generator states saved by `rng_state`."
     random.setstate(s["python"]); np.random.set_state(s["numpy"]); torch.set_rng_state(s["torch"])
     if s["cuda"] and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
 
+# %% ../nbs/02d_checkpoint.ipynb 13
 def tree_digest(obj, # nested dicts / lists / tuples of tensors, arrays and scalars
                ) -> str: # SHA-256 hex digest of every value, in order (dict keys sorted)
     "A bit-exact fingerprint of a nested state (tensors by dtype, shape and bytes)."
@@ -54,7 +57,7 @@ def tree_digest(obj, # nested dicts / lists / tuples of tensors, arrays and scal
     walk(obj)
     return h.hexdigest()
 
-# %% ../nbs/02d_checkpoint.ipynb 9
+# %% ../nbs/02d_checkpoint.ipynb 16
 class CheckpointError(RuntimeError):
     "A checkpoint that must not be loaded; the message says what is wrong and what to do."
 
@@ -62,6 +65,7 @@ MANIFEST = "COMPLETE"
 
 def checkpoint_name(step:int) -> str: return f"step_{step:08d}"
 
+# %% ../nbs/02d_checkpoint.ipynb 18
 def _fsync(path:Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try: os.fsync(fd)
@@ -76,12 +80,13 @@ def file_digest(path:str|Path, # a file
     with open(path, "rb") as f: h = hashlib.file_digest(f, "sha256").hexdigest()
     return {"bytes": path.stat().st_size, "sha256": h}
 
+# %% ../nbs/02d_checkpoint.ipynb 20
 def checkpoint_files(root:str|Path, # a (temporary or final) checkpoint directory
                     ) -> list[str]: # relative paths of its files, sorted, manifest excluded
     root = Path(root)
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
 
-# %% ../nbs/02d_checkpoint.ipynb 10
+# %% ../nbs/02d_checkpoint.ipynb 23
 def commit_checkpoint(tmp:str|Path, # the temporary directory holding every file of the checkpoint
                       final:str|Path, # where it goes (…/step_XXXXXXXX)
                       digests:dict, # relative path -> `file_digest`, for every file under `tmp`
@@ -101,7 +106,7 @@ def commit_checkpoint(tmp:str|Path, # the temporary directory holding every file
     _fsync(final.parent)
     return final
 
-# %% ../nbs/02d_checkpoint.ipynb 11
+# %% ../nbs/02d_checkpoint.ipynb 24
 def verify_checkpoint(path:str|Path, # a checkpoint directory
                       full:bool=True, # recompute SHA-256 (False: sizes only)
                      ) -> dict: # the manifest
@@ -141,7 +146,7 @@ def latest_checkpoint(root:str|Path, # the checkpoint directory
             _log.warning("skipping checkpoint of step %d: %s", step, e)
     return None
 
-# %% ../nbs/02d_checkpoint.ipynb 12
+# %% ../nbs/02d_checkpoint.ipynb 25
 def prune_checkpoints(root:str|Path, # the checkpoint directory
                       keep_last:int, # complete checkpoints to keep
                      ) -> list[Path]: # what was removed
@@ -152,7 +157,7 @@ def prune_checkpoints(root:str|Path, # the checkpoint directory
         shutil.rmtree(p, ignore_errors=True); removed.append(p)
     return removed
 
-# %% ../nbs/02d_checkpoint.ipynb 17
+# %% ../nbs/02d_checkpoint.ipynb 30
 def write_latest(ckpt_dir:str|Path, # the run's checkpoint directory
                  step:int, # the step of the checkpoint just completed
                  name:str="", # the checkpoint's directory name
@@ -172,7 +177,7 @@ def read_latest(ckpt_dir:str|Path) -> int|None:
     m = re.search(r"(\d+)\s*$", p.read_text())
     return int(m.group(1)) if m else None
 
-# %% ../nbs/02d_checkpoint.ipynb 19
+# %% ../nbs/02d_checkpoint.ipynb 33
 def _barrier(world_size:int):
     if world_size > 1: torch.distributed.barrier()
 

@@ -43,8 +43,6 @@ def extract_boxed(text:str, # a completion or a worked solution
     return None
 
 # %% ../nbs/04_rewards.ipynb 8
-_NUMBER = r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:/\d+)?"
-
 def extract_hash(text:str, # a completion or a GSM8K solution
                 ) -> str|None:
     "The answer after the last `####` (GSM8K), up to the end of that line; None if absent."
@@ -52,12 +50,16 @@ def extract_hash(text:str, # a completion or a GSM8K solution
     line = (text.rsplit("####", 1)[1].strip().splitlines() or [""])[0]
     return line.strip().rstrip(".").strip() or None
 
+# %% ../nbs/04_rewards.ipynb 10
+_NUMBER = r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:/\d+)?"
+
 def extract_last_number(text:str, # any text
                        ) -> str|None:
     "The last number in `text` (thousands commas removed; `3/4` kept as a fraction); None if there is none."
     found = re.findall(_NUMBER, text)
     return found[-1].replace(",", "") if found else None
 
+# %% ../nbs/04_rewards.ipynb 12
 def extract_answer(text:str, # a completion
                    order:tuple[str, ...]=("boxed", "hash", "last_number"), # extractors to try, first match wins
                   ) -> str|None:
@@ -68,7 +70,7 @@ def extract_answer(text:str, # a completion
         if a: return a
     return None
 
-# %% ../nbs/04_rewards.ipynb 11
+# %% ../nbs/04_rewards.ipynb 15
 def normalize_answer(s:str, # an extracted answer
                     ) -> str:
     "Strip what does not change a math answer: `$`, spaces, `\\left`/`\\right`, `\\dfrac`, a trailing period."
@@ -77,6 +79,7 @@ def normalize_answer(s:str, # an extracted answer
         s = s.replace(a, b)
     return s.rstrip(".")
 
+# %% ../nbs/04_rewards.ipynb 17
 def parse_number(s:str, # an extracted answer
                 ) -> Fraction|None:
     "`s` as an exact rational (integers, decimals, `a/b`, `\\frac{a}{b}`, thousands commas), or None."
@@ -88,7 +91,7 @@ def parse_number(s:str, # an extracted answer
     try: return Fraction(s)
     except (ValueError, ZeroDivisionError): return None
 
-# %% ../nbs/04_rewards.ipynb 14
+# %% ../nbs/04_rewards.ipynb 20
 MV_WORKER = r'''
 import json, signal, sys
 from math_verify import parse, verify
@@ -111,7 +114,7 @@ for line in sys.stdin:
     print(json.dumps({"ok": ok}), flush=True)
 '''
 
-# %% ../nbs/04_rewards.ipynb 15
+# %% ../nbs/04_rewards.ipynb 21
 class VerifyPool:
     "Worker processes running math-verify; each call has a hard timeout (the worker is killed and replaced)."
     def __init__(self, workers:int=2, # worker processes (each about 150 MB once sympy is loaded)
@@ -152,7 +155,7 @@ class VerifyPool:
         with self._lock:
             if p in self._live: self._live.discard(p); self._slots -= 1
 
-# %% ../nbs/04_rewards.ipynb 16
+# %% ../nbs/04_rewards.ipynb 22
 @patch
 def take(self:VerifyPool) -> subprocess.Popen:
     "An idle worker, a new one while fewer than `size` are alive, else wait for one."
@@ -160,7 +163,7 @@ def take(self:VerifyPool) -> subprocess.Popen:
     except queue.Empty: pass
     return self._spawn() if self._reserve() else self._idle.get()
 
-# %% ../nbs/04_rewards.ipynb 17
+# %% ../nbs/04_rewards.ipynb 23
 @patch
 def warm(self:VerifyPool) -> VerifyPool:
     "Start the missing workers in the background, so the first checks need not wait for sympy to import."
@@ -169,7 +172,7 @@ def warm(self:VerifyPool) -> VerifyPool:
     threading.Thread(target=grow, daemon=True).start()
     return self
 
-# %% ../nbs/04_rewards.ipynb 18
+# %% ../nbs/04_rewards.ipynb 24
 @patch
 def equal(self:VerifyPool, gold:str, # reference answer
           pred:str, # extracted answer
@@ -187,12 +190,14 @@ def equal(self:VerifyPool, gold:str, # reference answer
     self._idle.put(p)
     return bool(json.loads(line)["ok"])
 
+# %% ../nbs/04_rewards.ipynb 25
 @patch
 def close(self:VerifyPool):
     "Stop every worker."
     with self._lock: live = list(self._live)
     for p in live: self._kill(p)
 
+# %% ../nbs/04_rewards.ipynb 28
 _DEFAULT_POOL:list[VerifyPool] = []
 
 def default_verify_pool() -> VerifyPool:
@@ -200,13 +205,14 @@ def default_verify_pool() -> VerifyPool:
     if not _DEFAULT_POOL: _DEFAULT_POOL.append(VerifyPool(workers=max(1, min(4, (os.cpu_count() or 2) // 2))))
     return _DEFAULT_POOL[0]
 
-# %% ../nbs/04_rewards.ipynb 22
+# %% ../nbs/04_rewards.ipynb 32
 def reference_answer(answer, # a dataset reference: bare answer, `#### x` solution or `\\boxed{x}` solution
                     ) -> str:
     "The final answer of a dataset's reference (a bare answer, a GSM8K `####` solution or a `\\boxed{}` solution)."
     a = str(answer)
     return extract_hash(a) or extract_boxed(a) or a.strip()
 
+# %% ../nbs/04_rewards.ipynb 34
 def math_equal(pred:str|None, # extracted answer of the completion
                gold:str, # reference answer
                timeout_s:float=5.0, # CPU seconds of one math-verify call
@@ -222,6 +228,7 @@ def math_equal(pred:str|None, # extracted answer of the completion
     if len(a) > max_len: return False
     return bool((pool or default_verify_pool()).equal(gold, pred, timeout_s))
 
+# %% ../nbs/04_rewards.ipynb 37
 def math_reward(completion:str, # the model's text
                 answer, # the dataset's reference answer (bare, `#### x` or `\boxed{x}`)
                 timeout_s:float=5.0, # CPU seconds of the symbolic check
@@ -230,7 +237,7 @@ def math_reward(completion:str, # the model's text
     "1.0 if the completion's final answer equals the reference, else 0.0."
     return float(math_equal(extract_answer(completion), reference_answer(answer), timeout_s, pool))
 
-# %% ../nbs/04_rewards.ipynb 25
+# %% ../nbs/04_rewards.ipynb 40
 def arith_reward(completion:str, # a short completion such as " 19"
                  answer, # the integer answer (int or its string)
                 ) -> float:
@@ -239,6 +246,7 @@ def arith_reward(completion:str, # a short completion such as " 19"
     try: return float(m is not None and int(m.group()) == int(str(answer).strip()))
     except ValueError: return 0.0
 
+# %% ../nbs/04_rewards.ipynb 42
 def format_boxed_reward(completion:str, # the model's text
                         answer=None, # unused (the registry passes it)
                        ) -> float:
@@ -252,7 +260,7 @@ def format_think_reward(completion:str, # the model's text
     m = re.fullmatch(r"\s*<think>(.+?)</think>\s*(\S.*)", completion, re.S)
     return float(bool(m) and "<think>" not in m[1] + m[2] and "</think>" not in m[2])
 
-# %% ../nbs/04_rewards.ipynb 28
+# %% ../nbs/04_rewards.ipynb 45
 def extract_code(completion:str, # the model's text
                 ) -> str:
     "The last ```python (or bare ```) block of `completion`; the whole text if it has none."
@@ -268,7 +276,7 @@ def _tests_of(answer) -> tuple[list, str]:
     if isinstance(answer, dict): return list(answer.get("tests", [])), str(answer.get("setup", "") or "")
     return list(answer), ""
 
-# %% ../nbs/04_rewards.ipynb 31
+# %% ../nbs/04_rewards.ipynb 48
 RewardFn = Callable[[list, list, "RewardContext"], list]
 REWARDS:dict[str, RewardFn] = {}
 
@@ -289,7 +297,7 @@ def check_functions(functions:dict[str, float], # `reward.functions`: name -> we
             raise ValueError(f"reward.functions.{name}: no reward of that name" + (f"; did you mean {close[0]!r}?" if close else ".")
                              + f" Registered: {', '.join(sorted(REWARDS))}. Fix: --reward.functions={{{close[0] if close else 'math'}: 1.0}}")
 
-# %% ../nbs/04_rewards.ipynb 32
+# %% ../nbs/04_rewards.ipynb 49
 @dataclass
 class RewardContext:
     "What batch reward functions may use besides completions and references."
@@ -314,7 +322,7 @@ class RewardContext:
         "`fn` over zipped `seqs` on `max_workers` threads, results in order."
         with ThreadPoolExecutor(self.max_workers) as ex: return list(ex.map(fn, *seqs))
 
-# %% ../nbs/04_rewards.ipynb 34
+# %% ../nbs/04_rewards.ipynb 51
 def _run_code(ctx:RewardContext, jobs:list[dict]) -> list[dict]:
     "Results of `jobs` ({'program', 'tests', 'setup'}) via the service or local sandboxes, cached per context."
     key = lambda j: json.dumps([j["program"], j["tests"], j.get("setup", "")])
@@ -332,7 +340,7 @@ def _run_code(ctx:RewardContext, jobs:list[dict]) -> list[dict]:
 def _code_jobs(completions, answers) -> list[dict]:
     return [dict(zip(("program", "tests", "setup"), (extract_code(c), *_tests_of(a)))) for c, a in zip(completions, answers)]
 
-# %% ../nbs/04_rewards.ipynb 35
+# %% ../nbs/04_rewards.ipynb 52
 @register("math")
 def math_rewards(completions:list[str], # the B completions
                  answers:list, # their B references
@@ -381,7 +389,7 @@ def code_all_rewards(completions:list[str], # the B completions
     "1.0 per completion whose program passes all its tests (MBPP's pass@1 criterion)."
     return [float(r["total"] > 0 and r["passed"] == r["total"]) for r in _run_code(ctx, _code_jobs(completions, answers))]
 
-# %% ../nbs/04_rewards.ipynb 38
+# %% ../nbs/04_rewards.ipynb 55
 @dataclass
 class RewardBatch:
     "Rewards of one batch."
@@ -407,7 +415,7 @@ def compute_rewards(completions:list[str], # the B completions
     total = [sum(w * per[n][i] for n, w in functions.items()) for i in range(len(completions))]
     return RewardBatch(total, per, time.monotonic() - t0)
 
-# %% ../nbs/04_rewards.ipynb 43
+# %% ../nbs/04_rewards.ipynb 60
 _MAX_PROGRAM, _MAX_TESTS, _MAX_BODY = 256 * 1024, 512, 16 << 20
 
 def _check_job(job:Any, max_timeout_s:float, default_timeout_s:float) -> dict:
@@ -423,7 +431,7 @@ def _check_job(job:Any, max_timeout_s:float, default_timeout_s:float) -> dict:
     except (TypeError, ValueError): raise ValueError("'timeout_s' must be a number") from None
     return {"id": job.get("id"), "program": prog, "tests": tests, "setup": setup, "timeout_s": min(max(t, 0.1), max_timeout_s)}
 
-# %% ../nbs/04_rewards.ipynb 44
+# %% ../nbs/04_rewards.ipynb 61
 def make_app(workers:int=4, # sandboxes running at once
              max_queue:int=256, # jobs that may wait for a worker; more get 503 (clients retry)
              max_timeout_s:float=60.0, # upper bound of a job's timeout_s
@@ -489,7 +497,7 @@ def make_app(workers:int=4, # sandboxes running at once
     app.state.isolation = mode
     return app
 
-# %% ../nbs/04_rewards.ipynb 46
+# %% ../nbs/04_rewards.ipynb 63
 def serve_command(*, host:str="127.0.0.1", # address to bind (0.0.0.0: reachable from other nodes)
                   port:int=8070, # port (0: a free one, printed at start)
                   workers:int=os.cpu_count() or 1, # sandboxes running at once
@@ -537,10 +545,10 @@ def main(argv:list[str]|None=None, # command-line arguments (None: sys.argv[1:])
     print("usage: python -m grpo_nb.rewards serve [--host H] [--port P] [--workers N] ... (serve --help)", file=sys.stderr)
     return 2
 
-# %% ../nbs/04_rewards.ipynb 47
+# %% ../nbs/04_rewards.ipynb 64
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())
 
-# %% ../nbs/04_rewards.ipynb 51
+# %% ../nbs/04_rewards.ipynb 68
 class CodeClient:
     "Client of the code-execution service: batching, timeouts, retries."
     def __init__(self, url:str, # service address, e.g. http://head-node:8070
@@ -558,7 +566,7 @@ class CodeClient:
     def __exit__(self, *exc): self.close()
     def close(self): self._http.close()
 
-# %% ../nbs/04_rewards.ipynb 52
+# %% ../nbs/04_rewards.ipynb 69
 @patch
 def _post(self:CodeClient, path:str, payload:dict, timeout_s:float) -> dict:
     "POST with retries on connection errors and 502/503/504; ValueError on a 4xx (a bad job is not retried)."
@@ -582,7 +590,7 @@ def health(self:CodeClient) -> dict:
     try: return self._http.get("/health", timeout=5.0).json()
     except httpx.TransportError as e: raise ConnectionError(f"code service at {self.url} does not answer: {e}") from None
 
-# %% ../nbs/04_rewards.ipynb 53
+# %% ../nbs/04_rewards.ipynb 70
 @patch
 def run_batch(self:CodeClient, jobs:list[dict], # each {program, tests, timeout_s?, setup?}
              ) -> list[dict]:
@@ -612,7 +620,7 @@ def run_tests(self:CodeClient, program:str, # the untrusted source code
 
 run_tests = sandbox.run_tests   # `@patch` rebinds the module-level name to None: keep `grpo_nb.rewards.run_tests` the in-process runner
 
-# %% ../nbs/04_rewards.ipynb 55
+# %% ../nbs/04_rewards.ipynb 72
 def start_code_service(workers:int=2, # sandboxes running at once
                        host:str="127.0.0.1", # address to bind
                        port:int=0, # 0: a free port

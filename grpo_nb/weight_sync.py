@@ -22,8 +22,8 @@ __all__ = ['ALIGN', 'DEFAULT_BUCKET_BYTES', 'DEFAULT_VERIFY_PROMPTS', 'sync_unit
            'join_group', 'WeightSyncError', 'NonFiniteWeightsError', 'nonfinite_flags', 'nonfinite_params',
            'place_slices', 'gather_bucket', 'send_weights', 'receive_buckets', 'load_into_module',
            'refresh_shared_modules', 'VllmWorkerExtension', 'tensor_checksum', 'module_checksums', 'gathered_checksums',
-           'sequence_logprobs', 'verify_sync', 'WeightSyncSource', 'connect_weight_sync', 'sync_weights',
-           'verify_weight_sync', 'bench_table', 'tp2_table']
+           'sequence_logprobs', 'verify_sync', 'WeightSyncSource', 'connect_weight_sync', 'verify_weight_sync',
+           'sync_weights', 'bench_table', 'tp2_table']
 
 # %% ../nbs/06_weight_sync.ipynb 6
 _UNIT = re.compile(r"^(.*?\.\d+)\.")
@@ -55,6 +55,7 @@ def plan_buckets(sizes:Sequence[tuple[str, int]], # (parameter name, bytes of it
 
 # %% ../nbs/06_weight_sync.ipynb 14
 ALIGN = 64 # byte alignment of every tensor inside a bucket buffer
+
 DEFAULT_BUCKET_BYTES = 1 << 30 # 1 GiB: large enough for full NCCL bandwidth, small next to a GPU
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class TensorSpec:
     offset:int # byte offset inside the bucket buffer
     nbytes:int # bytes of the tensor
 
+# %% ../nbs/06_weight_sync.ipynb 16
 @dataclass
 class SyncPlan:
     "Everything the receivers must know about one sync, sent once (as plain data) before the first byte."
@@ -85,10 +87,14 @@ class SyncPlan:
         return cls([[TensorSpec(n, dt, tuple(sh), o, nb) for n, dt, sh, o, nb in b] for b in d["buckets"]],
                    list(d["bucket_nbytes"]), d.get("version", 0))
 
-# %% ../nbs/06_weight_sync.ipynb 15
+# %% ../nbs/06_weight_sync.ipynb 19
 def full_shape(p:Tensor) -> tuple: return tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)
+
 def full_numel(p:Tensor) -> int: return int(p.ds_numel) if hasattr(p, "ds_numel") else p.numel()
+
+# %% ../nbs/06_weight_sync.ipynb 22
 def _dtype_name(dt:torch.dtype) -> str: return str(dt).removeprefix("torch.")
+
 def _align(n:int) -> int: return (n + ALIGN - 1) // ALIGN * ALIGN
 
 def make_plan(named_params:Iterable[tuple[str, Tensor]], # `model.named_parameters()` (ZeRO-3 placeholders are fine)
@@ -106,7 +112,7 @@ def make_plan(named_params:Iterable[tuple[str, Tensor]], # `model.named_paramete
         buckets.append(specs); sizes.append(max(off, ALIGN))
     return SyncPlan(buckets, sizes, version)
 
-# %% ../nbs/06_weight_sync.ipynb 19
+# %% ../nbs/06_weight_sync.ipynb 26
 def pack_bucket(tensors:Sequence[Tensor], # full tensors, in the order of `specs`
                 specs:Sequence[TensorSpec], # their places
                 nbytes:int, # bucket buffer size
@@ -127,7 +133,7 @@ def unpack_bucket(flat:Tensor, # [nbytes] uint8 from `pack_bucket`
     "Views of every tensor of a bucket inside its flat buffer."
     return [(s.name, flat.narrow(0, s.offset, s.nbytes).view(getattr(torch, s.dtype)).view(s.shape)) for s in specs]
 
-# %% ../nbs/06_weight_sync.ipynb 22
+# %% ../nbs/06_weight_sync.ipynb 29
 class SyncGroup:
     "One member's handle on the weight-sync group (rank 0 = learner rank 0, ranks 1… = engine workers)."
     def __init__(self, backend_obj, rank:int, world_size:int, backend:str, device:torch.device, store=None):
@@ -183,23 +189,14 @@ def join_group(host:str, # rank 0's address
     else: raise ValueError(f"backend must be 'gloo' or 'nccl' (got {backend!r}).")
     return SyncGroup(pg, rank, world_size, backend, dev, store if rank == 0 else None)
 
-# %% ../nbs/06_weight_sync.ipynb 26
+# %% ../nbs/06_weight_sync.ipynb 33
 class WeightSyncError(RuntimeError):
     "A sync that did not deliver the learner's weights; the message says what differed and what to do."
 
 class NonFiniteWeightsError(WeightSyncError):
     "The learner's weights contain NaN/Inf; the sync was refused before any engine loaded anything."
 
-def _partitioned(p:Tensor) -> bool: return hasattr(p, "ds_tensor")
-
-def _local_elements(p:Tensor) -> Tensor:
-    "The elements of `p` this rank holds: the whole tensor, or its ZeRO-3 partition without padding."
-    if not _partitioned(p): return p.detach().reshape(-1)
-    part = int(p.ds_tensor.ds_numel)
-    r = torch.distributed.get_rank(group=p.ds_process_group) if torch.distributed.is_initialized() else 0
-    n = max(0, min(part, full_numel(p) - part * r))
-    return p.ds_tensor.detach().reshape(-1)[:n]
-
+# %% ../nbs/06_weight_sync.ipynb 35
 def nonfinite_flags(views:Sequence[Tensor], # tensors on one device
                   ) -> Tensor: # [len(views)] bool, True where a tensor holds NaN or Inf
     "Which tensors hold a NaN or Inf: one fused max-abs (`_foreach_norm`, ord=inf) per dtype instead of a kernel per tensor."
@@ -212,6 +209,17 @@ def nonfinite_flags(views:Sequence[Tensor], # tensors on one device
         norms = torch.stack(torch._foreach_norm([views[i] for i in idx], float("inf")))  # max |x|: inf for Inf, nan for NaN
         flags[torch.tensor(idx, device=dev)] = ~torch.isfinite(norms)
     return flags
+
+# %% ../nbs/06_weight_sync.ipynb 38
+def _partitioned(p:Tensor) -> bool: return hasattr(p, "ds_tensor")
+
+def _local_elements(p:Tensor) -> Tensor:
+    "The elements of `p` this rank holds: the whole tensor, or its ZeRO-3 partition without padding."
+    if not _partitioned(p): return p.detach().reshape(-1)
+    part = int(p.ds_tensor.ds_numel)
+    r = torch.distributed.get_rank(group=p.ds_process_group) if torch.distributed.is_initialized() else 0
+    n = max(0, min(part, full_numel(p) - part * r))
+    return p.ds_tensor.detach().reshape(-1)[:n]
 
 def nonfinite_params(named_params:Iterable[tuple[str, Tensor]], # `model.named_parameters()`; every learner rank calls this
                     ) -> list[str]: # names of parameters holding NaN or Inf (the same list on every rank)
@@ -227,7 +235,7 @@ def nonfinite_params(named_params:Iterable[tuple[str, Tensor]], # `model.named_p
         torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX, group=group)
     return [named[i][0] for i in bad.nonzero().flatten().tolist()]
 
-# %% ../nbs/06_weight_sync.ipynb 29
+# %% ../nbs/06_weight_sync.ipynb 41
 def place_slices(gathered:Sequence[Tensor], # per rank: [S] uint8, that rank's slices of the bucket's tensors, concatenated in plan order
                  slice_nbytes:Sequence[int], # bytes of one rank's slice of each tensor (the same on every rank; the last one padded)
                  specs:Sequence[TensorSpec], # the bucket's specs (full sizes and offsets)
@@ -246,7 +254,7 @@ def place_slices(gathered:Sequence[Tensor], # per rank: [S] uint8, that rank's s
         off += pb
     return flat
 
-# %% ../nbs/06_weight_sync.ipynb 32
+# %% ../nbs/06_weight_sync.ipynb 44
 def gather_bucket(ps:Sequence[Tensor], # the bucket's ZeRO-3 parameters, in plan order (every learner rank calls this)
                   specs:Sequence[TensorSpec], # their specs
                   nbytes:int, # bucket buffer size
@@ -271,7 +279,7 @@ def gather_bucket(ps:Sequence[Tensor], # the bucket's ZeRO-3 parameters, in plan
     if device is None: return None
     return place_slices(gathered, [t.numel() * t.element_size() for t in parts], specs, nbytes, device)
 
-# %% ../nbs/06_weight_sync.ipynb 36
+# %% ../nbs/06_weight_sync.ipynb 48
 def _sync_device(dev:torch.device) -> None:
     if dev.type == "cuda": torch.cuda.synchronize(dev)
 
@@ -310,7 +318,7 @@ def send_weights(named_params:Iterable[tuple[str, Tensor]], # `model.named_param
     stats["total_s"] = time.perf_counter() - t_start
     return stats
 
-# %% ../nbs/06_weight_sync.ipynb 38
+# %% ../nbs/06_weight_sync.ipynb 50
 def receive_buckets(group:SyncGroup, # this worker's sync group
                     plan:SyncPlan, # the plan of this sync
                     stats:dict|None=None, # filled with recv_s, load_s, bytes
@@ -337,7 +345,7 @@ def receive_buckets(group:SyncGroup, # this worker's sync group
     _sync_device(group.device)
     stats["t_end"], stats["host"] = time.time(), socket.gethostname()   # when the last bucket was handed over (and copied, on GPU)
 
-# %% ../nbs/06_weight_sync.ipynb 40
+# %% ../nbs/06_weight_sync.ipynb 52
 def load_into_module(module:nn.Module, # the engine's model
                      named:Iterable[tuple[str, Tensor]], # (name, full tensor), e.g. from `receive_buckets`
                      strict:bool=True, # every parameter of `module` must be received
@@ -355,7 +363,7 @@ def load_into_module(module:nn.Module, # the engine's model
     if strict and missing: raise WeightSyncError(f"the sync did not cover {len(missing)} engine parameters, e.g. {missing[:3]}; they would stay stale.")
     return len(seen)
 
-# %% ../nbs/06_weight_sync.ipynb 43
+# %% ../nbs/06_weight_sync.ipynb 55
 def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.get_model()`)
                           ) -> list[str]: # names of the modules re-processed
     "Re-run `quant_method.process_weights_after_loading` on every module that shares a parameter with another module."
@@ -372,7 +380,7 @@ def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.
                 qm.process_weights_after_loading(mod); done.append(name)
     return done
 
-# %% ../nbs/06_weight_sync.ipynb 44
+# %% ../nbs/06_weight_sync.ipynb 56
 class VllmWorkerExtension:
     "Weight-sync methods added to every vLLM worker; called through `LLM.collective_rpc('grpo_…')`."
     def grpo_join_sync(self, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo", timeout_s:float=600) -> int:
@@ -398,7 +406,7 @@ class VllmWorkerExtension:
         g = getattr(self, "grpo_group", None)
         if g is not None: g.close(); self.grpo_group = None
 
-# %% ../nbs/06_weight_sync.ipynb 46
+# %% ../nbs/06_weight_sync.ipynb 58
 _CHUNK = 1 << 24
 
 def tensor_checksum(t:Tensor) -> int:
@@ -413,12 +421,13 @@ def tensor_checksum(t:Tensor) -> int:
         total += int((c * pos).sum())   # int64 sums wrap identically in any order
     return total % (1 << 64)
 
+# %% ../nbs/06_weight_sync.ipynb 60
 def module_checksums(named:Iterable[tuple[str, Tensor]], # (name, tensor) pairs
                     ) -> dict[str, int]:
     "Checksum of every tensor, by name."
     return {n: tensor_checksum(t) for n, t in named}
 
-# %% ../nbs/06_weight_sync.ipynb 48
+# %% ../nbs/06_weight_sync.ipynb 62
 def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner parameters (ZeRO-3 placeholders are fine)
                        plan:SyncPlan, # gives the buckets: memory stays bounded as in a sync
                        rank:int=0, # this learner's rank; only rank 0 computes
@@ -435,7 +444,7 @@ def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner para
             if rank == 0: out.update({s.name: tensor_checksum(p) for s, p in zip(specs, ps)})
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 50
+# %% ../nbs/06_weight_sync.ipynb 64
 @torch.no_grad()
 def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input_ids=...).logits`)
                       sequences:Sequence[Sequence[int]], # prompt + completion token ids
@@ -451,7 +460,7 @@ def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input
         out.append(z.log_softmax(-1).gather(-1, ids[0, L:, None])[:, 0].tolist())
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 51
+# %% ../nbs/06_weight_sync.ipynb 65
 DEFAULT_VERIFY_PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14], [15, 16]]
 "Token-id prompts used by `verify_sync` when none are given (valid for any vocabulary of 17 tokens or more)."
 
@@ -499,7 +508,7 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
         report["checksums"] = f"{compared} engine(s) bit-identical on {len(checksums)} tensors" if compared else "not available (engines repack weights)"
     return report
 
-# %% ../nbs/06_weight_sync.ipynb 53
+# %% ../nbs/06_weight_sync.ipynb 67
 class WeightSyncSource:
     "Mixin for learner actors: the learner side of `connect_weight_sync`, `sync_weights` and `verify_weight_sync`."
     def sync_module(self) -> nn.Module:
@@ -547,7 +556,7 @@ class WeightSyncSource:
         if g is not None: g.close()
         self._ws_group = self._ws_store = None
 
-# %% ../nbs/06_weight_sync.ipynb 54
+# %% ../nbs/06_weight_sync.ipynb 68
 def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`WeightSyncSource`), rank 0 first
                         engines:Sequence, # engine objects or actor handles
                         tp:int=1, # TP workers per engine
@@ -562,6 +571,26 @@ def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`
     ranks = gather(calls, timeout_s)
     return {"host": host, "port": port, "backend": backend, "world_size": world, "engine_ranks": ranks[1:]}
 
+# %% ../nbs/06_weight_sync.ipynb 71
+def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
+                       engines:Sequence, # every engine
+                       prompts:Sequence|None=None, # fixed prompts; None: `DEFAULT_VERIFY_PROMPTS`
+                       atol:float=1e-4, # log-prob tolerance (fp32; ~0.1 for bf16)
+                       checksums:bool=True, # also compare checksums with engines that keep raw tensors
+                       bucket_bytes:int|None=DEFAULT_BUCKET_BYTES, # gather granularity of the checksums
+                       max_new_tokens:int=8, # greedy tokens per prompt
+                       timeout_s:float|None=None, # give up (TimeoutError) after this many seconds per call
+                       version:int|None=None, # the policy version the engines must hold (the last sync's); None: not compared
+                      ) -> dict:
+    "`verify_sync` with the learner group as the scorer; raises `WeightSyncError` on any difference."
+    def score(seqs, lens): return gather([submit(l, "ws_logprobs", seqs, lens) for l in learners], timeout_s)[0]
+    sums = None
+    if checksums:   # every learner rank takes part: the NaN check and the ZeRO-3 gathers are collective
+        plan = gather([submit(l, "ws_prepare", bucket_bytes) for l in learners], timeout_s)[0]["plan"]
+        sums = gather([submit(l, "ws_checksums", plan) for l in learners], timeout_s)[0]
+    return verify_sync(engines, score, prompts, max_new_tokens, atol, sums, timeout_s, version)
+
+# %% ../nbs/06_weight_sync.ipynb 74
 def _one_host(*stats) -> bool: return len({st.get("host") for st in stats}) == 1 and stats[0].get("host") is not None
 
 def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 gathers need them all
@@ -596,25 +625,7 @@ def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 
             "total_s": max(ends) - sent["t_start"] if len(ends) == len(recv) and _one_host(sent, *recv) else call_s,
             "call_s": call_s}
 
-def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
-                       engines:Sequence, # every engine
-                       prompts:Sequence|None=None, # fixed prompts; None: `DEFAULT_VERIFY_PROMPTS`
-                       atol:float=1e-4, # log-prob tolerance (fp32; ~0.1 for bf16)
-                       checksums:bool=True, # also compare checksums with engines that keep raw tensors
-                       bucket_bytes:int|None=DEFAULT_BUCKET_BYTES, # gather granularity of the checksums
-                       max_new_tokens:int=8, # greedy tokens per prompt
-                       timeout_s:float|None=None, # give up (TimeoutError) after this many seconds per call
-                       version:int|None=None, # the policy version the engines must hold (the last sync's); None: not compared
-                      ) -> dict:
-    "`verify_sync` with the learner group as the scorer; raises `WeightSyncError` on any difference."
-    def score(seqs, lens): return gather([submit(l, "ws_logprobs", seqs, lens) for l in learners], timeout_s)[0]
-    sums = None
-    if checksums:   # every learner rank takes part: the NaN check and the ZeRO-3 gathers are collective
-        plan = gather([submit(l, "ws_prepare", bucket_bytes) for l in learners], timeout_s)[0]["plan"]
-        sums = gather([submit(l, "ws_checksums", plan) for l in learners], timeout_s)[0]
-    return verify_sync(engines, score, prompts, max_new_tokens, atol, sums, timeout_s, version)
-
-# %% ../nbs/06_weight_sync.ipynb 63
+# %% ../nbs/06_weight_sync.ipynb 82
 def _ms(x) -> str: return "—" if x is None else f"{x * 1e3:.1f}"
 def _gbps(nbytes, x) -> str: return "" if not x else f" ({nbytes / x / 1e9:.3g} GB/s)"
 
@@ -637,7 +648,7 @@ def bench_table(path:str|Path="bench/results/weight_sync.json", # results writte
     out += [f"\n- **{e.get('stage', '?')}** ({e.get('receiver', 'transformers')}) failed: {e.get('error', '')[:300]}" for e in errors]
     return "\n".join(out)
 
-# %% ../nbs/06_weight_sync.ipynb 72
+# %% ../nbs/06_weight_sync.ipynb 91
 def tp2_table(path:str|Path="bench/results/tp2_gpu.json", # results written by bench/tp2_gpu.py
              ) -> str: # markdown
     "The records of `bench/tp2_gpu.py` as a table, and which layouts have not been measured yet."
