@@ -73,10 +73,11 @@ def longest_row(batch, gpus:int, pack:int) -> int:
 def predicted(v:dict, seq_len:int) -> int|None:
     "The planner's peak (bytes) for this variant with micro-batches of `seq_len` tokens."
     try:
-        from grpo_nb.memory import learner_memory, shape_from_hf
+        from grpo_nb.memory import ZERO3_BUCKETS, learner_memory, shape_from_hf
         model = shape_from_hf(hf_config("tiny")) if v["model"] == "tiny" else v["model"]
         # varlen and per-sequence sdpa keep what flash attention keeps (no [L, L] scores)
         return int(learner_memory(model, learners=v["gpus"], zero=v["zero"], micro_batch=1, seq_len=seq_len, grad_ckpt=v["ckpt"],
+                                  knobs=ZERO3_BUCKETS[v.get("buckets", "deepspeed")],
                                   attn="flash_attention_2", logits="chunked", logprob_chunk=v["chunk"], adam="fused",
                                   fused=v["compile"] or v.get("kernels") == "liger").peak_bytes)
     except Exception as e:
@@ -94,10 +95,10 @@ def pick_pack(v:dict, gpu_bytes:int) -> int:
 def spec_for(v:dict, device:str):
     from grpo_nb.config import LearnerConfig
     from grpo_nb.learner import LearnerSpec
-    L = LearnerConfig(learning_rate=1e-6, zero_stage=v["zero"], micro_batch_size=100_000, gradient_accumulation_steps=1,
+    L = LearnerConfig(learning_rate=1e-6, zero_stage=v["zero"], micro_batch_size=100_000, gradient_accumulation_steps=1, zero3_buckets=v.get("buckets", "deepspeed"),
                       pack_length=v["pack"], logprob_chunk=v["chunk"], max_grad_norm=1.0)
     return LearnerSpec(model=hf_config(v["model"]), learner=L, device=device, dtype=v.get("dtype", "auto"), gradient_checkpointing=v["ckpt"],
-                       compile=v["compile"], kernels=v.get("kernels", "torch"), ds_overrides=v.get("ds", {}), temperature=1.0, norm_len=v["hi"], peak_flops=None if device == "cpu" else PEAK)
+                       compile=v["compile"], kernels=v.get("kernels", "torch"), temperature=1.0, norm_len=v["hi"], peak_flops=None if device == "cpu" else PEAK)
 
 
 def measure(step_fn, v:dict, t_start:float) -> dict:
@@ -160,7 +161,7 @@ def record(v:dict, device_name:str, info:dict|None, res:dict|None, err:str|None)
     r = {"model": v["model"], "gpus": v["gpus"], "zero": v["zero"], "tokens_per_s": None, "mfu": None, "measured_bytes": None,
          "predicted_bytes": None, "device": device_name, "variant": v["variant"], "pack_length": v["pack"],
          "grad_ckpt": v["ckpt"], "compile": v["compile"], "attention": (info or {}).get("attention_kernel"),
-         "launcher": v.get("launcher"), "ds_overrides": v.get("ds"), "kernels": v.get("kernels", "torch")}
+         "launcher": v.get("launcher"), "zero3_buckets": v.get("buckets", "deepspeed") if v["zero"] == 3 else None, "kernels": v.get("kernels", "torch")}
     if res: r.update(res)
     if r.get("measured_bytes") and r.get("predicted_bytes"): r["predicted_over_measured"] = r["predicted_bytes"] / r["measured_bytes"]
     if err: r["error"] = err
@@ -341,11 +342,9 @@ def run_variant(v:dict) -> dict:
 
 # ---- the plan and the driver -----------------------------------------------------------------------------
 
-# ZeRO-3 with larger communication buckets than DeepSpeed's defaults (prefetch 5e7 elements, reduce 5e8, persistence 1e5):
-# prefetch about four transformer layers ahead, keep small tensors (norms, biases) whole, and overlap reduce-scatter with backward
-ZERO3_LARGE_BUCKETS = {"zero_optimization": {"stage3_prefetch_bucket_size": 200_000_000, "stage3_max_live_parameters": 2_000_000_000,
-                                             "stage3_param_persistence_threshold": 1_000_000, "reduce_bucket_size": 500_000_000,
-                                             "overlap_comm": True, "contiguous_gradients": True}}
+# ZeRO-3 variants run with `learner.zero3_buckets` "deepspeed" (DeepSpeed's defaults) unless they say "large" (the learner's
+# default since these measurements; grpo_nb.memory.ZERO3_BUCKETS). The first "large" records (2026-11-25) were measured through
+# ds_overrides with the same settings plus reduce_bucket_size 5e8 and contiguous_gradients, which are DeepSpeed's defaults.
 
 
 def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smoke_compile:bool) -> list:
@@ -366,12 +365,12 @@ def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smo
             out.append(dict(model=name, gpus=2, zero=3, ckpt=False, compile=False))
             if not smoke:
                 out.append(dict(model=name, gpus=2, zero=3, ckpt=False, compile=False, kernels="liger"))
-                out.append(dict(model=name, gpus=2, zero=3, ckpt=False, compile=False, kernels="liger", ds=ZERO3_LARGE_BUCKETS))
+                out.append(dict(model=name, gpus=2, zero=3, ckpt=False, compile=False, kernels="liger", buckets="large"))
     for v in out:
         v.update(chunk=256 if smoke else 2048, launcher=launcher if v["gpus"] > 1 else "local", profile=v["gpus"] == 1)
         v["pack"] = 256 if smoke else pick_pack(v, gpu_bytes)
         v.update(variant=f"{v['model']} {v['gpus']}gpu zero{v['zero']}" + (" compiled" if v["compile"] else "") + (" ckpt" if v["ckpt"] else "")
-                         + (f" {v['kernels']}" if v.get("kernels", "torch") != "torch" else "") + (" large-buckets" if v.get("ds") else ""),
+                         + (f" {v['kernels']}" if v.get("kernels", "torch") != "torch" else "") + (" large-buckets" if v.get("buckets") == "large" else ""),
                  warmup=2 if v["compile"] else 1, steps=1 if smoke else 3, tokens=4 * v["pack"] * v["gpus"],
                  prompt=16 if smoke else 256, lo=8 if smoke else 256, hi=64 if smoke else 1792)
     return out

@@ -19,7 +19,7 @@ from .loss import policy_loss, token_logprobs, agg_counts, loss_kwargs
 from .actors import submit, gather, call, GPU_SAFETY_ENV
 from .weight_sync import WeightSyncSource, make_plan, full_numel
 from .config import derive
-from .memory import learner_memory
+from .memory import learner_memory, zero3_settings, ZERO3_BUCKETS
 from .placement import placed_actor_options
 from .tiny import builtin_model, resolve_model
 from .checkpoint import (CheckpointError, checkpoint_files, checkpoint_name, commit_checkpoint, file_digest, latest_checkpoint,
@@ -339,13 +339,14 @@ def ds_config(zero_stage:int, # 0-3
               weight_decay:float=0.0, # AdamW weight decay
               max_grad_norm:float=1.0, # gradient clipping (0: off)
               offload:Literal["none","optimizer","all"]="none", # ZeRO offload to CPU
+              zero3_buckets:str="large", # ZeRO-3 communication settings (`learner.zero3_buckets`, see `grpo_nb.memory.ZERO3_BUCKETS`)
               overrides:dict|None=None, # merged last (e.g. {"zero_optimization": {"stage3_param_persistence_threshold": 0}})
              ) -> dict:
     "The DeepSpeed config of a learner (accumulation 1: the learner sets the boundary itself)."
     cpu_adam = offload != "none" and device == "cuda"
     params = {"lr": lr, "betas": list(betas), "eps": 1e-8, "weight_decay": weight_decay}
     if not cpu_adam: params.update(torch_adam=True, **({"fused": True} if device == "cuda" else {}))
-    zero = {"stage": zero_stage}
+    zero = {"stage": zero_stage, **(zero3_settings(zero3_buckets) if zero_stage == 3 else {})}
     if offload in ("optimizer", "all"): zero["offload_optimizer"] = {"device": "cpu", "pin_memory": device == "cuda"}
     if offload == "all": zero["offload_param"] = {"device": "cpu", "pin_memory": device == "cuda"}
     cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
@@ -489,7 +490,7 @@ def setup(self:LearnerWorker,
     dtype = spec.torch_dtype
     dname = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
     self.ds_cfg = ds_config(L.zero_stage, dname, spec.device, L.learning_rate, L.adam_betas, L.weight_decay,
-                            L.max_grad_norm, L.offload, spec.ds_overrides)
+                            L.max_grad_norm, L.offload, L.zero3_buckets, spec.ds_overrides)
     policy, self._hf_ds = build_policy(spec.model, dtype, self.attn, self.device, spec.seed,
                                        self.ds_cfg if L.zero_stage == 3 else None)
     policy.config.use_cache = False
@@ -519,6 +520,7 @@ def _build_ref(self:LearnerWorker, spec:LearnerSpec):
            "zero_optimization": {"stage": 3 if L.zero_stage == 3 else 0}}
     if L.zero_stage == 3 and L.ref_policy == "cpu" and spec.device == "cuda":
         cfg["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if L.zero_stage == 3: cfg["zero_optimization"].update({k: v for k, v in zero3_settings(L.zero3_buckets).items() if k.startswith("stage3_param")})
     cfg = _merge(cfg, {"zero_optimization": {k: v for k, v in spec.ds_overrides.get("zero_optimization", {}).items() if k.startswith("stage3_param")}})
     ref, keep = build_policy(spec.model, spec.torch_dtype, self.attn, self.device, spec.seed, cfg if L.zero_stage == 3 else None)
     ref.config.use_cache = False
@@ -1040,7 +1042,8 @@ def planned_peak(rec:dict, # a record of bench/learner_mfu.py (model, gpus, zero
         return int(learner_memory(rec["model"], learners=rec["gpus"], zero=rec["zero"], micro_batch=1,
                                   seq_len=rec.get("longest_row") or rec["pack_length"], grad_ckpt=bool(rec.get("grad_ckpt")),
                                   attn="flash_attention_2", logits="chunked", logprob_chunk=chunk, adam="fused",
-                                  fused=bool(rec.get("compile")) or rec.get("kernels") == "liger").peak_bytes)
+                                  fused=bool(rec.get("compile")) or rec.get("kernels") == "liger",
+                                  knobs=ZERO3_BUCKETS[rec.get("zero3_buckets") or "deepspeed"]).peak_bytes)
     except (ValueError, KeyError): return rec.get("predicted_bytes")
 
 def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench/learner_mfu.py
@@ -1053,7 +1056,7 @@ def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench
             "|---|---|---|---|---|---|---|---|---|---|---|---|")
     def line(r):
         variant = (("compiled" if r.get("compile") else "Liger kernels" if r.get("kernels") == "liger" else "eager")
-                   + (", checkpointing" if r.get("grad_ckpt") else "") + (", larger ZeRO-3 buckets" if r.get("ds_overrides") else ""))
+                   + (", checkpointing" if r.get("grad_ckpt") else "") + (", larger ZeRO-3 buckets" if r.get("zero3_buckets") == "large" else ""))
         start = f"| {r['model']} | {r['gpus']} | {r['zero']} | {variant} | {r.get('attention') or '–'} | {r['device']} | {r.get('pack_length', '')} | "
         if not r.get("tokens_per_s"): return start + f"{r.get('error', '?')[:80]} | | | | | |"
         pred = planned_peak(r) if r.get("device", "").startswith("NVIDIA") else r.get("predicted_bytes")

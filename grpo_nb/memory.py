@@ -12,16 +12,16 @@ from .config import ConfigError, gpu_mem_gib_of, derive, load_config, run_cli
 from .tiny import builtin_model, tiny_config
 
 # %% auto 0
-__all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer', 'Attn', 'LogitsMode', 'RefPolicy', 'TERMS',
-           'ModelShape', 'layer_modules', 'param_counts', 'matches_published', 'shape_from_hf', 'get_shape',
-           'shape_to_hf', 'weights_bytes', 'moment_bytes_per_param', 'optimizer_bytes', 'ZeroKnobs', 'grads_bytes',
-           'buffers_bytes', 'embedding_grad_bytes', 'step_transient_bytes', 'layer_activation_bytes',
-           'backward_working_bytes', 'fused_saving_bytes', 'activations_bytes', 'logits_bytes', 'zero3_gathered',
-           'persistent_params', 'Overheads', 'ref_policy_bytes', 'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu',
-           'valid_tps', 'kv_bytes_per_token', 'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory',
-           'engine_memory', 'min_learner_gpus', 'min_engine_tp', 'Plan', 'plan', 'plan_json', 'format_plan',
-           'plan_command', 'plan_cli', 'plan_config', 'ColocatedMemory', 'colocated_memory', 'colocated_plan',
-           'plot_terms', 'planner_widget', 'accuracy_table']
+__all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer', 'ZERO3_BUCKETS', 'Attn', 'LogitsMode',
+           'RefPolicy', 'TERMS', 'ModelShape', 'layer_modules', 'param_counts', 'matches_published', 'shape_from_hf',
+           'get_shape', 'shape_to_hf', 'weights_bytes', 'moment_bytes_per_param', 'optimizer_bytes', 'ZeroKnobs',
+           'zero3_settings', 'grads_bytes', 'buffers_bytes', 'embedding_grad_bytes', 'step_transient_bytes',
+           'layer_activation_bytes', 'backward_working_bytes', 'fused_saving_bytes', 'activations_bytes',
+           'logits_bytes', 'zero3_gathered', 'persistent_params', 'Overheads', 'ref_policy_bytes', 'LearnerMemory',
+           'learner_memory', 'kv_heads_per_gpu', 'valid_tps', 'kv_bytes_per_token', 'engine_weights_bytes',
+           'engine_activation_bytes', 'EngineMemory', 'engine_memory', 'min_learner_gpus', 'min_engine_tp', 'Plan',
+           'plan', 'plan_json', 'format_plan', 'plan_command', 'plan_cli', 'plan_config', 'ColocatedMemory',
+           'colocated_memory', 'colocated_plan', 'plot_terms', 'planner_widget', 'accuracy_table']
 
 # %% ../nbs/01_memory.ipynb 6
 GiB = 2**30
@@ -209,7 +209,22 @@ class ZeroKnobs:
 
     def overlap(self, zero:int) -> bool: return (zero == 3) if self.overlap_comm is None else self.overlap_comm
 
-# %% ../nbs/01_memory.ipynb 33
+# %% ../nbs/01_memory.ipynb 34
+ZERO3_BUCKETS:dict[str, ZeroKnobs] = {
+    "deepspeed": ZeroKnobs(),
+    "large": ZeroKnobs(stage3_prefetch_bucket_size=200_000_000, stage3_max_live_parameters=2_000_000_000,
+                       stage3_param_persistence_threshold=1_000_000, overlap_comm=True),
+}
+
+def zero3_settings(name:str="large", # a key of `ZERO3_BUCKETS`
+                  ) -> dict: # `zero_optimization` entries that differ from DeepSpeed's defaults
+    "The DeepSpeed settings of a named ZeRO-3 bucket choice (`learner.zero3_buckets`)."
+    if name not in ZERO3_BUCKETS: raise ValueError(f"zero3_buckets must be one of {sorted(ZERO3_BUCKETS)} (got {name!r}).")
+    k, d = ZERO3_BUCKETS[name], ZeroKnobs()
+    return {f: getattr(k, f) for f in ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_param_persistence_threshold",
+                                       "overlap_comm") if getattr(k, f) != getattr(d, f)}
+
+# %% ../nbs/01_memory.ipynb 36
 def grads_bytes(n_params:int, # `P`
                 zero:int, # ZeRO stage 0-3
                 learners:int, # `N`
@@ -229,7 +244,7 @@ def buffers_bytes(n_params:int, # `P`
     if zero <= 1: return (2 if zero == 0 else 4) * min(n_params, knobs.allreduce_bucket_size) if learners > 1 else 0
     return 2 * knobs.reduce_bucket_size * (2 if knobs.overlap(zero) else 1)
 
-# %% ../nbs/01_memory.ipynb 34
+# %% ../nbs/01_memory.ipynb 37
 def embedding_grad_bytes(s:ModelShape, # the model
                          zero:int, # ZeRO stage 0-3
                          phase:str, # "backward_start" (the head's gradient is waiting) or "backward_end" (the embedding's joins)
@@ -240,7 +255,7 @@ def embedding_grad_bytes(s:ModelShape, # the model
     if phase == "backward_start": return waiting
     return waiting + (vh2 if zero >= 2 or s.tie_word_embeddings else 0)
 
-# %% ../nbs/01_memory.ipynb 37
+# %% ../nbs/01_memory.ipynb 40
 def step_transient_bytes(n_params:int, # `P`
                          zero:int, # ZeRO stage 0-3
                          learners:int, # `N`
@@ -262,7 +277,7 @@ def step_transient_bytes(n_params:int, # `P`
     update = 4 * own + tmp - (2 * own if zero == 2 else 0)  # the fp32 copy during Adam (ZeRO-2 has freed its bf16 partition)
     return max(convert, update)
 
-# %% ../nbs/01_memory.ipynb 40
+# %% ../nbs/01_memory.ipynb 43
 Attn = Literal["sdpa", "flash_attention_2", "eager"]
 
 def layer_activation_bytes(s:ModelShape, # the model
@@ -281,13 +296,13 @@ def backward_working_bytes(s:ModelShape, # the model
     "Gradient tensors alive at once while one layer runs backward (bf16)."
     return 3 * 2 * s.intermediate + 2 * 2 * s.hidden
 
-# %% ../nbs/01_memory.ipynb 44
+# %% ../nbs/01_memory.ipynb 47
 def fused_saving_bytes(s:ModelShape, # the model
                       ) -> int: # bytes per token per layer
     "Activation bytes a layer no longer saves when its elementwise ops are fused: SwiGLU's product and RMSNorm's fp32 copies."
     return 2 * s.intermediate + 8 * s.hidden
 
-# %% ../nbs/01_memory.ipynb 46
+# %% ../nbs/01_memory.ipynb 49
 def activations_bytes(s:ModelShape, # the model
                       tokens:int, # B·T tokens in one micro-batch
                       seq_len:int, # `T`
@@ -302,7 +317,7 @@ def activations_bytes(s:ModelShape, # the model
     working = tokens * (backward_working_bytes(s) + (per_layer if grad_ckpt else 0))
     return {"saved": saved, "working": working}
 
-# %% ../nbs/01_memory.ipynb 49
+# %% ../nbs/01_memory.ipynb 52
 LogitsMode = Literal["chunked", "full"]
 
 def logits_bytes(tokens:int, # B·T tokens in the micro-batch
@@ -317,7 +332,7 @@ def logits_bytes(tokens:int, # B·T tokens in the micro-batch
     if mode == "chunked": return 8 * min(chunk, tokens) * vocab + 6 * vocab * hidden + 2 * tokens * hidden
     raise ValueError(f"logits mode must be 'chunked' or 'full' (got {mode!r}).")
 
-# %% ../nbs/01_memory.ipynb 52
+# %% ../nbs/01_memory.ipynb 55
 def _trace(s:ModelShape, grad_ckpt:bool, threshold:int) -> list[tuple[str, int, int]]:
     "(module, partitioned elements, its largest parameter) in the order a step uses them."
     mods = layer_modules(s)
@@ -364,7 +379,7 @@ def persistent_params(s:ModelShape, # the model
     "Parameters ZeRO-3 never partitions (smaller than the threshold: norms, biases)."
     return sum(n for n in layer_modules(s).values() if n < threshold) * s.layers + s.hidden
 
-# %% ../nbs/01_memory.ipynb 55
+# %% ../nbs/01_memory.ipynb 58
 @dataclass(frozen=True)
 class Overheads:
     "Memory outside the formulas: inside the allocator (fixed) and outside it (context, NCCL, fragmentation)."
@@ -374,7 +389,7 @@ class Overheads:
     fragmentation:float=1.10 # reserved / allocated of PyTorch's caching allocator
     engine_cuda_graph_bytes:int=GiB // 2 # vLLM CUDA graphs (0 with enforce_eager)
 
-# %% ../nbs/01_memory.ipynb 57
+# %% ../nbs/01_memory.ipynb 60
 RefPolicy = Literal["none", "gpu", "cpu"]
 
 def ref_policy_bytes(n_params:int, # `P`
@@ -386,7 +401,7 @@ def ref_policy_bytes(n_params:int, # `P`
     if where != "gpu": return 0
     return 2 * (math.ceil(n_params / learners) if zero == 3 else n_params)
 
-# %% ../nbs/01_memory.ipynb 59
+# %% ../nbs/01_memory.ipynb 62
 @dataclass
 class LearnerMemory:
     "Per-GPU memory of one learner; the terms are their values at the peak phase and sum to `peak_bytes`."
@@ -406,7 +421,7 @@ class LearnerMemory:
     host_bytes:int # CPU memory for offloaded states and a CPU reference policy
     phases:dict # phase -> {term: bytes}
 
-# %% ../nbs/01_memory.ipynb 60
+# %% ../nbs/01_memory.ipynb 63
 TERMS = ["params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
          "gathered_params_bytes", "buffers_bytes", "step_transient_bytes", "ref_policy_bytes", "fixed_bytes"]
 
@@ -483,7 +498,7 @@ def _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, 
     moment_bytes_per_param(optimizer)
     if ref_policy not in ("none", "gpu", "cpu"): raise ValueError(f"ref_policy must be none, gpu or cpu (got {ref_policy!r}).")
 
-# %% ../nbs/01_memory.ipynb 69
+# %% ../nbs/01_memory.ipynb 72
 def kv_heads_per_gpu(s:ModelShape, # the model
                      tp:int=1, # GPUs of one engine
                     ) -> int:
@@ -511,7 +526,7 @@ def kv_bytes_per_token(s:ModelShape, # the model
     "KV-cache bytes one token costs on each engine GPU: 2·L·(k/TP)·d·dtype_bytes."
     return 2 * s.layers * kv_heads_per_gpu(s, tp) * s.head_dim * dtype_bytes
 
-# %% ../nbs/01_memory.ipynb 71
+# %% ../nbs/01_memory.ipynb 74
 def engine_weights_bytes(s:ModelShape, # the model
                          tp:int=1, # GPUs of one engine
                          dtype_bytes:int=2, # bf16 weights
@@ -536,7 +551,7 @@ def engine_activation_bytes(s:ModelShape, # the model
     per_token = 2 * (2 * s.hidden) + 2 * (3 * math.ceil(s.intermediate / tp))  # residual + normed; gate_up + act
     return max_num_batched_tokens * per_token + 2 * 4 * max_num_seqs * s.vocab
 
-# %% ../nbs/01_memory.ipynb 72
+# %% ../nbs/01_memory.ipynb 75
 @dataclass
 class EngineMemory:
     "Per-GPU memory of one rollout engine (vLLM) and what its KV cache holds."
@@ -577,7 +592,7 @@ def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or 
     return EngineMemory(tp, w, act, over, budget, kvt, cache, max_tokens, per_seq,
                         min(max_num_seqs, max_tokens // per_seq), max_tokens >= per_seq)
 
-# %% ../nbs/01_memory.ipynb 75
+# %% ../nbs/01_memory.ipynb 78
 def _learner_fits(m:LearnerMemory, gpu_mem_gib:float) -> bool: return m.total_bytes <= gpu_mem_gib * GiB
 
 def min_learner_gpus(model:str|ModelShape, # the model
@@ -602,7 +617,7 @@ def min_engine_tp(model:str|ModelShape, # the model
     s = get_shape(model)
     return next((t for t in valid_tps(s) if engine_memory(s, tp=t, **kw).fits), None)
 
-# %% ../nbs/01_memory.ipynb 77
+# %% ../nbs/01_memory.ipynb 80
 @dataclass
 class Plan:
     "A whole job's verdict: learner and engine memory per GPU, whether they fit, and what to change."
@@ -617,13 +632,13 @@ class Plan:
     @property
     def fits(self) -> bool: return self.learner_fits and self.engine_fits
 
-# %% ../nbs/01_memory.ipynb 78
+# %% ../nbs/01_memory.ipynb 81
 def _gib(b) -> str: return f"{b / GiB:.1f} GiB"
 
 def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool) -> list[str]:
     "Single changes that make a non-fitting plan fit, each with its new footprint."
     G, out = st["gpu_mem_gib"], []
-    lkw = {k: st[k] for k in _LEARNER_ARGS}
+    lkw = {**{k: st[k] for k in _LEARNER_ARGS}, "knobs": ZERO3_BUCKETS[st.get("zero3_buckets", "deepspeed")]}
     def tot(**ch): return learner_memory(s, **{**lkw, **ch})
     def ok(**ch):
         try: return _learner_fits(tot(**ch), G)
@@ -658,7 +673,7 @@ def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool)
                    + f"; each engine holds {em.max_concurrent_seqs} sequences of {st['engine_seq_len']} tokens")
     return out
 
-# %% ../nbs/01_memory.ipynb 80
+# %% ../nbs/01_memory.ipynb 83
 _LEARNER_ARGS = ("learners", "zero", "offload", "micro_batch", "seq_len", "grad_ckpt", "attn", "logits",
                  "logprob_chunk", "optimizer", "ref_policy", "fused")
 
@@ -679,20 +694,22 @@ def plan(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelS
          ref_policy:str="none", # "none" | "gpu" | "cpu"
          engine_seq_len:Optional[int]=None, # prompt + generated tokens per engine sequence (default: seq_len)
          fused:bool=False, # learner's elementwise ops fused (Liger kernels or compiled layers)
+         zero3_buckets:str="deepspeed", # ZeRO-3 communication settings, a key of `ZERO3_BUCKETS` (the trainer's default is "large")
         ) -> Plan:
     "Learner and engine memory per GPU for one configuration, with the verdict and the changes that make it fit."
     s = get_shape(model)
     st = dict(learners=learners, zero=zero, offload=offload, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=grad_ckpt,
               engine_tp=engine_tp, gpu_memory_utilization=gpu_memory_utilization, gpu_mem_gib=gpu_mem_gib, attn=attn,
               logits=logits, logprob_chunk=logprob_chunk, optimizer=optimizer, ref_policy=ref_policy,
-              engine_seq_len=engine_seq_len or seq_len, fused=fused)
+              engine_seq_len=engine_seq_len or seq_len, fused=fused, zero3_buckets=zero3_buckets)
     if gpu_mem_gib <= 0: raise ValueError(f"gpu_mem_gib must be > 0 (got {gpu_mem_gib}).")
-    lm = learner_memory(s, **{k: st[k] for k in _LEARNER_ARGS})
+    if zero3_buckets not in ZERO3_BUCKETS: raise ValueError(f"zero3_buckets must be one of {sorted(ZERO3_BUCKETS)} (got {zero3_buckets!r}).")
+    lm = learner_memory(s, **{k: st[k] for k in _LEARNER_ARGS}, knobs=ZERO3_BUCKETS[zero3_buckets])
     em = engine_memory(s, engine_tp, gpu_memory_utilization, gpu_mem_gib, st["engine_seq_len"])
     lfit, efit = _learner_fits(lm, gpu_mem_gib), em.fits
     return Plan(s, st, lm, em, lfit, efit, _advice(s, st, lm, em, lfit, efit))
 
-# %% ../nbs/01_memory.ipynb 83
+# %% ../nbs/01_memory.ipynb 86
 def plan_json(p:Plan, # a plan
              ) -> dict: # JSON-ready
     "The plan as plain data with the documented keys."
@@ -726,7 +743,7 @@ def format_plan(p:Plan, # a plan
     rows += [f"  - {a}" for a in p.advice]
     return "\n".join(rows)
 
-# %% ../nbs/01_memory.ipynb 85
+# %% ../nbs/01_memory.ipynb 88
 def plan_command(*overrides:str, # with --config: its fields, as --section.field=value
                  config:str|None=None, # plan a whole training config (YAML file or preset, `grpo_nb config --list`); other flags are then its overrides
                  model:str|None=None, # built-in name ({models}) or a HF model directory / config.json
@@ -745,6 +762,7 @@ def plan_command(*overrides:str, # with --config: its fields, as --section.field
                  optimizer:Literal["adamw", "adamw-8bit"]="adamw", # optimizer state format
                  ref_policy:Literal["none", "gpu", "cpu"]="none", # where a KL reference policy lives
                  attn:Literal["sdpa", "flash_attention_2", "eager"]="sdpa", # learner attention kernel
+                 zero3_buckets:Literal["large", "deepspeed"]="large", # ZeRO-3 communication settings (the trainer's `learner.zero3_buckets`)
                  json_:bool=False, # print JSON instead of a table
                  list_models:bool=False, # list the built-in models and exit
                 ) -> int: # 0 with a plan (fits or not, see `fits`), 2 on bad arguments
@@ -763,7 +781,7 @@ def plan_command(*overrides:str, # with --config: its fields, as --section.field
               "Fix: --model Qwen2.5-7B; see --list-models.", file=sys.stderr); return 2
     try:
         pl = plan(model, learner_gpus, zero, offload, micro_batch, seq_len, grad_ckpt, engine_tp,
-                  gpu_memory_utilization, gpu_mem_gib, attn, logits, logprob_chunk, optimizer, ref_policy)
+                  gpu_memory_utilization, gpu_mem_gib, attn, logits, logprob_chunk, optimizer, ref_policy, zero3_buckets=zero3_buckets)
     except ValueError as e:
         print(f"grpo_nb plan: error: {e}", file=sys.stderr); return 2
     print(json.dumps(plan_json(pl), indent=2) if json_ else format_plan(pl))
@@ -773,7 +791,7 @@ def plan_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb plan --model NAME|PATH ...` or `grpo_nb plan --config CONFIG [--section.field=value ...]`: per-GPU memory, the verdict and the fix."
     return run_cli(plan_command, argv, "grpo_nb plan", epilog="GiB = 2^30 bytes.", fill={"models": ", ".join(ARCHS)})
 
-# %% ../nbs/01_memory.ipynb 88
+# %% ../nbs/01_memory.ipynb 91
 def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 model:str|ModelShape|None=None, # override `cfg.model.name_or_path` (e.g. a shape for a built-in tiny model)
                ) -> Plan:
@@ -788,9 +806,10 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
         else: raise ValueError(f"model.name_or_path: {e} Fix: point --model.name_or_path at a HF directory, or pass model= to plan_config.") from None
     return plan(s, derive(cfg).learner_world_size, L.zero_stage, L.offload, B, T, cfg.model.gradient_checkpointing,
                 R.tensor_parallel_size, R.gpu_memory_utilization, C.gpu_mem_gib, cfg.model.attn_implementation,
-                "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq, fused=cfg.model.kernels == "liger")
+                "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq, fused=cfg.model.kernels == "liger",
+                zero3_buckets=L.zero3_buckets)
 
-# %% ../nbs/01_memory.ipynb 90
+# %% ../nbs/01_memory.ipynb 93
 @dataclass
 class ColocatedMemory:
     "Per-GPU memory of a learner and an engine that share the GPU, phase by phase."
@@ -813,7 +832,7 @@ def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo
     cap = int(gpu_mem_gib * GiB)
     return ColocatedMemory(gen, learn, max(gen, learn), cap, max(gen, learn) <= cap, "generate" if gen >= learn else "learn")
 
-# %% ../nbs/01_memory.ipynb 91
+# %% ../nbs/01_memory.ipynb 94
 def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement="colocated"`
                    model=None, # override the model (a built-in name or `ModelShape`), as in `grpo_nb.memory.plan_config`
                   ) -> ColocatedMemory:
@@ -821,7 +840,7 @@ def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement
     p = plan_config(cfg, model)
     return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
 
-# %% ../nbs/01_memory.ipynb 94
+# %% ../nbs/01_memory.ipynb 97
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -845,7 +864,7 @@ def _plan_config_cli(source:str, # YAML file or preset
               f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
     return 0
 
-# %% ../nbs/01_memory.ipynb 98
+# %% ../nbs/01_memory.ipynb 101
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -867,7 +886,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(sweep); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=7, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 102
+# %% ../nbs/01_memory.ipynb 105
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."
@@ -891,7 +910,7 @@ def planner_widget(model:str="Qwen2.5-7B", # initial model
     redraw()
     return W.VBox([W.HBox(list(ctl.values())[i:i + 4]) for i in range(0, len(ctl), 4)] + [out])
 
-# %% ../nbs/01_memory.ipynb 112
+# %% ../nbs/01_memory.ipynb 115
 def accuracy_table(path:str|Path="bench/results/memory_accuracy.json", # the benchmark's output
                   ) -> str: # a table, or why there is none
     "Predicted vs measured peak memory from `bench/memory_accuracy.py`."
