@@ -18,7 +18,7 @@ from fastcore.basics import patch
 from .loss import policy_loss, token_logprobs, agg_counts, loss_kwargs
 from .actors import submit, gather, call, GPU_SAFETY_ENV
 from .weight_sync import WeightSyncSource, make_plan, full_numel
-from .config import derive
+from .config import derive, _merge
 from .memory import learner_memory, zero3_settings, ZERO3_BUCKETS
 from .placement import placed_actor_options
 from .tiny import builtin_model, resolve_model
@@ -354,12 +354,7 @@ def ds_config(zero_stage:int, # 0-3
            "zero_optimization": zero, "optimizer": {"type": "AdamW", "params": params},
            "bf16": {"enabled": dtype == "bfloat16"}, "fp16": {"enabled": dtype == "float16"}}
     if dtype == "bfloat16" and zero_stage == 1: cfg["data_types"] = {"grad_accum_dtype": "fp32"}
-    return _merge(cfg, overrides or {})
-
-def _merge(a:dict, b:dict) -> dict:
-    out = dict(a)
-    for k, v in b.items(): out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+    return _merge(cfg, overrides or {})   # the config's deep merge (grpo_nb.config)
 
 # %% ../nbs/07_learner.ipynb 41
 def lr_factor(step:int, # optimizer steps taken so far

@@ -179,6 +179,10 @@ def test_an_early_signal_stops_cleanly_and_the_chain_goes_on(cluster, run):
     env = {**run["env"], "TRAIN_CMD": f"python {ROOT}/tests/slurm_standin_trainer.py --step-s 0.25 --startup-s 3", "MAX_JOB_CHAINS": "2"}
     first = s.sbatch("--nodes=3", f"--time={run['time_min']}", run["script"], str(cfg), env=env, cwd=str(ROOT))
     s._wait(lambda: s.job(first).get("JobState") == "RUNNING", 60, f"job {first} to run", 0.05)
+    # the batch shell's first log line comes right after its traps: a signal before them would find a shell that has not
+    # started (SLURM's --signal=B:USR1@S fires minutes before the walltime, never in a job's first milliseconds)
+    out = r / "logs" / f"grpo-{first}.out"
+    s._wait(lambda: out.exists() and f"job {first} on" in out.read_text(), 60, f"job {first}'s first log line", 0.05)
     s.run("scancel", "--signal=USR1", "--batch", str(first))   # what --signal=B:USR1@S does, at the worst moment
     jobs = s.wait_done(until_idle=True, timeout=60 + 2 * 90 * run["time_min"], every=1)
     second = max(int(j["JobId"]) for j in jobs)
