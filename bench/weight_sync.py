@@ -36,12 +36,13 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
             "TOKENIZERS_PARALLELISM": "false"}
 os.environ.update(SAFE_ENV)   # before torch/NCCL start: the engine process inherits it
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 from grpo_nb.rollout import HFEngine, VllmEngine, gather, submit  # noqa: E402
 from grpo_nb.weight_sync import (WeightSyncError, WeightSyncSource, connect_weight_sync, sync_weights,  # noqa: E402
                                  tensor_checksum, verify_weight_sync)
+from vllm_bench_ext import raw_broadcast  # noqa: E402  (the floor, timed the same way on every side)
 
 QWEN25_1P5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                    num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True, rope_theta=1e6,
@@ -84,7 +85,7 @@ class Learner(WeightSyncSource):
 
     def floor(self, nbytes:int, iters:int) -> list[float]:
         "Sender side of a raw broadcast of `nbytes` through the sync group; one time per iteration."
-        return _raw_broadcast(self._ws_group, nbytes, iters)
+        return raw_broadcast(self._ws_group, nbytes, iters)
 
     def packed_checksums(self) -> dict[str, int]:
         "Checksums of the full tensors packed as vLLM's Qwen2 holds them (q/k/v -> qkv_proj, gate/up -> gate_up_proj)."
@@ -108,7 +109,7 @@ PACKED = [(("q_proj", "k_proj", "v_proj"), "qkv_proj"), (("gate_proj", "up_proj"
 class Engine(HFEngine):
     "The transformers engine, plus the receiving side of the raw broadcast."
     def floor(self, nbytes:int, iters:int) -> list[float]:
-        return _raw_broadcast(self.sync_group, nbytes, iters)
+        return raw_broadcast(self.sync_group, nbytes, iters)
 
 
 class VEngine(VllmEngine):
@@ -117,28 +118,6 @@ class VEngine(VllmEngine):
         return self.llm.collective_rpc("grpo_floor", args=(nbytes, iters))[0]
     def packed_checksums(self) -> dict[str, int]:
         return self.llm.collective_rpc("grpo_param_checksums")[0]
-
-
-def _raw_broadcast(group, nbytes:int, iters:int) -> list[float]:
-    "Time `iters` broadcasts of one `nbytes` buffer (each after a 1-element broadcast that lines both sides up)."
-    dev = group.device
-    buf = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-    tick = torch.zeros(1, device=dev)
-    if group.rank == 0: buf.fill_(7)
-    group.broadcast(buf).wait(); _sync(dev)   # warm-up (communicator, buffers)
-    times = []
-    for _ in range(iters):
-        group.broadcast(tick).wait(); _sync(dev)
-        t0 = time.perf_counter()
-        group.broadcast(buf).wait(); _sync(dev)
-        times.append(time.perf_counter() - t0)
-    if group.rank != 0: assert int(buf[-1]) == 7
-    del buf
-    return times
-
-
-def _sync(dev):
-    if dev.type == "cuda": torch.cuda.synchronize(dev)
 
 
 # ---- an object in a child process, called through a pipe ------------------------------------------------------------
@@ -246,7 +225,6 @@ def main(argv=None) -> int:
             engine_env = {**SAFE_ENV, "CUDA_VISIBLE_DEVICES": "1"} if device == "cuda" else dict(SAFE_ENV)
             # the engine process starts first (it is spawned, so it sees the environment before any CUDA call here)
             if args.receiver == "vllm":
-                sys.path.insert(0, str(ROOT / "bench"))
                 from e2e_vs_trl import build_model
                 mdir = build_model({k: v for k, v in shape.items() if k not in ("max_position_embeddings", "eos_token_id", "bos_token_id")},
                                    Path(tempfile.mkdtemp(prefix="ws-vllm-")) / "model", weights=False)

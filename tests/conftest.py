@@ -19,15 +19,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: longer than CI's budget allows; runs only with GRPO_NB_SLOW_TESTS=1")
 
 
-# Files that take minutes (real Ray clusters, SLURM, vLLM, trainer runs), longest first. With `-n 2 --dist loadfile`
-# each worker takes whole files in collection order, so starting these first keeps the two workers' ends close together.
-LONG_FILES = ["test_trainer.py", "test_slurm_cluster.py", "test_placement.py", "test_weight_sync_vllm.py", "test_colocate.py",
-              "test_learner.py", "test_ddp.py", "test_reward_model.py", "test_self_correction.py", "test_rewards_sandbox.py"]
-
 def pytest_collection_modifyitems(config, items):
-    "The long files first (see LONG_FILES); `make test` skips tests marked slow; GRPO_NB_SLOW_TESTS=1 runs them too."
-    rank = {f: i for i, f in enumerate(LONG_FILES)}
-    items.sort(key=lambda it: rank.get(it.path.name, len(LONG_FILES)))   # stable: file order and test order kept otherwise
+    "`make test` skips tests marked slow; GRPO_NB_SLOW_TESTS=1 runs them too."
     if os.environ.get("GRPO_NB_SLOW_TESTS") == "1":
         return
     skip = pytest.mark.skip(reason="slow: set GRPO_NB_SLOW_TESTS=1")
