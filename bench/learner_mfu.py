@@ -134,27 +134,47 @@ KERNEL_KINDS = {"attention": ("flash", "fmha", "attention", "attn", "sdpa"), "op
                 "matmul": ("gemm", "cutlass", "xmma", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm")}
 
 
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")   # the operators the profiler counts FLOPs for
+
+
 def time_breakdown(step_fn, batch, cuda:bool) -> dict:
     """One more step under torch.profiler: seconds of GPU kernels by kind (matmul, attention, optimizer, communication,
-    other = elementwise ops and reductions) and the share of the step's wall time the GPU was idle. It says what
-    limits MFU (idle: the CPU feeds the GPU too slowly; other: memory-bound kernels; matmul: the matmuls themselves)."""
+    other = elementwise ops and reductions), the share of the step's wall time the GPU was idle (no kernel of any
+    stream running), the matmuls' own FLOPs and rate, and the longest kernels. It says what limits MFU (idle: the CPU
+    feeds the GPU too slowly; other: memory-bound kernels; matmul: the matmuls themselves, at the rate they reach on
+    these shapes, which is the hardware's part). Kernels of different streams (ZeRO-3's communication) can overlap, so
+    the kinds can sum to more than the busy time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, with_flops=True) as prof:
         t = time.perf_counter(); step_fn(batch)
         if cuda: torch.cuda.synchronize()
         wall = time.perf_counter() - t
-    out = dict.fromkeys([*KERNEL_KINDS, "other"], 0.0)
+    out, top, mm_flops = dict.fromkeys([*KERNEL_KINDS, "other"], 0.0), [], 0
     for e in prof.key_averages():
         on_gpu = e.device_type == torch.autograd.DeviceType.CUDA
+        if not on_gpu and e.key in MATMUL_OPS: mm_flops += e.flops or 0
         if cuda != on_gpu or (not cuda and not e.key.startswith("aten::")): continue
         sec = (getattr(e, "self_device_time_total", 0) if cuda else e.self_cpu_time_total) / 1e6
         name = e.key.lower()
         out[next((k for k, keys in KERNEL_KINDS.items() if any(x in name for x in keys)), "other")] += sec
-    busy = sum(out.values())
-    return {"wall_s": wall, "busy_s": busy, "idle_frac": max(0.0, 1 - busy / wall) if cuda else None,
-            **{f"{k}_s": v for k, v in out.items()}}
+        top.append((e.key[:100], sec, e.count))
+    kinds_s = sum(out.values())
+    busy = kinds_s
+    if cuda:   # the union of kernel intervals over all streams: time the GPU ran anything
+        iv = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        if iv:
+            busy, (s0, e0) = 0.0, iv[0]
+            for s1, e1 in iv[1:]:
+                if s1 > e0: busy, s0, e0 = busy + (e0 - s0), s1, e1
+                else: e0 = max(e0, e1)
+            busy = (busy + e0 - s0) / 1e6
+    top.sort(key=lambda x: -x[1])
+    return {"wall_s": wall, "busy_s": busy, "kinds_sum_s": kinds_s, "idle_frac": max(0.0, 1 - busy / wall) if cuda else None,
+            **{f"{k}_s": v for k, v in out.items()}, "matmul_flops": mm_flops,
+            "matmul_tflops_per_s": mm_flops / out["matmul"] / 1e12 if out["matmul"] else None,
+            "top_kernels": [[n, round(sec, 5), c] for n, sec, c in top[:15]]}
 
 
 def record(v:dict, device_name:str, info:dict|None, res:dict|None, err:str|None) -> dict:
@@ -188,7 +208,7 @@ def run_local(v:dict) -> dict:
     name = "cpu (smoke)" if device == "cpu" else torch.cuda.get_device_name(0)
     info, t0 = None, time.perf_counter()
     try:
-        check = logprob_check(v, device) if v.get("kernels", "torch") != "torch" else {}   # first: its torch-kernel models precede any Liger patch
+        check = logprob_check(v, device) if v.get("kernels", "torch") != "torch" and not v.get("skip_check") else {}   # first: its torch-kernel models precede any Liger patch
         g = create_learner_group(spec_for(v, device), 1, local=True)
         info = g.info[0]
         print(f"{v['variant']}: {g} ({info['attention_kernel']}), set up in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -356,7 +376,7 @@ def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smo
         else:  # the target (1.5B) first, eager then compiled; then the 0.5B shape; a checkpointed run checks the planner there
             big, small = models[-1], models[0]
             out += [dict(model=big, gpus=1, zero=1, ckpt=False, compile=False), dict(model=big, gpus=1, zero=1, ckpt=False, compile=False, kernels="liger"),
-                    dict(model=big, gpus=1, zero=1, ckpt=False, compile=True)]
+                    dict(model=big, gpus=1, zero=1, ckpt=False, compile=True), dict(model=big, gpus=1, zero=1, ckpt=False, compile=True, kernels="liger")]
             if small != big:
                 out += [dict(model=small, gpus=1, zero=1, ckpt=False, compile=False), dict(model=small, gpus=1, zero=1, ckpt=False, compile=True)]
             out += [dict(model=big, gpus=1, zero=1, ckpt=True, compile=False)]
@@ -367,7 +387,7 @@ def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smo
                 out.append(dict(model=name, gpus=2, zero=3, ckpt=False, compile=False, kernels="liger"))
                 out.append(dict(model=name, gpus=2, zero=3, ckpt=False, compile=False, kernels="liger", buckets="large"))
     for v in out:
-        v.update(chunk=256 if smoke else 2048, launcher=launcher if v["gpus"] > 1 else "local", profile=v["gpus"] == 1)
+        v.update(chunk=256 if smoke else 2048, launcher=launcher if v["gpus"] > 1 else "local", profile=v["gpus"] == 1 or launcher == "mp")
         v["pack"] = 256 if smoke else pick_pack(v, gpu_bytes)
         v.update(variant=f"{v['model']} {v['gpus']}gpu zero{v['zero']}" + (" compiled" if v["compile"] else "") + (" ckpt" if v["ckpt"] else "")
                          + (f" {v['kernels']}" if v.get("kernels", "torch") != "torch" else "") + (" large-buckets" if v.get("buckets") == "large" else ""),
@@ -377,9 +397,9 @@ def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smo
 
 
 def merge(path:Path, new:list) -> dict:
-    "The results file with `new` replacing records of the same variant (records of other variants are kept)."
+    "The results file with `new` replacing records of the same variant on the same GPUs (records of other variants and GPUs are kept)."
     old = json.loads(path.read_text()).get("records", []) if path.exists() else []
-    key = lambda r: (r["model"], r["gpus"], r["zero"], r.get("variant"))
+    key = lambda r: (r["model"], r["gpus"], r["zero"], r.get("variant"), r.get("device"), r.get("launcher"))   # one record per GPU kind and launcher
     keep = [r for r in old if key(r) not in {key(n) for n in new}]
     return {"formula": FORMULA, "peak_flops": PEAK, "records": keep + new}
 
@@ -418,6 +438,8 @@ def main(argv=None) -> int:
     p.add_argument("--launcher", choices=["auto", "ray", "mp"], default="auto", help="2-GPU part: Ray actors (the learner group) or spawned processes; auto: Ray when installed")
     p.add_argument("--smoke", action="store_true", help="tiny model on CPU (fp32, gloo): checks the script here")
     p.add_argument("--only", default="", help="comma-separated substrings: run only the variants whose name contains one; a trailing $ means 'ends with' (e.g. 'liger,zero1$')")
+    p.add_argument("--pack", type=int, default=0, help="tokens per packed micro-batch (default 0: the longest the planner fits in 80%% of the GPU)")
+    p.add_argument("--skip-check", action="store_true", help="no log-prob check of fused kernels before timing (its models were seen to keep GPU memory on an 80 GB GPU)")
     p.add_argument("--smoke-compile", action="store_true", help="smoke: also a torch.compile variant (slow on a small CPU)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one variant (JSON) and print its record
     a = p.parse_args(argv)
@@ -444,6 +466,9 @@ def main(argv=None) -> int:
         if part == "2gpu": print(f"the 2-GPU part needs 2 visible GPUs (found {n_gpus}): use --part 1gpu", file=sys.stderr); return 2
         print("one GPU visible: the 2-GPU part is left out", flush=True); part = "1gpu"
     vs = variants(part, a.smoke, ["tiny"] if a.smoke else a.models.split(","), gpu_bytes, launcher, a.smoke_compile)
+    for v in vs:
+        if a.pack: v.update(pack=a.pack, tokens=4 * a.pack * v["gpus"])
+        v["skip_check"] = a.skip_check
     if a.only: vs = [v for v in vs if any(v["variant"].endswith(x[:-1]) if x.endswith("$") else x in v["variant"] for x in a.only.split(","))]
     meta = {"versions": versions(), "command": " ".join(sys.argv)}
     records, starts = [], {}

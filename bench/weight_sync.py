@@ -118,6 +118,9 @@ class VEngine(VllmEngine):
         return self.llm.collective_rpc("grpo_floor", args=(nbytes, iters))[0]
     def packed_checksums(self) -> dict[str, int]:
         return self.llm.collective_rpc("grpo_param_checksums")[0]
+    def set_weight_load(self, mode:str) -> str:
+        "How the workers load the next syncs (`rollout.weight_load`)."
+        self.weight_load = mode; return mode
 
 
 # ---- an object in a child process, called through a pipe ------------------------------------------------------------
@@ -175,6 +178,8 @@ def main(argv=None) -> int:
                     help="the engine that receives: grpo_nb's transformers engine or a real vLLM engine (vLLM's loader)")
     ap.add_argument("--reps", type=int, default=5, help="timed syncs per bucket size (median reported)")
     ap.add_argument("--buckets-mib", default="1024,256,0", help="bucket sizes in MiB; 0 = the whole model in one bucket")
+    ap.add_argument("--weight-load", default="auto", help="vllm receiver: comma-separated rollout.weight_load modes to measure "
+                    "(auto, direct, reload), each with every bucket size and its own bit-exact check")
     ap.add_argument("--out", default=None, help="JSON output (default: bench/results/weight_sync.json; smoke: a temp file)")
     ap.add_argument("--budget-s", type=float, default=360, help="start no new bucket size after this many seconds")
     ap.add_argument("--call-timeout-s", type=float, default=120, help="a sync or floor call slower than this counts as hung")
@@ -267,34 +272,31 @@ def main(argv=None) -> int:
         floor_s = stage("floor", floor)
         res["floor_s"] = floor_s
         write()
-        for mib in [int(x) for x in args.buckets_mib.split(",")]:
-            if time.time() - t_all > args.budget_s:
-                res["errors"].append({"stage": f"bucket {mib} MiB", "error": f"skipped: over the {args.budget_s:.0f} s budget"}); continue
-            def bucket_run(mib=mib):
-                bb = None if mib == 0 else mib * 2**20
-                sync_weights([L], [E], bucket_bytes=bb, timeout_s=timeout)              # warm-up at this size
-                timed = [sync_weights([L], [E], bucket_bytes=bb, timing=True, timeout_s=timeout) for _ in range(args.reps)]
-                piped = [sync_weights([L], [E], bucket_bytes=bb, timeout_s=timeout) for _ in range(args.reps)]
-                med = lambda rows, k: statistics.median(r[k] for r in rows)
-                rec = {"receiver": args.receiver, "model": model_name, "bytes": nbytes, "tensors": first["tensors"],
-                       "bucket": "whole model" if bb is None else f"{mib} MiB", "buckets": piped[0]["buckets"],
-                       "floor_s": floor_s, "gather_s": med(timed, "gather_s"), "send_s": med(timed, "send_s"),
-                       "load_s": med(timed, "load_s"), "recv_s": med(timed, "recv_s"), "phased_total_s": med(timed, "total_s"),
-                       "total_s": med(piped, "total_s"), "check_s": med(piped, "check_s"), "call_s": med(piped, "call_s"),
-                       "device": device_name, "reps": args.reps}
-                rec["gbps"] = {k: nbytes / rec[f"{k}_s"] / 1e9 for k in ("gather", "send", "load", "total") if rec[f"{k}_s"] > 0}
-                if floor_s:
-                    rec["gbps"]["floor"] = nbytes / floor_s / 1e9
-                    rec["total_over_floor"] = rec["total_s"] / floor_s
-                    rec["within_2x_floor"] = rec["total_s"] <= 2 * floor_s
-                res["records"].append(rec); write()
-                print(f"bucket {rec['bucket']:>11} ({rec['buckets']} buckets): gather {rec['gather_s'] * 1e3:.1f} ms, "
-                      f"send {rec['send_s'] * 1e3:.1f} ms, load {rec['load_s'] * 1e3:.1f} ms | pipelined total "
-                      f"{rec['total_s'] * 1e3:.1f} ms = {rec.get('total_over_floor', float('nan')):.2f}x floor "
-                      f"({rec['gbps'].get('total', 0):.0f} GB/s); NaN check {rec['check_s'] * 1e3:.1f} ms", flush=True)
-            stage(f"bucket {mib} MiB", bucket_run)
+        def bucket_run(mib:int, mode:str|None):
+            bb = None if mib == 0 else mib * 2**20
+            sync_weights([L], [E], bucket_bytes=bb, timeout_s=timeout)              # warm-up at this size
+            timed = [sync_weights([L], [E], bucket_bytes=bb, timing=True, timeout_s=timeout) for _ in range(args.reps)]
+            piped = [sync_weights([L], [E], bucket_bytes=bb, timeout_s=timeout) for _ in range(args.reps)]
+            med = lambda rows, k: statistics.median(r[k] for r in rows)
+            rec = {"receiver": args.receiver, "model": model_name, "bytes": nbytes, "tensors": first["tensors"],
+                   "bucket": "whole model" if bb is None else f"{mib} MiB", "buckets": piped[0]["buckets"],
+                   "floor_s": floor_s, "gather_s": med(timed, "gather_s"), "send_s": med(timed, "send_s"),
+                   "load_s": med(timed, "load_s"), "recv_s": med(timed, "recv_s"), "phased_total_s": med(timed, "total_s"),
+                   "total_s": med(piped, "total_s"), "check_s": med(piped, "check_s"), "call_s": med(piped, "call_s"),
+                   "device": device_name, "reps": args.reps}
+            if mode is not None: rec["weight_load"] = mode
+            rec["gbps"] = {k: nbytes / rec[f"{k}_s"] / 1e9 for k in ("gather", "send", "load", "total") if rec[f"{k}_s"] > 0}
+            if floor_s:
+                rec["gbps"]["floor"] = nbytes / floor_s / 1e9
+                rec["total_over_floor"] = rec["total_s"] / floor_s
+                rec["within_2x_floor"] = rec["total_s"] <= 2 * floor_s
+            res["records"].append(rec); write()
+            print(f"bucket {rec['bucket']:>11} ({rec['buckets']} buckets): gather {rec['gather_s'] * 1e3:.1f} ms, "
+                  f"send {rec['send_s'] * 1e3:.1f} ms, load {rec['load_s'] * 1e3:.1f} ms | pipelined total "
+                  f"{rec['total_s'] * 1e3:.1f} ms = {rec.get('total_over_floor', float('nan')):.2f}x floor "
+                  f"({rec['gbps'].get('total', 0):.0f} GB/s); NaN check {rec['check_s'] * 1e3:.1f} ms", flush=True)
 
-        def verify():
+        def verify(mode):
             rep = verify_weight_sync([L], [E], atol=atol, checksums=True, max_new_tokens=4)
             if args.receiver == "vllm":   # bit for bit, in vLLM's packing
                 want, got = L.packed_checksums(), E.packed_checksums()
@@ -306,10 +308,19 @@ def main(argv=None) -> int:
                 elif diff or missing or not got:
                     raise WeightSyncError(f"vLLM worker parameters differ bit-wise from the learner's: {diff[:3]} (no learner tensor: {missing[:3]})")
                 else: rep["checksums"] = f"vLLM worker bit-identical on {len(got)} packed tensors"
-            print("verified:", rep, flush=True)
+            print("verified" + (f" ({mode})" if mode else "") + ":", rep, flush=True)
             res["verified"] = rep
-            for r in res["records"]: r["verified"] = True
-        stage("verify", verify)
+            for r in res["records"]:
+                if r.get("weight_load") == mode: r.update(verified=True, checksums=rep.get("checksums"))
+
+        for mode in (args.weight_load.split(",") if args.receiver == "vllm" else [None]):   # each load mode: every bucket size, then its check
+            if mode is not None: E.set_weight_load(mode)
+            for mib in [int(x) for x in args.buckets_mib.split(",")]:
+                what = f"bucket {mib} MiB" + (f" ({mode})" if mode else "")
+                if time.time() - t_all > args.budget_s:
+                    res["errors"].append({"stage": what, "error": f"skipped: over the {args.budget_s:.0f} s budget"}); continue
+                stage(what, lambda mib=mib, mode=mode: bucket_run(mib, mode))
+            stage("verify" + (f" ({mode})" if mode else ""), lambda mode=mode: verify(mode))
         write()
         print(f"wrote {out} ({time.time() - t_all:.0f} s in all; {len(res['records'])} records, {len(res['errors'])} errors)", flush=True)
         return 0 if res["records"] and not res["errors"] else 1

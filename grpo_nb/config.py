@@ -74,6 +74,7 @@ class RolloutConfig:
     verify_atol:float=0.0 # largest |engine - learner| log-prob the check accepts; 0: 1e-4 when the policy runs in float32, else 0.1 (bf16 kernels differ)
     fault_skip_sync_step:int=0 # testing: skip the weight sync after this step once, leaving the engines a step stale (verify_every must catch it); 0: never
     chunked_prefill:Literal["auto","on","off"]="auto" # vLLM chunked prefill (long prompts split across scheduler steps): "auto" keeps vLLM's default
+    weight_load:Literal["auto","direct","reload"]="auto" # vLLM: load synced weights straight into the engine's parameters ("direct", unquantized models on GPUs), or through vLLM's layer-wise reload ("reload": quantized engines, the CPU build); "auto" picks
     sleep_level:int=1 # colocated: 1 offloads the engine's weights to CPU and frees its KV cache while the learner steps; 2 frees the weights too (the sync refills them); 0 keeps both
 
 # %% ../nbs/00_config.ipynb 12

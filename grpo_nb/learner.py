@@ -31,7 +31,7 @@ __all__ = ['logger', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch',
            'varlen_attention', 'check_varlen', 'pick_attention', 'attention_kernel', 'step_counts', 'micro_batch_loss',
            'ds_config', 'lr_factor', 'LearnerSpec', 'model_source', 'build_policy', 'LearnerWorker', 'compile_layers',
            'apply_kernels', 'train_flops', 'shard_batch', 'peak_flops_for', 'combine_metrics', 'LearnerGroup', 'each',
-           'create_learner_group', 'mfu_records', 'planned_peak', 'mfu_table']
+           'create_learner_group', 'mfu_records', 'planned_peak', 'mfu_table', 'profile_split']
 
 # %% ../nbs/07_learner.ipynb 7
 logger = logging.getLogger("grpo_nb.learner")
@@ -1058,3 +1058,18 @@ def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench
         ratio = f"{pred / r['measured_bytes']:.2f}" if pred and r.get("measured_bytes") else "–"
         return start + f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | {g(r['measured_bytes'])} | {g(pred)} | {ratio} |"
     return "\n".join([head] + [line(r) for r in rows])
+
+# %% ../nbs/07_learner.ipynb 118
+def profile_split(rec:dict, # a record of bench/learner_mfu.py with a `time_breakdown` that counted matmul FLOPs
+                  peak_flops:float, # the GPU's dense bf16 peak (the records' `peak_flops`)
+                 ) -> dict|None: # shares of the profiled step and the rates; None without a usable profile
+    "Split a profiled learner step into the hardware's part (the matmuls' own rate) and the rest (the learner's)."
+    tb = rec.get("time_breakdown") or {}
+    if not tb.get("matmul_flops") or not tb.get("matmul_s") or not rec.get("mfu"): return None
+    flops = rec["mfu"] * rec["step_s"] * peak_flops                  # model FLOPs of one timed step, per GPU
+    wall = tb["wall_s"]
+    return {"mfu": rec["mfu"], "matmul_rate": tb["matmul_flops"] / tb["matmul_s"] / peak_flops,
+            "ceiling_mfu": flops / ((tb["matmul_s"] + tb.get("attention_s", 0.0)) * peak_flops),
+            **{f"{k}_share": tb.get(f"{k}_s", 0.0) / wall for k in ("matmul", "attention", "other", "optimizer", "communication")},
+            "idle_share": tb.get("idle_frac") or 0.0,
+            "top_other": [k for k in tb.get("top_kernels", []) if not any(x in k[0].lower() for x in ("nvjet", "gemm", "cutlass", "flash", "nccl"))][:4]}

@@ -226,6 +226,7 @@ class VllmEngine:
                  seed:int=0, # engine seed (used when a request has no seed)
                  max_model_len:int|None=None, # context limit (None: the model's)
                  enable_prefix_caching:bool=True, # reuse KV of shared prefixes (reset after every weight sync)
+                 weight_load:str="auto", # how workers load synced weights: "direct", "reload" or "auto" (see `grpo_nb.weight_sync.vllm_load_mode`)
                  **llm_kwargs, # anything else `vllm.LLM` takes
                 ):
         from vllm import LLM
@@ -237,7 +238,7 @@ class VllmEngine:
         kw.update(llm_kwargs)
         self.llm = LLM(**kw)
         self.tokenizer = self.llm.get_tokenizer()
-        self.tensor_parallel_size = tensor_parallel_size
+        self.tensor_parallel_size, self.weight_load = tensor_parallel_size, weight_load
 
 # %% ../nbs/05_rollout.ipynb 33
 @patch
@@ -315,8 +316,8 @@ def join_weight_sync(self:VllmEngine, host:str, port:int, world_size:int, rank_o
 
 @patch
 def receive_weights(self:VllmEngine, plan:dict, timing:bool=False) -> dict:
-    "Every TP worker receives the full tensors and loads them through vLLM's loader (which shards them); then the prefix cache is reset."
-    stats = self.llm.collective_rpc("grpo_receive_weights", args=(plan, timing))
+    "Every TP worker receives the full tensors and loads them through vLLM's loaders (which shard them); then the prefix cache is reset."
+    stats = self.llm.collective_rpc("grpo_receive_weights", args=(plan, timing, self.weight_load))
     self.llm.reset_prefix_cache()
     self._weights_version = int(plan.get("version", 0))
     return stats[0]

@@ -20,7 +20,7 @@ from .loss import group_advantages, zero_variance_groups
 from .placement import create_placement_groups, placed_actor_options, Layout
 from .rewards import check_functions, compute_rewards, RewardContext
 from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend, wait_ready
-from .weight_sync import connect_weight_sync, sync_weights, WeightSyncError, verify_weight_sync
+from .weight_sync import connect_weight_sync, sync_weights, WeightSyncError, verify_weight_sync, vllm_load_mode
 
 # %% auto 0
 __all__ = ['encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'preflight_run', 'start_ray', 'Actors',
@@ -187,7 +187,7 @@ def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
         return dict(dtype=M.dtype, seed=R.seed, attn_implementation=M.attn_implementation, cache=R.hf_cache)
     kw = dict(dtype="float32" if device == "cpu" and M.dtype == "auto" else M.dtype, enforce_eager=R.enforce_eager or device == "cpu",
               gpu_memory_utilization=R.gpu_memory_utilization, seed=R.seed, max_model_len=cfg.data.max_prompt_tokens + R.max_new_tokens,
-              max_num_seqs=max(8, min(256, R.prompts_per_step * R.num_samples_per_prompt)))
+              max_num_seqs=max(8, min(256, R.prompts_per_step * R.num_samples_per_prompt)), weight_load=R.weight_load)
     if R.kv_cache_mib: kw["kv_cache_memory_bytes"] = R.kv_cache_mib << 20
     if R.chunked_prefill != "auto": kw["enable_chunked_prefill"] = R.chunked_prefill == "on"
     if R.placement == "colocated" and R.sleep_level and device == "cuda": kw["enable_sleep_mode"] = True
@@ -343,6 +343,9 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     self.layout = Layout.from_config(self.cfg, C.cpus_per_learner, C.cpus_per_engine_worker)
     check_backend(self.cfg.rollout.backend)   # before Ray starts: a missing engine library or sleep mode is named with its fix
     if self.cfg.rollout.placement == "colocated": check_sleep_mode(self.cfg.rollout.backend, self.layout.device, self.cfg.rollout.sleep_level)
+    if self.cfg.rollout.backend == "vllm":   # "direct" loads on CPUs (quantized engines are named by the workers)
+        try: vllm_load_mode(self.cfg.rollout.weight_load, None, self.layout.device)
+        except WeightSyncError as e: raise ConfigError("rollout.weight_load", *str(e).split(" Fix: ", 1)) from None
     start_ray(self.cfg, self.layout, ray_temp_dir)
     self.actors = start_actors(self.cfg, self.layout)
     self.consumed = 0

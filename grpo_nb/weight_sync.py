@@ -20,7 +20,7 @@ from .placement import sync_rank
 __all__ = ['ALIGN', 'DEFAULT_BUCKET_BYTES', 'DEFAULT_VERIFY_PROMPTS', 'sync_unit', 'plan_buckets', 'TensorSpec', 'SyncPlan',
            'full_shape', 'full_numel', 'make_plan', 'pack_bucket', 'unpack_bucket', 'SyncGroup', 'open_store',
            'join_group', 'WeightSyncError', 'NonFiniteWeightsError', 'nonfinite_flags', 'nonfinite_params',
-           'place_slices', 'gather_bucket', 'send_weights', 'receive_buckets', 'load_into_module',
+           'place_slices', 'gather_bucket', 'send_weights', 'receive_buckets', 'load_into_module', 'vllm_load_mode',
            'refresh_shared_modules', 'VllmWorkerExtension', 'tensor_checksum', 'module_checksums', 'gathered_checksums',
            'sequence_logprobs', 'verify_sync', 'WeightSyncSource', 'connect_weight_sync', 'verify_weight_sync',
            'sync_weights', 'bench_table', 'tp2_table']
@@ -363,7 +363,22 @@ def load_into_module(module:nn.Module, # the engine's model
     if strict and missing: raise WeightSyncError(f"the sync did not cover {len(missing)} engine parameters, e.g. {missing[:3]}; they would stay stale.")
     return len(seen)
 
-# %% ../nbs/06_weight_sync.ipynb 55
+# %% ../nbs/06_weight_sync.ipynb 54
+def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct" or "reload"
+                   quantization:str|None, # the engine's `model_config.quantization` (None: unquantized)
+                   device_type:str, # the worker's device type: "cuda" or "cpu"
+                  ) -> str: # "direct" or "reload"
+    "How a vLLM worker loads received weights: straight into its parameters, or through vLLM's layer-wise reload."
+    if weight_load not in ("auto", "direct", "reload"):
+        raise WeightSyncError(f"rollout.weight_load must be auto, direct or reload (got {weight_load!r}). Fix: --rollout.weight_load=auto")
+    can_direct = quantization is None and device_type == "cuda"
+    if weight_load == "direct" and not can_direct:
+        why = f"the engine is quantized ({quantization})" if quantization is not None else "the CPU build repacks linear weights after loading"
+        raise WeightSyncError(f"rollout.weight_load=direct cannot update this engine: {why}. Fix: --rollout.weight_load=auto (or reload)")
+    if weight_load == "auto": return "direct" if can_direct else "reload"
+    return weight_load
+
+# %% ../nbs/06_weight_sync.ipynb 57
 def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.get_model()`)
                           ) -> list[str]: # names of the modules re-processed
     "Re-run `quant_method.process_weights_after_loading` on every module that shares a parameter with another module."
@@ -380,7 +395,7 @@ def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.
                 qm.process_weights_after_loading(mod); done.append(name)
     return done
 
-# %% ../nbs/06_weight_sync.ipynb 56
+# %% ../nbs/06_weight_sync.ipynb 58
 class VllmWorkerExtension:
     "Weight-sync methods added to every vLLM worker; called through `LLM.collective_rpc('grpo_…')`."
     def grpo_join_sync(self, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo", timeout_s:float=600) -> int:
@@ -390,15 +405,22 @@ class VllmWorkerExtension:
         self.grpo_group = join_group(host, port, rank, world_size, backend, device=self.device, timeout_s=timeout_s)
         return rank
 
-    def grpo_receive_weights(self, plan:dict, timing:bool=False) -> dict:
-        "Receive one sync and load it through vLLM's own loader, layer by layer as the buckets arrive."
+    def grpo_receive_weights(self, plan:dict, timing:bool=False, weight_load:str="auto") -> dict:
+        "Receive one sync and load it as the buckets arrive: straight into the parameters, or through vLLM's reload."
         from vllm.config import set_current_vllm_config
         stats, t0 = {}, time.perf_counter()
-        self.reload_weights(weights_iterator=receive_buckets(self.grpo_group, SyncPlan.from_dict(plan), stats, timing),
-                            is_checkpoint_format=True)
+        model = self.model_runner.get_model()
+        stats["weight_load"] = how = vllm_load_mode(weight_load, self.vllm_config.model_config.quantization, self.device.type)
+        weights = receive_buckets(self.grpo_group, SyncPlan.from_dict(plan), stats, timing)
         with set_current_vllm_config(self.vllm_config):
-            stats["refreshed"] = refresh_shared_modules(self.model_runner.get_model())   # tied lm_head (see above)
-        stats["reload_s"], stats["t_end"] = time.perf_counter() - t0, time.time()   # includes vLLM's post-processing
+            if how == "direct":
+                loaded = model.load_weights(weights)   # each parameter's weight_loader: fuse, take this TP slice, copy in place
+                missing = sorted({n for n, _ in model.named_parameters()} - set(loaded or ()))
+                if missing: raise WeightSyncError(f"the sync did not cover {len(missing)} engine parameters, e.g. {missing[:3]}; they would stay stale.")
+            else:
+                self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+                stats["refreshed"] = refresh_shared_modules(model)   # tied lm_head (see above)
+        stats["reload_s"], stats["t_end"] = time.perf_counter() - t0, time.time()   # the whole load, vLLM's post-processing included
         return stats
 
     def grpo_close_sync(self) -> None:
@@ -406,7 +428,7 @@ class VllmWorkerExtension:
         g = getattr(self, "grpo_group", None)
         if g is not None: g.close(); self.grpo_group = None
 
-# %% ../nbs/06_weight_sync.ipynb 58
+# %% ../nbs/06_weight_sync.ipynb 60
 _CHUNK = 1 << 24
 
 def tensor_checksum(t:Tensor) -> int:
@@ -421,13 +443,13 @@ def tensor_checksum(t:Tensor) -> int:
         total += int((c * pos).sum())   # int64 sums wrap identically in any order
     return total % (1 << 64)
 
-# %% ../nbs/06_weight_sync.ipynb 60
+# %% ../nbs/06_weight_sync.ipynb 62
 def module_checksums(named:Iterable[tuple[str, Tensor]], # (name, tensor) pairs
                     ) -> dict[str, int]:
     "Checksum of every tensor, by name."
     return {n: tensor_checksum(t) for n, t in named}
 
-# %% ../nbs/06_weight_sync.ipynb 62
+# %% ../nbs/06_weight_sync.ipynb 64
 def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner parameters (ZeRO-3 placeholders are fine)
                        plan:SyncPlan, # gives the buckets: memory stays bounded as in a sync
                        rank:int=0, # this learner's rank; only rank 0 computes
@@ -444,7 +466,7 @@ def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner para
             if rank == 0: out.update({s.name: tensor_checksum(p) for s, p in zip(specs, ps)})
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 64
+# %% ../nbs/06_weight_sync.ipynb 66
 @torch.no_grad()
 def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input_ids=...).logits`)
                       sequences:Sequence[Sequence[int]], # prompt + completion token ids
@@ -460,7 +482,7 @@ def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input
         out.append(z.log_softmax(-1).gather(-1, ids[0, L:, None])[:, 0].tolist())
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 65
+# %% ../nbs/06_weight_sync.ipynb 67
 DEFAULT_VERIFY_PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14], [15, 16]]
 "Token-id prompts used by `verify_sync` when none are given (valid for any vocabulary of 17 tokens or more)."
 
@@ -508,7 +530,7 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
         report["checksums"] = f"{compared} engine(s) bit-identical on {len(checksums)} tensors" if compared else "not available (engines repack weights)"
     return report
 
-# %% ../nbs/06_weight_sync.ipynb 67
+# %% ../nbs/06_weight_sync.ipynb 69
 class WeightSyncSource:
     "Mixin for learner actors: the learner side of `connect_weight_sync`, `sync_weights` and `verify_weight_sync`."
     def sync_module(self) -> nn.Module:
@@ -556,7 +578,7 @@ class WeightSyncSource:
         if g is not None: g.close()
         self._ws_group = self._ws_store = None
 
-# %% ../nbs/06_weight_sync.ipynb 68
+# %% ../nbs/06_weight_sync.ipynb 70
 def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`WeightSyncSource`), rank 0 first
                         engines:Sequence, # engine objects or actor handles
                         tp:int=1, # TP workers per engine
@@ -571,7 +593,7 @@ def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`
     ranks = gather(calls, timeout_s)
     return {"host": host, "port": port, "backend": backend, "world_size": world, "engine_ranks": ranks[1:]}
 
-# %% ../nbs/06_weight_sync.ipynb 71
+# %% ../nbs/06_weight_sync.ipynb 73
 def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
                        engines:Sequence, # every engine
                        prompts:Sequence|None=None, # fixed prompts; None: `DEFAULT_VERIFY_PROMPTS`
@@ -590,7 +612,7 @@ def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
         sums = gather([submit(l, "ws_checksums", plan) for l in learners], timeout_s)[0]
     return verify_sync(engines, score, prompts, max_new_tokens, atol, sums, timeout_s, version)
 
-# %% ../nbs/06_weight_sync.ipynb 74
+# %% ../nbs/06_weight_sync.ipynb 76
 def _one_host(*stats) -> bool: return len({st.get("host") for st in stats}) == 1 and stats[0].get("host") is not None
 
 def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 gathers need them all
@@ -625,13 +647,13 @@ def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 
             "total_s": max(ends) - sent["t_start"] if len(ends) == len(recv) and _one_host(sent, *recv) else call_s,
             "call_s": call_s}
 
-# %% ../nbs/06_weight_sync.ipynb 82
+# %% ../nbs/06_weight_sync.ipynb 84
 def _ms(x) -> str: return "—" if x is None else f"{x * 1e3:.1f}"
 def _gbps(nbytes, x) -> str: return "" if not x else f" ({nbytes / x / 1e9:.3g} GB/s)"
 
 def bench_table(path:str|Path="bench/results/weight_sync.json", # results written by bench/weight_sync.py
                ) -> str: # markdown: one row per bucket size, then the errors the run recorded
-    "The weight-sync benchmark results as a markdown table (a note when there are none yet)."
+    "The weight-sync benchmark results as a markdown table (a note when there are none yet); vLLM rows name their load path."
     p = Path(path)
     if not p.exists(): return f"_No results yet: run `bench/weight_sync.py` on a 2-GPU machine (it writes `{p.name}`)._"
     res = json.loads(p.read_text())
@@ -641,14 +663,15 @@ def bench_table(path:str|Path="bench/results/weight_sync.json", # results writte
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         nb, f, t = r.get("bytes", 0), r.get("floor_s"), r.get("total_s")
-        out.append(f"| {r.get('receiver', 'transformers')} | {r.get('model', '?')} | {r.get('device', '?')} | {r.get('bucket', '')} | {nb / 1e9:.2f} | {_ms(f)}{_gbps(nb, f)} | "
+        rx = r.get("receiver", "transformers") + (f" ({r['weight_load']})" if r.get("weight_load") else "")
+        out.append(f"| {rx} | {r.get('model', '?')} | {r.get('device', '?')} | {r.get('bucket', '')} | {nb / 1e9:.2f} | {_ms(f)}{_gbps(nb, f)} | "
                    + " | ".join(f"{_ms(r.get(k))}{_gbps(nb, r.get(k))}" for k in ("gather_s", "send_s", "load_s", "total_s"))
                    + (f" | {t / f:.2f} |" if f and t else " | — |"))
     if not rows: out.append("| _no completed measurement_ | | | | | | | | | | |")
     out += [f"\n- **{e.get('stage', '?')}** ({e.get('receiver', 'transformers')}) failed: {e.get('error', '')[:300]}" for e in errors]
     return "\n".join(out)
 
-# %% ../nbs/06_weight_sync.ipynb 91
+# %% ../nbs/06_weight_sync.ipynb 93
 def tp2_table(path:str|Path="bench/results/tp2_gpu.json", # results written by bench/tp2_gpu.py
              ) -> str: # markdown
     "The records of `bench/tp2_gpu.py` as a table, and which layouts have not been measured yet."

@@ -161,3 +161,11 @@ def test_commands_are_callable_from_python(capsys):
     assert json.loads(capsys.readouterr().out)["settings"]["learners"] == 8
     assert plan_command("--learner.zero_stage=2", model="Qwen2.5-7B") == 2   # overrides need --config
     assert "overrides need --config" in capsys.readouterr().err
+
+
+def test_train_refuses_a_direct_weight_load_on_cpu_before_ray(tmp_path, monkeypatch):
+    "rollout.weight_load=direct cannot update the CPU build of vLLM (it repacks linear weights): refused before Ray starts, with the fix."
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(["train", "demo", "--rollout.backend=vllm", "--rollout.weight_load=direct", f"--logging.output_dir={tmp_path / 'run'}"])
+    assert rc == 2 and "rollout.weight_load" in err and "Fix: --rollout.weight_load=auto" in err, (out, err)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
