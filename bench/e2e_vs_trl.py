@@ -153,7 +153,8 @@ def _wait_health(port:int, proc, timeout:float):
     raise TimeoutError(f"the TRL vLLM server was not healthy after {timeout} s")
 
 
-def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, device:str) -> dict:
+def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, device:str, progress=None) -> dict:
+    "TRL's GRPOTrainer on the same work; `progress(steps)` is called after every step (the parent keeps a run cut by its time limit)."
     import torch, datasets
     from transformers import TrainerCallback
     import trl
@@ -197,6 +198,7 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
             def on_step_end(self, *a, **k):
                 sync(); t = time.perf_counter() - cur.pop("t0")
                 steps.append({"step": t, **cur})
+                if progress is not None: progress(steps)
         trainer = GRPOTrainer(model=str(model_dir), reward_funcs=lambda completions, **kw: [toy_reward(c) for c in completions],
                               args=args, train_dataset=ds, callbacks=[Timer()])
         if device == "cuda": torch.cuda.reset_peak_memory_stats()
@@ -216,6 +218,28 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
 
 
 # ---------------------------------------------------------------- one run in a subprocess
+def partial_path(out_json:Path) -> Path:
+    "Where a TRL run leaves its steps so far (read by the parent when the run is cut by its time limit)."
+    return out_json.with_name(out_json.stem + ".partial.json")
+
+
+def from_partial(run:str, partial:Path, rc) -> dict:
+    "The record of a TRL run that did not end: its steps so far; statistics only when at least MIN_TIMED steps after warm-up completed."
+    p = json.loads(partial.read_text())
+    shape, steps = p["config"], p.pop("steps")
+    n, done = shape["warmup"] + shape["steps"], len(steps)
+    rec = {**p, "step_s_all": [s["step"] for s in steps]}
+    if done - shape["warmup"] >= MIN_TIMED:
+        timed = steps[shape["warmup"]:]
+        split = {k: statistics.fmean(s.get(k, 0.0) for s in timed) for k in ("generation", "sync")}
+        split["generation"] -= split["sync"]
+        split["learner_and_rest"] = statistics.fmean(s["step"] for s in timed) - split["generation"] - split["sync"]
+        rec.update(split_s=split, stats=stats(rec["step_s_all"][shape["warmup"]:]),
+                   stopped=f"stopped by the benchmark's time limit after {done} of {n} steps")
+    else: rec["error"] = f"run exited {rc} after {done} of {n} steps ({[round(x, 1) for x in rec['step_s_all']]}); too few to count"
+    return rec
+
+
 def child(run:str, smoke:bool, out_json:Path, timeout:float):
     t_child = time.perf_counter()
     import torch
@@ -234,7 +258,8 @@ def child(run:str, smoke:bool, out_json:Path, timeout:float):
             rec.update(run_ours(layout, mode, shape, model, model_dir, tmp, device, timeout - (time.perf_counter() - t_child) - 10))
         else:
             rec.update(backend=rest[0], gpus=GPUS[("trl", rest[0])])
-            rec.update(run_trl(rest[0], shape, model, model_dir, tmp, device))
+            progress = lambda steps: partial_path(out_json).write_text(json.dumps({**rec, "steps": steps}))
+            rec.update(run_trl(rest[0], shape, model, model_dir, tmp, device, progress))
         rec["stats"] = stats(rec["step_s_all"][shape["warmup"]:])
     except Exception as e:
         rec["error"] = f"{type(e).__name__}: {e}"[-4000:]; traceback.print_exc()
@@ -243,7 +268,8 @@ def child(run:str, smoke:bool, out_json:Path, timeout:float):
 
 def merge(run_dir:Path) -> dict:
     "Pair our runs with the peer's on the same GPUs and work; one record per comparison."
-    runs = {r["run"]: r for r in (json.loads(p.read_text()) for p in sorted(run_dir.glob("run_*.json")))}
+    files = [p for p in sorted(run_dir.glob("run_*.json")) if not p.name.endswith(".partial.json")]   # partials: runs in progress
+    runs = {r["run"]: r for r in (json.loads(p.read_text()) for p in files)}
     pairs = [("colocated", "sync", "vllm-colocate"), ("colocated", "sync", "transformers"),
              ("split", "sync", "vllm-server"), ("split", "one-step-off", "vllm-server")]
     recs = []
@@ -293,7 +319,9 @@ def main():
         cmd = [sys.executable, __file__, "--child", run, "--out", str(dst), "--timeout", str(a.timeout)] + (["--smoke"] if a.smoke else [])
         try: rc = subprocess.run(cmd, env=env, timeout=a.timeout + 30).returncode
         except subprocess.TimeoutExpired: rc = "timeout"
-        if not dst.exists(): dst.write_text(json.dumps({"run": run, "error": f"run exited {rc} without a record"}))
+        if not dst.exists():
+            part = partial_path(dst)
+            dst.write_text(json.dumps(from_partial(run, part, rc) if part.exists() else {"run": run, "error": f"run exited {rc} without a record"}))
         rec = json.loads(dst.read_text()); rec["run_wall_s"] = time.perf_counter() - t; dst.write_text(json.dumps(rec, indent=1))
         print(f"[{time.strftime('%H:%M:%S')}] {run}: {rec.get('stats')} {rec.get('error', '')[:300]}", flush=True)
     if a.smoke:

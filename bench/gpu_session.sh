@@ -66,7 +66,9 @@ lane_split01() { lane_split01a; lane_split01b; lane_split01c; }
 # the long colocated shape on one GPU each (ours on GPU 0, the peer's colocate mode on GPU 1, at the same time)
 lane_coloclong0() { e2e ours:colocated:sync:long 400 0; }   # start-up alone took about 3 minutes on an H100
 lane_trlcoloclong1() { e2e trl:vllm-colocate:long 300 1; }
-lane_trlhflong1() { e2e trl:transformers:long 480 1; }   # TRL with HF generate on the long shape (about 30 s a step)
+# TRL with HF generate on the long shape: about 54 s a step on an H100, so 10 steps (2 warm-up + 8 timed, the least a
+# record needs) take about 9.5 minutes: the whole of one call, alone. A run cut by the limit keeps its steps (a partial record).
+lane_trlhflong1() { e2e trl:transformers:long 590 1; }
 # both GPUs: weight sync into a real vLLM engine (results merged into $OUT/weight_sync.json, which may hold the other receiver's)
 # both load paths of the vLLM workers (rollout.weight_load): straight into the parameters, and vLLM's layer-wise reload
 lane_wsvllm01() { run weight_sync_vllm 220 0,1 python3 bench/weight_sync.py --receiver vllm --weight-load direct,reload --buckets-mib 1024,0 \

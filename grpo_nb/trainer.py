@@ -669,7 +669,8 @@ def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/
         if layout is not None and r["layout"] != layout: continue
         err = (r.get("ours_error") or r.get("trl_error") or "").splitlines()
         note = ("ours: " if r.get("ours_error") else "TRL: ") + err[0][:70] if err else ""
-        if r.get("ours_stopped"): note = (note + "; " if note else "") + "ours: " + r["ours_stopped"]
+        for side, who in (("ours", "ours"), ("trl", "TRL")):
+            if r.get(f"{side}_stopped"): note = (note + "; " if note else "") + f"{who}: " + r[f"{side}_stopped"]
         sp = r.get("speedup_mean")
         lines.append(f"| {r['layout']} | {r['shape']} | {r['ours_mode']} | {r['trl_backend']} | {r['gpus']} | {r.get('device') or ''} | {st(r, 'ours')} | {st(r, 'trl')} | "
                      f"{f(sp) + '×' if sp else ''} | ≥{r['target_speedup']:g}× {'met' if r.get('target_met') else ('missed' if sp else '')} | {note} |")
