@@ -153,6 +153,14 @@ def _wait_health(port:int, proc, timeout:float):
     raise TimeoutError(f"the TRL vLLM server was not healthy after {timeout} s")
 
 
+def trl_split(timed:list[dict]) -> dict:
+    "Mean seconds per phase of TRL's timed steps: generation (without the sync that runs inside it), sync, and the rest."
+    split = {k: statistics.fmean(s.get(k, 0.0) for s in timed) for k in ("generation", "sync")}
+    split["generation"] -= split["sync"]   # the sync runs inside the generation call
+    split["learner_and_rest"] = statistics.fmean(s["step"] for s in timed) - split["generation"] - split["sync"]
+    return split
+
+
 def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, device:str, progress=None) -> dict:
     "TRL's GRPOTrainer on the same work; `progress(steps)` is called after every step (the parent keeps a run cut by its time limit)."
     import torch, datasets
@@ -203,11 +211,7 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
                               args=args, train_dataset=ds, callbacks=[Timer()])
         if device == "cuda": torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter(); trainer.train(); wall = time.perf_counter() - t0
-        timed_steps = steps[shape["warmup"]:]
-        split = {k: statistics.fmean(s.get(k, 0.0) for s in timed_steps) for k in ("generation", "sync")}
-        split["generation"] -= split["sync"]   # the sync runs inside the generation call
-        split["learner_and_rest"] = statistics.fmean(s["step"] for s in timed_steps) - split["generation"] - split["sync"]
-        return {"version": trl.__version__, "step_s_all": [s["step"] for s in steps], "split_s": split, "wall_s": wall,
+        return {"version": trl.__version__, "step_s_all": [s["step"] for s in steps], "split_s": trl_split(steps[shape["warmup"]:]), "wall_s": wall,
                 "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
                 "args_dropped": sorted(set(want) - fields), "server_up_s": up_s if server else None}
     finally:
@@ -230,11 +234,7 @@ def from_partial(run:str, partial:Path, rc) -> dict:
     n, done = shape["warmup"] + shape["steps"], len(steps)
     rec = {**p, "step_s_all": [s["step"] for s in steps]}
     if done - shape["warmup"] >= MIN_TIMED:
-        timed = steps[shape["warmup"]:]
-        split = {k: statistics.fmean(s.get(k, 0.0) for s in timed) for k in ("generation", "sync")}
-        split["generation"] -= split["sync"]
-        split["learner_and_rest"] = statistics.fmean(s["step"] for s in timed) - split["generation"] - split["sync"]
-        rec.update(split_s=split, stats=stats(rec["step_s_all"][shape["warmup"]:]),
+        rec.update(split_s=trl_split(steps[shape["warmup"]:]), stats=stats(rec["step_s_all"][shape["warmup"]:]),
                    stopped=f"stopped by the benchmark's time limit after {done} of {n} steps")
     else: rec["error"] = f"run exited {rc} after {done} of {n} steps ({[round(x, 1) for x in rec['step_s_all']]}); too few to count"
     return rec

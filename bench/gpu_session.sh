@@ -2,7 +2,7 @@
 # bench/gpu_session.sh: the GPU benchmarks of grpo-nb in lanes that run in parallel on a node with two GPUs.
 #
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 single1 split01 (or its parts split01a/b/c),
-#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 mfu2 mfuprof sc2
+#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 mfu2 mfuprof2 mfu1p5 mfu3b sc2
 #
 # Each lane runs its benchmarks one after another on its own GPUs (CUDA_VISIBLE_DEVICES), each under `timeout`,
 # writing JSON results and a log per benchmark under $GPUWORK (default /tmp/gpuwork, kept across calls). At the end
@@ -69,35 +69,17 @@ lane_trlcoloclong1() { e2e trl:vllm-colocate:long 300 1; }
 # TRL with HF generate on the long shape: about 54 s a step on an H100, so 10 steps (2 warm-up + 8 timed, the least a
 # record needs) take about 9.5 minutes: the whole of one call, alone. A run cut by the limit keeps its steps (a partial record).
 lane_trlhflong1() { e2e trl:transformers:long 590 1; }
-# both GPUs: weight sync into a real vLLM engine (results merged into $OUT/weight_sync.json, which may hold the other receiver's)
-# both load paths of the vLLM workers (rollout.weight_load): straight into the parameters, and vLLM's layer-wise reload
+# both GPUs: weight sync into a real vLLM engine through both load paths of its workers (rollout.weight_load: straight into the
+# parameters, and vLLM's layer-wise reload); results merged into $OUT/weight_sync.json, which may hold the other receiver's
 lane_wsvllm01() { run weight_sync_vllm 220 0,1 python3 bench/weight_sync.py --receiver vllm --weight-load direct,reload --buckets-mib 1024,0 \
                     --budget-s 170 --out "$OUT/weight_sync.json"; }
 lane_wstf01() { run weight_sync_transformers 150 0,1 python3 bench/weight_sync.py --buckets-mib 1024,0 --budget-s 100 --out "$OUT/weight_sync.json"; }
 # both GPUs: ZeRO-3 learners with Liger kernels, DeepSpeed's default buckets and larger ones (1.5B and 3B)
 lane_mfu2() { run learner_mfu_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-1.5B,Qwen2.5-3B --only liger \
                 --budget-s 290 --variant-limit-s 140 --out "$OUT/learner_mfu.json"; }
-# profiles with the kernel breakdown: 1 GPU each (3B on GPU 0, 1.5B on GPU 1, at the same time), then ZeRO-3 on both GPUs
-# through spawned processes (the launcher that can profile a rank); every run merges into $OUT/learner_mfu.json
-lane_mfuprof() {
-  run learner_mfu_3b 200 0 python3 bench/learner_mfu.py --part 1gpu --models Qwen2.5-3B --only 'zero1$,zero1 liger' --budget-s 170 \
-      --variant-limit-s 120 --out "$OUT/learner_mfu_3b.json" &
-  run learner_mfu_1p5b 200 1 python3 bench/learner_mfu.py --part 1gpu --models Qwen2.5-1.5B --only liger --budget-s 170 \
-      --variant-limit-s 120 --out "$OUT/learner_mfu_1p5b.json" &
-  wait
-  run learner_mfu_2gpu_prof 160 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-1.5B --only 'liger large' --launcher mp \
-      --budget-s 140 --variant-limit-s 130 --out "$OUT/learner_mfu_2gpu.json"
-}
-lane_s7b() { lane_mfuprof; lane_wsvllm01; }   # one call: the profiles, then the weight sync into vLLM
-# one call: the weight sync into vLLM; then the long colocated run on GPU 0 beside the 1.5B Liger profile on GPU 1
-# (micro-batches of 8192 tokens: 12288 ran out of memory on an 80 GB H100 after the log-prob check)
-lane_s7c() {
-  lane_wsvllm01
-  e2e ours:colocated:sync:long 440 0 &
-  run learner_mfu_1p5b 200 1 python3 bench/learner_mfu.py --part 1gpu --models Qwen2.5-1.5B --only 'zero1 liger' --pack 8192 \
-      --budget-s 150 --variant-limit-s 150 --out "$OUT/learner_mfu_1p5b.json" &
-  wait
-}
+# both GPUs: a profiled ZeRO-3 rank (spawned processes: the launcher that can profile a rank; 1.5B, Liger, larger buckets)
+lane_mfuprof2() { run learner_mfu_2gpu_prof 160 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-1.5B --only 'liger large' \
+                    --launcher mp --budget-s 140 --variant-limit-s 130 --out "$OUT/learner_mfu_2gpu.json"; }
 # 1.5B on one GPU each, eager on GPU 0 and Liger on GPU 1 at the same time, same micro-batches, no log-prob check before timing
 lane_mfu1p5() {
   run learner_mfu_1p5b_eager 200 0 python3 bench/learner_mfu.py --part 1gpu --models Qwen2.5-1.5B --only 'zero1$' --pack 12288 --skip-check \

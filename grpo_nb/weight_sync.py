@@ -374,7 +374,7 @@ def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct" or
     can_direct = quantization is None and device_type == "cuda"
     if weight_load == "direct" and not can_direct:
         why = f"the engine is quantized ({quantization})" if quantization is not None else "the CPU build repacks linear weights after loading"
-        raise WeightSyncError(f"rollout.weight_load=direct cannot update this engine: {why}. Fix: --rollout.weight_load=auto (or reload)")
+        raise WeightSyncError(f"a direct load cannot update this engine: {why}. Fix: --rollout.weight_load=auto (or reload)")
     if weight_load == "auto": return "direct" if can_direct else "reload"
     return weight_load
 
