@@ -77,12 +77,13 @@ class MetricsLog:
                  resume_step:int=0, # steps already done: later lines are rolled back
                  config:dict|None=None, # the run's config (W&B)
                  enabled:bool=True, # False: log nothing (every rank but 0)
+                 resume_record:dict|None=None, # the resumed checkpoint's own step record: written when the file lacks that step
                 ):
         self.enabled, self.tb, self.wb = enabled, None, None
         if not enabled: return
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         self.path = Path(out_dir) / "metrics.jsonl"
-        self._roll_back(resume_step)
+        restore = self._roll_back(resume_step, resume_record)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -92,17 +93,20 @@ class MetricsLog:
             import wandb as wb
             self.wb = wb.init(project=project, name=run_name or Path(out_dir).name, dir=str(out_dir), mode=wandb, config=config,
                               resume="allow", id=(run_name or Path(out_dir).name).replace("/", "-"))
+        if restore: self.log({**resume_record, "step": resume_step, "restored": 1})
 
-    def _roll_back(self, step:int):
-        if not self.path.exists(): return
-        keep, back = [], []
-        for line in self.path.read_text().splitlines():
+    def _roll_back(self, step:int, record:dict|None) -> bool:
+        "Move the lines of steps after `step` aside; True when `record` (of `step`) must be written back."
+        keep, back, have = [], [], False
+        for line in (self.path.read_text().splitlines() if self.path.exists() else []):
             try: rec = json.loads(line)
             except json.JSONDecodeError: back.append(line); continue   # a line cut by a kill
             (keep if rec.get("step", 0) <= step else back).append(line)
+            have |= rec.get("step", 0) == step
         if back:
             with open(self.path.with_name("metrics.rolled_back.jsonl"), "a") as f: f.write("\n".join(back) + "\n")
-        self.path.write_text("".join(l + "\n" for l in keep))
+        if self.path.exists(): self.path.write_text("".join(l + "\n" for l in keep))
+        return bool(record) and step > 0 and not have
 
     def log(self, rec:dict, # one step's metrics, with "step"
            ):

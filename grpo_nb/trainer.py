@@ -313,6 +313,7 @@ class Run:
         self.actors = self.log = self.bar = None
         self.out, self.ckpt = Path(cfg.logging.output_dir), Path(self.d.checkpoint_dir)
         self.step = 0                 # steps completed
+        self.resume_record = None     # the resumed checkpoint's own step record (see MetricsLog)
         self.events:list[str] = []    # what happened, for the summary
 
 # %% ../nbs/08_trainer.ipynb 36
@@ -351,22 +352,27 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     self.consumed = 0
     if resume_from:
         meta = self.actors.learner.load(resume_from)
-        self.step, self.consumed = int(meta["step"]), int((meta.get("data_state") or {}).get("consumed", meta["step"] * self.cfg.rollout.prompts_per_step))
+        ds = meta.get("data_state") or {}
+        self.step, self.consumed = int(meta["step"]), int(ds.get("consumed", meta["step"] * self.cfg.rollout.prompts_per_step))
+        self.resume_record = ds.get("record")   # the step's metrics, in case the kill came between the save and the log
         sync_weights(self.actors.learner.actors, self.actors.engines, version=self.step)   # the engines still hold the initial weights
         self.events.append(f"resumed from {resume_from} at step {self.step}, data position {self.consumed}")
     self.version = self.step
     self.spec = sampling_spec(self.cfg.rollout)
     self.ctx = RewardContext.from_config(Rw)
     L = self.cfg.logging
-    self.log = MetricsLog(self.out, L.tensorboard, L.wandb, L.wandb_project, L.run_name, self.step, to_dict(self.cfg))
+    self.log = MetricsLog(self.out, L.tensorboard, L.wandb, L.wandb_project, L.run_name, self.step, to_dict(self.cfg),
+                          resume_record=self.resume_record)
     (self.out / "config.yaml").write_text(to_yaml(self.cfg))
 
 # %% ../nbs/08_trainer.ipynb 38
 @patch
-def checkpoint(self:Run) -> Path:
-    "Save learner state + RNG + data position atomically, then point `latest` at it."
+def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept in the checkpoint (it is logged after the save)
+              ) -> Path:
+    "Save learner state + RNG + data position (+ the step's record) atomically, then point `latest` at it."
     t0 = time.perf_counter()
-    p = self.actors.learner.save(self.ckpt, step=self.step, data_state=self.order.state(self.consumed), keep_last=self.cfg.checkpoint.keep_last)
+    ds = self.order.state(self.consumed) | ({"record": rec} if rec else {})
+    p = self.actors.learner.save(self.ckpt, step=self.step, data_state=ds, keep_last=self.cfg.checkpoint.keep_last)
     write_latest(self.ckpt, self.step, p.name)
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
@@ -446,7 +452,7 @@ def loop(self:Run):
             rec |= self.run_eval()
         E = cfg.checkpoint.every_steps
         if (E and step % E == 0) or self.stop or step == cfg.total_steps:
-            self.checkpoint(); rec["time/checkpoint"] = self.ckpt_s
+            self.checkpoint(rec); rec["time/checkpoint"] = self.ckpt_s
         self.emit(rec)
     if self.stop and self.step > begun and (self.last_ckpt is None or self.last_ckpt.name != checkpoint_name(self.step)):
         self.checkpoint()   # the signal came after this step's checkpoint decision (while it was logged): save the step now
