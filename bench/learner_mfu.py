@@ -224,7 +224,7 @@ def logprob_check(v:dict, device:str) -> dict:
     """The learner's log-probs on one fixed batch with the model's own kernels, then with `v['kernels']`, from the same
     initial weights (same seed): the largest absolute difference, in bf16 and in fp32. It runs before the timed steps
     and builds every torch-kernel model before the first Liger one, since Liger's rotary kernel is patched into the
-    transformers module for the whole process; the models are freed (and the allocator emptied) before timing."""
+    transformers module for the whole process; each group's close() empties its tensors and the allocator is emptied before timing."""
     import torch
     from grpo_nb.learner import create_learner_group
     vocab = hf_config(v["model"])["vocab_size"]

@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_learner.ipynb 3
 from __future__ import annotations
-import json, logging, math, os, random, re, shutil, socket, sys, time, uuid
+import gc, json, logging, math, os, random, re, shutil, socket, sys, time, types, uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -30,8 +30,8 @@ __all__ = ['logger', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch',
            'make_micro_batch', 'LogProbHead', 'use_logprob_head', 'PolicyLogProbs', 'per_sequence_sdpa',
            'varlen_attention', 'check_varlen', 'pick_attention', 'attention_kernel', 'step_counts', 'micro_batch_loss',
            'ds_config', 'lr_factor', 'LearnerSpec', 'model_source', 'build_policy', 'LearnerWorker', 'compile_layers',
-           'apply_kernels', 'train_flops', 'shard_batch', 'peak_flops_for', 'combine_metrics', 'LearnerGroup', 'each',
-           'create_learner_group', 'mfu_records', 'planned_peak', 'mfu_table', 'profile_split']
+           'apply_kernels', 'train_flops', 'release_tensors', 'shard_batch', 'peak_flops_for', 'combine_metrics',
+           'LearnerGroup', 'each', 'create_learner_group', 'mfu_records', 'planned_peak', 'mfu_table', 'profile_split']
 
 # %% ../nbs/07_learner.ipynb 7
 logger = logging.getLogger("grpo_nb.learner")
@@ -783,16 +783,48 @@ def state_digest(self:LearnerWorker) -> dict:
             "optimizer_steps": int(self.engine.global_steps)}
 
 # %% ../nbs/07_learner.ipynb 77
+_FOLLOW = ("deepspeed", "torch.nn", "torch.optim", "torch.distributed", "grpo_nb", "transformers", "liger_kernel", "collections")
+
+def release_tensors(*roots, # objects whose tensors may go: a DeepSpeed engine, a module, an optimizer
+                   ) -> int: # bytes of the storages emptied (a storage shared by several views counts once)
+    """Empty every tensor reachable from `roots`: containers, instances of torch/DeepSpeed/transformers/grpo_nb classes,
+    closures and bound methods are followed; modules, classes and functions' globals are not (nothing outside the roots)."""
+    seen, stack, storages = set(), list(roots), {}
+    while stack:
+        o = stack.pop()
+        if o is None or id(o) in seen or isinstance(o, (str, bytes, int, float, bool, type, types.ModuleType)): continue
+        seen.add(id(o))
+        if isinstance(o, Tensor):
+            if o.is_meta: continue
+            s = o.untyped_storage(); storages[(s.device, s.data_ptr())] = s.nbytes()
+            with torch.no_grad(): o.data = torch.empty(0, dtype=o.dtype, device=o.device)
+            o.grad = None
+            if hasattr(o, "ds_tensor"): stack.append(o.ds_tensor)   # ZeRO-3: this rank's partition
+        elif isinstance(o, types.FunctionType):
+            for c in o.__closure__ or ():
+                try: stack.append(c.cell_contents)
+                except ValueError: pass   # an empty cell
+        elif isinstance(o, types.MethodType): stack.append(o.__self__)
+        elif isinstance(o, (dict, list, tuple, set, frozenset)) or (type(o).__module__ or "").startswith(_FOLLOW):
+            stack.extend(gc.get_referents(o))
+    return sum(storages.values())
+
+# %% ../nbs/07_learner.ipynb 79
 @patch
 def close(self:LearnerWorker) -> None:
-    "Leave the process group (the actor can then be killed cleanly)."
+    "Give the model's, the reference's and the optimizer's memory back, and leave the process group (the actor can then be killed cleanly)."
     self.ws_close()
+    for e in (self.engine, self.ref):
+        try:
+            if hasattr(e, "destroy"): e.destroy()   # DeepSpeed's own clean-up (its optimizer's gradient hooks)
+        except Exception as err: logger.warning("DeepSpeed's engine.destroy failed (%s); its tensors are emptied all the same", err)
+    release_tensors(self.engine, self.ref)
     self.engine = self.ref = None
     if torch.distributed.is_initialized():
         import deepspeed.comm
         deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups, so a new world can be made here
 
-# %% ../nbs/07_learner.ipynb 79
+# %% ../nbs/07_learner.ipynb 81
 def shard_batch(lengths:Sequence[int], # tokens of each sequence
                 world_size:int, # ranks W
                ) -> list[list[int]]: # sequence indices of each rank
@@ -804,7 +836,7 @@ def shard_batch(lengths:Sequence[int], # tokens of each sequence
         out[r].append(i); tok[r] += lengths[i]; big += len(out[r]) == base + 1
     return [sorted(o) for o in out]
 
-# %% ../nbs/07_learner.ipynb 81
+# %% ../nbs/07_learner.ipynb 83
 PEAK_BF16_TFLOPS:dict[str, float] = {"GH200": 989.4, "H200": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
                                      "A100": 312.0, "L40S": 362.1, "V100": 125.0}
 "Dense (no sparsity) bf16 tensor-core peak per GPU, by a substring of `torch.cuda.get_device_name()`, most specific first (V100: fp16)."
@@ -817,7 +849,7 @@ def peak_flops_for(device_name:str|None, # e.g. "NVIDIA H100 80GB HBM3"
     return None
 
 
-# %% ../nbs/07_learner.ipynb 83
+# %% ../nbs/07_learner.ipynb 85
 def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
                     peak_flops:float|None=None, # per-GPU peak FLOP/s for MFU
                    ) -> dict:
@@ -839,7 +871,7 @@ def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
     if peak_flops: out["mfu"] = out["flops"] / out["time_s"] / (peak_flops * W)
     return out
 
-# %% ../nbs/07_learner.ipynb 84
+# %% ../nbs/07_learner.ipynb 86
 _PASS_ENV = ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "TORCH_EXTENSIONS_DIR", "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "DS_BUILD_OPS",
              "TORCH_CUDA_ARCH_LIST", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "GRPO_NB_CACHE")
 
@@ -859,7 +891,7 @@ class LearnerGroup:
         return (f"LearnerGroup({self.world_size} × {i['device']}, ZeRO-{i['zero_stage']}, {i['dtype']}, {i['params'] / 1e6:.2f}M params, "
                 f"attention {i['attention']}, step {self.step_count})")
 
-# %% ../nbs/07_learner.ipynb 86
+# %% ../nbs/07_learner.ipynb 88
 def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
          method:str, # the method to call on every rank
          *args, # the same arguments for every rank ...
@@ -871,7 +903,7 @@ def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
     if len(actors) == 1 and isinstance(actors[0], LearnerWorker): return [getattr(actors[0], method)(*argv[0])]
     return gather([submit(a, method, *av) for a, av in zip(actors, argv)], timeout_s)
 
-# %% ../nbs/07_learner.ipynb 87
+# %% ../nbs/07_learner.ipynb 89
 def create_learner_group(spec:LearnerSpec, # what every rank builds
                          world_size:int, # learner ranks W
                          groups=None, # `grpo_nb.placement.PlacementGroups`: actors go into the learner bundles
@@ -907,7 +939,7 @@ def create_learner_group(spec:LearnerSpec, # what every rank builds
         raise
     return LearnerGroup(actors, spec, info)
 
-# %% ../nbs/07_learner.ipynb 88
+# %% ../nbs/07_learner.ipynb 90
 @patch
 def minibatches(self:LearnerGroup, n:int) -> int:
     "Optimizer steps per epoch for a step of `n` sequences: `num_mini_batches`, or n / (micro_batch_size × gradient_accumulation_steps × W)."
@@ -927,7 +959,7 @@ def step(self:LearnerGroup,
     self.step_count += 1
     return combine_metrics(parts, self.spec.peak_flops)
 
-# %% ../nbs/07_learner.ipynb 90
+# %% ../nbs/07_learner.ipynb 92
 @patch
 def save(self:LearnerGroup,
          ckpt_dir:str|Path, # the run's checkpoint directory
@@ -946,7 +978,7 @@ def save(self:LearnerGroup,
     each(self.actors, "save", str(tmp), str(final), step, data_state, keep_last)
     return final
 
-# %% ../nbs/07_learner.ipynb 91
+# %% ../nbs/07_learner.ipynb 93
 @patch
 def load(self:LearnerGroup,
          path:str|Path, # a checkpoint directory
@@ -957,7 +989,7 @@ def load(self:LearnerGroup,
     self.step_count = int(metas[0]["step"])
     return metas[0]
 
-# %% ../nbs/07_learner.ipynb 92
+# %% ../nbs/07_learner.ipynb 94
 @patch
 def resume(self:LearnerGroup,
            ckpt_dir:str|Path, # the run's checkpoint directory
@@ -967,7 +999,7 @@ def resume(self:LearnerGroup,
     if p is None: return None
     return {**self.load(p), "path": str(p)}
 
-# %% ../nbs/07_learner.ipynb 93
+# %% ../nbs/07_learner.ipynb 95
 @patch
 def export(self:LearnerGroup,
            out_dir:str|Path, # the HF directory to create (replaced if it exists)
@@ -981,13 +1013,13 @@ def export(self:LearnerGroup,
     os.rename(tmp, out)
     return out
 
-# %% ../nbs/07_learner.ipynb 94
+# %% ../nbs/07_learner.ipynb 96
 @patch
 def digests(self:LearnerGroup) -> list[dict]:
     "Every rank's `state_digest` (bit-exact fingerprints of parameters, optimizer, schedule, RNG)."
     return each(self.actors, "state_digest")
 
-# %% ../nbs/07_learner.ipynb 95
+# %% ../nbs/07_learner.ipynb 97
 @patch
 def shutdown(self:LearnerGroup,
              kill:bool=False, # True: kill the actors at once (no clean exit), as a crash would
@@ -1001,7 +1033,7 @@ def shutdown(self:LearnerGroup,
         for a in self.actors: ray.kill(a, no_restart=True)
     self.actors = []
 
-# %% ../nbs/07_learner.ipynb 104
+# %% ../nbs/07_learner.ipynb 106
 @patch(cls_method=True)
 def from_config(cls:LearnerGroup,
                 cfg, # a `grpo_nb.config.TrainConfig`
@@ -1020,7 +1052,7 @@ def from_config(cls:LearnerGroup,
                        peak_flops=None)   # each rank looks its GPU up by name: an unknown GPU gets no MFU, not a wrong one
     return create_learner_group(spec, d.learner_world_size, groups, **kwargs)
 
-# %% ../nbs/07_learner.ipynb 107
+# %% ../nbs/07_learner.ipynb 109
 def mfu_records(path:str|Path="bench/results/learner_mfu.json", # written by bench/learner_mfu.py
                ) -> list[dict]: # its records ([] when the file is not there yet)
     "The learner benchmark's records."
@@ -1059,7 +1091,7 @@ def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench
         return start + f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | {g(r['measured_bytes'])} | {g(pred)} | {ratio} |"
     return "\n".join([head] + [line(r) for r in rows])
 
-# %% ../nbs/07_learner.ipynb 118
+# %% ../nbs/07_learner.ipynb 120
 def profile_split(rec:dict, # a record of bench/learner_mfu.py with a `time_breakdown` that counted matmul FLOPs
                   peak_flops:float, # the GPU's dense bf16 peak (the records' `peak_flops`)
                  ) -> dict|None: # shares of the profiled step and the rates; None without a usable profile
