@@ -246,39 +246,16 @@ def logprob_check(v:dict, device:str) -> dict:
     return res
 
 
-def start_ray_node(num_cpus:int, num_gpus:int, object_store_bytes:int):
-    """A one-node Ray cluster that comes up on a busy machine too (returns the `Cluster`).
-
-    The raylet gives its dashboard agent about 15 s to write its port files and aborts otherwise; the agent (a
-    Python process that also probes the GPUs) can need longer, and its default port (52365) may be taken by
-    another Ray. So every agent port is chosen here and handed to the raylet as well, which then waits for nothing."""
-    import ray._private.services as svc
-    from ray._private import ray_constants
-    from ray.cluster_utils import Cluster
-    ports = {k: free_port() for k in ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port", "runtime_env_agent_port")}
-    start = svc.start_ray_process
-    def with_agent_port(command, process_type, *a, **kw):
-        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
-            command = [*command, f"--dashboard_agent_listen_port={ports['dashboard_agent_listen_port']}"]
-        return start(command, process_type, *a, **kw)
-    svc.start_ray_process = with_agent_port
-    c = Cluster(initialize_head=False)
-    try: c.add_node(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, object_store_memory=object_store_bytes, **ports)
-    except Exception:
-        c.shutdown(); raise
-    finally: svc.start_ray_process = start
-    return c
-
-
 def run_ray(v:dict) -> dict:
     "Two GPUs through the learner group itself: two Ray actors, one NCCL world, ZeRO-3 (spawned processes if Ray will not start)."
     import ray, torch
+    from grpo_nb.actors import local_ray_node
     from grpo_nb.learner import create_learner_group
     smoke = v["model"] == "tiny"
     name = "cpu (smoke)" if smoke else f"{v['gpus']} × {torch.cuda.get_device_name(0)}"
     env = {k: os.environ[k] for k in ("PYTHONPATH", *GPU_ENV) if k in os.environ}
     try:
-        cluster = start_ray_node(2 * v["gpus"] if smoke else 8, 0 if smoke else v["gpus"], int((0.2 if smoke else 2) * 2**30))
+        cluster = local_ray_node(2 * v["gpus"] if smoke else 8, 0 if smoke else v["gpus"], int((0.2 if smoke else 2) * 2**30))
         ray.init(address=cluster.address, log_to_driver=True, runtime_env={"env_vars": env})
     except Exception as e:
         print(f"Ray did not start ({type(e).__name__}: {str(e)[:200]}): spawned processes instead", flush=True)
@@ -295,12 +272,6 @@ def run_ray(v:dict) -> dict:
     finally:
         if g is not None and g.actors: g.shutdown()
         ray.shutdown(); cluster.shutdown()
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
 
 
 def _mp_rank(rank:int, v:dict, port:int, q) -> None:
@@ -336,6 +307,7 @@ def _mp_rank(rank:int, v:dict, port:int, q) -> None:
 def run_mp(v:dict) -> dict:
     "Two GPUs without Ray: the same `LearnerWorker`s in two spawned processes (when Ray is not installed)."
     import torch.multiprocessing as mp
+    from grpo_nb.actors import free_port
     port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

@@ -9,7 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Sequence
 
 # %% auto 0
-__all__ = ['GPU_SAFETY_ENV', 'submit', 'gather', 'call', 'wait_ready']
+__all__ = ['GPU_SAFETY_ENV', 'submit', 'gather', 'call', 'wait_ready', 'free_port', 'local_ray_node']
 
 # %% ../nbs/02a_actors.ipynb 5
 _pool:ThreadPoolExecutor|None = None
@@ -69,3 +69,39 @@ def wait_ready(calls:Sequence, # results of `submit`
 # %% ../nbs/02a_actors.ipynb 12
 GPU_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1", "NCCL_CUMEM_ENABLE": "0"}
 "Environment of every GPU process that takes part in a weight sync (NVLink multicast off; NCCL without cuMem)."
+
+# %% ../nbs/02a_actors.ipynb 14
+def free_port() -> int:
+    "A TCP port that was free on every interface a moment ago (a rendezvous, a Ray agent)."
+    import socket
+    with socket.socket() as s:
+        s.bind(("", 0)); return s.getsockname()[1]
+
+def local_ray_node(num_cpus:int, # logical CPUs of the node
+                   num_gpus:int=0, # logical GPUs of the node (CPU-only tests may ask for some)
+                   object_store_bytes:int=200 * 2**20, # the node's object store
+                   temp_dir:str|None=None, # the session root (None: Ray's default)
+                  ): # a started `ray.cluster_utils.Cluster`; `ray.init(address=c.address)` joins it, `c.shutdown()` stops it
+    "A one-node Ray cluster that comes up on a saturated machine too (its agents' ports chosen here, a longer agent wait)."
+    import os
+    import ray._private.services as svc
+    from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
+    ports = {k: free_port() for k in ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port", "runtime_env_agent_port")}
+    start = svc.start_ray_process
+    def with_agent_port(command, process_type, *a, **kw):
+        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+            command = [*command, f"--dashboard_agent_listen_port={ports['dashboard_agent_listen_port']}"]
+        return start(command, process_type, *a, **kw)
+    svc.start_ray_process = with_agent_port
+    had = os.environ.get("RAY_agent_register_timeout_ms")
+    os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")   # read by the raylet when it starts
+    c = Cluster(initialize_head=False)
+    try: c.add_node(num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=object_store_bytes, include_dashboard=False,
+                    **({"temp_dir": str(temp_dir)} if temp_dir else {}), **ports)
+    except Exception:
+        c.shutdown(); raise
+    finally:
+        svc.start_ray_process = start
+        if had is None: os.environ.pop("RAY_agent_register_timeout_ms", None)
+    return c

@@ -15,7 +15,7 @@ from .config import ConfigError
 __all__ = ['SPECIAL_TOKENS', 'ALPHABET', 'CHAT_TEMPLATE', 'TINY_MODELS', 'TINY_FORMAT', 'Op', 'BUILTIN_DATASETS',
            'build_tokenizer', 'TinySpec', 'tiny_config', 'build_tiny_model', 'default_cache_dir', 'tiny_model_dir',
            'builtin_model', 'resolve_model', 'arithmetic_split', 'make_arithmetic', 'load_builtin', 'greedy_accuracy',
-           'warm_start', 'spawn_call', 'vllm_generate', 'free_port']
+           'warm_start', 'spawn_call', 'vllm_generate']
 
 # %% ../nbs/14_tiny.ipynb 7
 SPECIAL_TOKENS:dict[str, str] = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "unk": "<unk>"}
@@ -374,7 +374,4 @@ def vllm_generate(model_dir:str|Path, # HF model directory (e.g. from `tiny_mode
             cleanup_dist_env_and_memory()
 
 # %% ../nbs/14_tiny.ipynb 44
-def free_port() -> int:
-    "A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous)."
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+from .actors import free_port   # one definition, in "Calling actors"; kept under this name too

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from grpo_nb.actors import local_ray_node
 from grpo_nb.config import LearnerConfig
 from grpo_nb.checkpoint import CheckpointError, checkpoint_files, commit_checkpoint, file_digest, latest_checkpoint, verify_checkpoint
 from grpo_nb.learner import (LearnerSpec, PolicyLogProbs, TrainBatch, create_learner_group, make_micro_batch, micro_batch_loss,
@@ -51,42 +52,6 @@ LCFG = LearnerConfig(learning_rate=3e-3, zero_stage=3, micro_batch_size=2, gradi
                      kl_beta=0.05, ref_policy="gpu", entropy_coef=0.01, max_grad_norm=1.0, seed=7)
 
 
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("", 0)); return s.getsockname()[1]
-
-
-def start_cluster(temp_dir:Path):
-    """A one-node Ray cluster that comes up on a saturated machine too.
-
-    The raylet waits only ~15 s for its dashboard agent to write port files and aborts otherwise, while the
-    agent (a Python process) can take 30 s to import under load; and the default agent port (52365) is taken
-    by any other Ray on the machine. Every agent port is therefore chosen here and handed to the raylet too
-    (`--dashboard_agent_listen_port` is not passed by Ray's Python side), so the raylet waits for nothing; and
-    the raylet's wait for the runtime-env agent to answer is raised from 30 s to 120 s (RAY_agent_register_timeout_ms)."""
-    import ray._private.services as svc
-    from ray._private import ray_constants
-    from ray.cluster_utils import Cluster
-    ports = {k: free_port() for k in ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port", "runtime_env_agent_port")}
-    start = svc.start_ray_process
-    def with_agent_port(command, process_type, *a, **kw):
-        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
-            command = [*command, f"--dashboard_agent_listen_port={ports['dashboard_agent_listen_port']}"]
-        return start(command, process_type, *a, **kw)
-    svc.start_ray_process = with_agent_port
-    had = os.environ.get("RAY_agent_register_timeout_ms")
-    os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")  # the raylet's wait for its runtime-env agent (30 s by default)
-    c = Cluster(initialize_head=False)
-    try: c.add_node(num_cpus=4, object_store_memory=150 * 2**20, include_dashboard=False, temp_dir=str(temp_dir), **ports)
-    except Exception:
-        c.shutdown(); raise
-    finally:
-        svc.start_ray_process = start
-        if had is None: os.environ.pop("RAY_agent_register_timeout_ms", None)  # the raylet has read it
-    return c
-
-
 @pytest.fixture(scope="module")
 def cluster():
     ray = pytest.importorskip("ray")
@@ -98,7 +63,7 @@ def cluster():
             # Ray records the newest cluster's address in /tmp/ray whatever temp_dir says; another test's Ray shutting down
             # may have removed that directory, and add_node then fails writing the file (seen once in CI).
             Path(get_ray_address_file(None)).parent.mkdir(parents=True, exist_ok=True)
-            c = start_cluster(tmp / f"ray{attempt}")
+            c = local_ray_node(4, object_store_bytes=150 * 2**20, temp_dir=tmp / f"ray{attempt}")   # agent ports chosen, longer agent wait
             ray.init(address=c.address, log_to_driver=False, logging_level="ERROR")
             break
         except Exception:
