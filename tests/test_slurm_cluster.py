@@ -28,12 +28,14 @@ def job_timing(cluster) -> tuple[int, int]:
     """(--time in minutes, --signal seconds) of every job. The defaults give Ray and the first step at least 20 s
     before the signal, plenty on two idle cores. On a machine busy with other work (a warm `import ray` takes
     longer than 2.5 s), Ray's start-up can take a minute: stretch the walltime rather than fail (slower, same
-    checks). GRPO_SLURM_TEST_TIME_MIN / GRPO_SLURM_TEST_SIGNAL_S force either."""
+    checks). Three minutes leave at least 90 s before the signal (slurmctld checks time limits every 30 s); four
+    made the chain of three jobs take close to 10 minutes, most of CI's budget.
+    GRPO_SLURM_TEST_TIME_MIN / GRPO_SLURM_TEST_SIGNAL_S force either."""
     t0 = time.time()
     subprocess.run([sys.executable, "-c", "import ray"], env=cluster.env(), check=True)
     busy = time.time() - t0 > 2.5
     cluster.timings["import_ray_s"] = time.time() - t0
-    minutes = int(os.environ.get("GRPO_SLURM_TEST_TIME_MIN", 4 if busy else 1))
+    minutes = int(os.environ.get("GRPO_SLURM_TEST_TIME_MIN", 3 if busy else 1))
     signal_s = int(os.environ.get("GRPO_SLURM_TEST_SIGNAL_S", 60 if busy or minutes > 1 else 10))
     return minutes, signal_s
 
