@@ -7,7 +7,7 @@ the first run bit for bit (losses, every rank's parameters, optimizer state, sch
 Its first step (7 sequences: 4 on one rank, 3 on the other) is checked against a single-process plain-torch
 computation of the same loss (the global token denominator × W under DeepSpeed's averaging), and the exported HF directory against the learners.
 """
-import logging, os, shutil, sys, tempfile, time
+import logging, shutil, tempfile, time
 from pathlib import Path
 import pytest
 import torch
