@@ -1033,7 +1033,7 @@ def shutdown(self:LearnerGroup,
         for a in self.actors: ray.kill(a, no_restart=True)
     self.actors = []
 
-# %% ../nbs/07_learner.ipynb 106
+# %% ../nbs/07_learner.ipynb 108
 @patch(cls_method=True)
 def from_config(cls:LearnerGroup,
                 cfg, # a `grpo_nb.config.TrainConfig`
@@ -1052,7 +1052,7 @@ def from_config(cls:LearnerGroup,
                        peak_flops=None)   # each rank looks its GPU up by name: an unknown GPU gets no MFU, not a wrong one
     return create_learner_group(spec, d.learner_world_size, groups, **kwargs)
 
-# %% ../nbs/07_learner.ipynb 109
+# %% ../nbs/07_learner.ipynb 111
 def mfu_records(path:str|Path="bench/results/learner_mfu.json", # written by bench/learner_mfu.py
                ) -> list[dict]: # its records ([] when the file is not there yet)
     "The learner benchmark's records."
@@ -1091,7 +1091,7 @@ def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench
         return start + f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | {g(r['measured_bytes'])} | {g(pred)} | {ratio} |"
     return "\n".join([head] + [line(r) for r in rows])
 
-# %% ../nbs/07_learner.ipynb 120
+# %% ../nbs/07_learner.ipynb 122
 def profile_split(rec:dict, # a record of bench/learner_mfu.py with a `time_breakdown` that counted matmul FLOPs
                   peak_flops:float, # the GPU's dense bf16 peak (the records' `peak_flops`)
                  ) -> dict|None: # shares of the profiled step and the rates; None without a usable profile

@@ -20,10 +20,10 @@ from .placement import sync_rank
 __all__ = ['ALIGN', 'DEFAULT_BUCKET_BYTES', 'DEFAULT_VERIFY_PROMPTS', 'sync_unit', 'plan_buckets', 'TensorSpec', 'SyncPlan',
            'full_shape', 'full_numel', 'make_plan', 'pack_bucket', 'unpack_bucket', 'SyncGroup', 'open_store',
            'join_group', 'WeightSyncError', 'NonFiniteWeightsError', 'nonfinite_flags', 'nonfinite_params',
-           'place_slices', 'gather_bucket', 'send_weights', 'receive_buckets', 'load_into_module', 'vllm_load_mode',
-           'refresh_shared_modules', 'VllmWorkerExtension', 'tensor_checksum', 'module_checksums', 'gathered_checksums',
-           'sequence_logprobs', 'verify_sync', 'WeightSyncSource', 'connect_weight_sync', 'verify_weight_sync',
-           'sync_weights', 'bench_table', 'tp2_table']
+           'place_slices', 'gather_bucket', 'send_weights', 'receive_buckets', 'check_covered', 'load_into_module',
+           'vllm_load_mode', 'refresh_shared_modules', 'VllmWorkerExtension', 'tensor_checksum', 'module_checksums',
+           'gathered_checksums', 'sequence_logprobs', 'verify_sync', 'WeightSyncSource', 'connect_weight_sync',
+           'verify_weight_sync', 'sync_weights', 'bench_table', 'tp2_table']
 
 # %% ../nbs/06_weight_sync.ipynb 6
 _UNIT = re.compile(r"^(.*?\.\d+)\.")
@@ -346,6 +346,13 @@ def receive_buckets(group:SyncGroup, # this worker's sync group
     stats["t_end"], stats["host"] = time.time(), socket.gethostname()   # when the last bucket was handed over (and copied, on GPU)
 
 # %% ../nbs/06_weight_sync.ipynb 52
+def check_covered(params:Iterable[str], # the engine's parameter names
+                  loaded:Iterable[str], # the names a sync loaded
+                 ) -> None:
+    "Raise when a sync left engine parameters out: they would stay stale."
+    missing = sorted(set(params) - set(loaded))
+    if missing: raise WeightSyncError(f"the sync did not cover {len(missing)} engine parameters, e.g. {missing[:3]}; they would stay stale.")
+
 def load_into_module(module:nn.Module, # the engine's model
                      named:Iterable[tuple[str, Tensor]], # (name, full tensor), e.g. from `receive_buckets`
                      strict:bool=True, # every parameter of `module` must be received
@@ -359,11 +366,10 @@ def load_into_module(module:nn.Module, # the engine's model
             if p is None: raise WeightSyncError(f"the engine has no parameter {name!r}; learner and engine models differ. Fix: load the engine from the learner's model.")
             if tuple(p.shape) != tuple(t.shape): raise WeightSyncError(f"{name}: engine shape {tuple(p.shape)} != learner shape {tuple(t.shape)}.")
             p.copy_(t, non_blocking=True); seen.add(name)
-    missing = sorted(set(params) - seen)
-    if strict and missing: raise WeightSyncError(f"the sync did not cover {len(missing)} engine parameters, e.g. {missing[:3]}; they would stay stale.")
+    if strict: check_covered(params, seen)
     return len(seen)
 
-# %% ../nbs/06_weight_sync.ipynb 54
+# %% ../nbs/06_weight_sync.ipynb 55
 def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct" or "reload"
                    quantization:str|None, # the engine's `model_config.quantization` (None: unquantized)
                    device_type:str, # the worker's device type: "cuda" or "cpu"
@@ -378,7 +384,7 @@ def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct" or
     if weight_load == "auto": return "direct" if can_direct else "reload"
     return weight_load
 
-# %% ../nbs/06_weight_sync.ipynb 57
+# %% ../nbs/06_weight_sync.ipynb 58
 def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.get_model()`)
                           ) -> list[str]: # names of the modules re-processed
     "Re-run `quant_method.process_weights_after_loading` on every module that shares a parameter with another module."
@@ -395,7 +401,7 @@ def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.
                 qm.process_weights_after_loading(mod); done.append(name)
     return done
 
-# %% ../nbs/06_weight_sync.ipynb 58
+# %% ../nbs/06_weight_sync.ipynb 59
 class VllmWorkerExtension:
     "Weight-sync methods added to every vLLM worker; called through `LLM.collective_rpc('grpo_…')`."
     def grpo_join_sync(self, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo", timeout_s:float=600) -> int:
@@ -415,8 +421,7 @@ class VllmWorkerExtension:
         with set_current_vllm_config(self.vllm_config):
             if how == "direct":
                 loaded = model.load_weights(weights)   # each parameter's weight_loader: fuse, take this TP slice, copy in place
-                missing = sorted({n for n, _ in model.named_parameters()} - set(loaded or ()))
-                if missing: raise WeightSyncError(f"the sync did not cover {len(missing)} engine parameters, e.g. {missing[:3]}; they would stay stale.")
+                check_covered((n for n, _ in model.named_parameters()), loaded or ())
             else:
                 self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
                 stats["refreshed"] = refresh_shared_modules(model)   # tied lm_head (see above)
@@ -428,7 +433,7 @@ class VllmWorkerExtension:
         g = getattr(self, "grpo_group", None)
         if g is not None: g.close(); self.grpo_group = None
 
-# %% ../nbs/06_weight_sync.ipynb 60
+# %% ../nbs/06_weight_sync.ipynb 61
 _CHUNK = 1 << 24
 
 def tensor_checksum(t:Tensor) -> int:
@@ -443,13 +448,13 @@ def tensor_checksum(t:Tensor) -> int:
         total += int((c * pos).sum())   # int64 sums wrap identically in any order
     return total % (1 << 64)
 
-# %% ../nbs/06_weight_sync.ipynb 62
+# %% ../nbs/06_weight_sync.ipynb 63
 def module_checksums(named:Iterable[tuple[str, Tensor]], # (name, tensor) pairs
                     ) -> dict[str, int]:
     "Checksum of every tensor, by name."
     return {n: tensor_checksum(t) for n, t in named}
 
-# %% ../nbs/06_weight_sync.ipynb 64
+# %% ../nbs/06_weight_sync.ipynb 65
 def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner parameters (ZeRO-3 placeholders are fine)
                        plan:SyncPlan, # gives the buckets: memory stays bounded as in a sync
                        rank:int=0, # this learner's rank; only rank 0 computes
@@ -466,7 +471,7 @@ def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner para
             if rank == 0: out.update({s.name: tensor_checksum(p) for s, p in zip(specs, ps)})
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 66
+# %% ../nbs/06_weight_sync.ipynb 67
 @torch.no_grad()
 def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input_ids=...).logits`)
                       sequences:Sequence[Sequence[int]], # prompt + completion token ids
@@ -482,7 +487,7 @@ def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input
         out.append(z.log_softmax(-1).gather(-1, ids[0, L:, None])[:, 0].tolist())
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 67
+# %% ../nbs/06_weight_sync.ipynb 68
 DEFAULT_VERIFY_PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14], [15, 16]]
 "Token-id prompts used by `verify_sync` when none are given (valid for any vocabulary of 17 tokens or more)."
 
@@ -530,7 +535,7 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
         report["checksums"] = f"{compared} engine(s) bit-identical on {len(checksums)} tensors" if compared else "not available (engines repack weights)"
     return report
 
-# %% ../nbs/06_weight_sync.ipynb 69
+# %% ../nbs/06_weight_sync.ipynb 70
 class WeightSyncSource:
     "Mixin for learner actors: the learner side of `connect_weight_sync`, `sync_weights` and `verify_weight_sync`."
     def sync_module(self) -> nn.Module:
@@ -578,7 +583,7 @@ class WeightSyncSource:
         if g is not None: g.close()
         self._ws_group = self._ws_store = None
 
-# %% ../nbs/06_weight_sync.ipynb 70
+# %% ../nbs/06_weight_sync.ipynb 71
 def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`WeightSyncSource`), rank 0 first
                         engines:Sequence, # engine objects or actor handles
                         tp:int=1, # TP workers per engine
@@ -593,7 +598,7 @@ def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`
     ranks = gather(calls, timeout_s)
     return {"host": host, "port": port, "backend": backend, "world_size": world, "engine_ranks": ranks[1:]}
 
-# %% ../nbs/06_weight_sync.ipynb 73
+# %% ../nbs/06_weight_sync.ipynb 74
 def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
                        engines:Sequence, # every engine
                        prompts:Sequence|None=None, # fixed prompts; None: `DEFAULT_VERIFY_PROMPTS`
@@ -612,7 +617,7 @@ def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
         sums = gather([submit(l, "ws_checksums", plan) for l in learners], timeout_s)[0]
     return verify_sync(engines, score, prompts, max_new_tokens, atol, sums, timeout_s, version)
 
-# %% ../nbs/06_weight_sync.ipynb 76
+# %% ../nbs/06_weight_sync.ipynb 77
 def _one_host(*stats) -> bool: return len({st.get("host") for st in stats}) == 1 and stats[0].get("host") is not None
 
 def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 gathers need them all
@@ -647,7 +652,7 @@ def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 
             "total_s": max(ends) - sent["t_start"] if len(ends) == len(recv) and _one_host(sent, *recv) else call_s,
             "call_s": call_s}
 
-# %% ../nbs/06_weight_sync.ipynb 84
+# %% ../nbs/06_weight_sync.ipynb 85
 def _ms(x) -> str: return "—" if x is None else f"{x * 1e3:.1f}"
 def _gbps(nbytes, x) -> str: return "" if not x else f" ({nbytes / x / 1e9:.3g} GB/s)"
 
@@ -671,7 +676,7 @@ def bench_table(path:str|Path="bench/results/weight_sync.json", # results writte
     out += [f"\n- **{e.get('stage', '?')}** ({e.get('receiver', 'transformers')}) failed: {e.get('error', '')[:300]}" for e in errors]
     return "\n".join(out)
 
-# %% ../nbs/06_weight_sync.ipynb 93
+# %% ../nbs/06_weight_sync.ipynb 94
 def tp2_table(path:str|Path="bench/results/tp2_gpu.json", # results written by bench/tp2_gpu.py
              ) -> str: # markdown
     "The records of `bench/tp2_gpu.py` as a table, and which layouts have not been measured yet."
