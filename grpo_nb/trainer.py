@@ -21,12 +21,14 @@ from .placement import create_placement_groups, placed_actor_options, Layout
 from .rewards import check_functions, compute_rewards, RewardContext
 from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend, wait_ready
 from .weight_sync import connect_weight_sync, sync_weights, WeightSyncError, verify_weight_sync, vllm_load_mode
+from .rollout import check_tensor_parallel
+from .memory import plan_config, colocated_plan
 
 # %% auto 0
 __all__ = ['encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'preflight_run', 'start_ray', 'Actors',
-           'start_actors', 'stop_actors', 'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'train',
-           'train_command', 'train_cli', 'plot_curve', 'demo_verdict', 'demo_command', 'demo_cli', 'demo_report',
-           'e2e_table', 'e2e_split_table']
+           'start_actors', 'stop_actors', 'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'check_fits',
+           'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict', 'demo_command', 'demo_cli',
+           'demo_report', 'e2e_table', 'e2e_split_table']
 
 # %% ../nbs/08_trainer.ipynb 7
 def encode_prompts(rows:list[dict], # `{'prompt', 'answer'}` rows
@@ -334,7 +336,27 @@ def load_data(self:Run):
         self.eval_prompts, ekept, _ = encode_prompts(erows, self.tok, D.template, D.max_prompt_tokens)
         self.eval_answers = [r["answer"] for r in ekept]
 
-# %% ../nbs/08_trainer.ipynb 37
+# %% ../nbs/08_trainer.ipynb 38
+def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
+               device:str, # the layout's device: only "cuda" is checked
+              ) -> None:
+    "Raise `ConfigError` with the planner's fixes when `grpo_nb plan` says the run does not fit its GPUs."
+    if device != "cuda": return
+    try: p = plan_config(cfg)
+    except ValueError: return   # an architecture the planner does not know: nothing to check against
+    gpu = f"{cfg.cluster.gpu or 'GPU'} of {cfg.cluster.gpu_mem_gib:.1f} GiB"
+    if cfg.rollout.placement == "colocated":
+        cm = colocated_plan(cfg)
+        if not cm.fits:
+            raise ConfigError("rollout.gpu_memory_utilization", f"a learner and an engine sharing one {gpu} need {cm.peak_bytes / 2**30:.1f} GiB "
+                              f"while {'generating' if cm.phase == 'generate' else 'learning'} (grpo_nb plan --config).",
+                              "a lower --rollout.gpu_memory_utilization, --learner.offload=optimizer, or --rollout.placement=split; "
+                              "--cluster.gpu=<your GPU> if the planner assumed another card")
+    elif not p.fits:
+        raise ConfigError("cluster.gpu", f"the memory plan does not fit the {gpu} (grpo_nb plan --config): {'; '.join(p.advice)}.",
+                          "one of the changes above; --cluster.gpu=<your GPU> if the planner assumed another card")
+
+# %% ../nbs/08_trainer.ipynb 40
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
           ray_temp_dir:str|None=None, # local Ray session root
@@ -347,6 +369,8 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     if self.cfg.rollout.backend == "vllm":   # "direct" loads on CPUs (quantized engines are named by the workers)
         try: vllm_load_mode(self.cfg.rollout.weight_load, None, self.layout.device)
         except WeightSyncError as e: raise ConfigError("rollout.weight_load", *str(e).split(" Fix: ", 1)) from None
+        check_tensor_parallel(self.cfg.model.name_or_path, self.cfg.rollout.tensor_parallel_size, C.gpus_per_node)
+    check_fits(self.cfg, self.layout.device)   # a layout the planner says cannot fit is refused before any GPU work
     start_ray(self.cfg, self.layout, ray_temp_dir)
     self.actors = start_actors(self.cfg, self.layout)
     self.consumed = 0
@@ -365,7 +389,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
                           resume_record=self.resume_record)
     (self.out / "config.yaml").write_text(to_yaml(self.cfg))
 
-# %% ../nbs/08_trainer.ipynb 38
+# %% ../nbs/08_trainer.ipynb 41
 @patch
 def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept in the checkpoint (it is logged after the save)
               ) -> Path:
@@ -377,7 +401,7 @@ def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept 
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 39
+# %% ../nbs/08_trainer.ipynb 42
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -395,7 +419,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_mem_gib"] = m.get("peak_bytes", 0) / 2**30
     return info
 
-# %% ../nbs/08_trainer.ipynb 40
+# %% ../nbs/08_trainer.ipynb 43
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -410,7 +434,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 41
+# %% ../nbs/08_trainer.ipynb 44
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
@@ -433,6 +457,7 @@ def loop(self:Run):
         sleep_s = time.perf_counter() - t0
         learn = self.learn(ro)
         t0 = time.perf_counter()
+        if sleepy: self.release_learner_cache()   # the learner's cached free blocks would leave the waking engine short
         if sleepy: gather([submit(e, "wake_up", ["weights"]) for e in eng])   # the sync writes into the woken weights
         t1 = time.perf_counter()
         if pending is not None: wait_ready(pending.calls)   # one-step-off: the engines finish step+1 before taking new weights
@@ -441,6 +466,7 @@ def loop(self:Run):
         if R.fault_skip_sync_step == step: self.events.append(f"step {step}: weight sync skipped on purpose (rollout.fault_skip_sync_step)")
         else: st = sync_weights(self.actors.learner.actors, eng, version=step)
         t3 = time.perf_counter()
+        if sleepy: self.release_learner_cache()   # ... and so would the sync's gathered buckets
         if sleepy: gather([submit(e, "wake_up", ["kv_cache"]) for e in eng])
         self.step, self.consumed, self.version = step, ro.start + P, step
         rec = self.step_record(ro, learn, t3 - t2, t_step)
@@ -459,13 +485,17 @@ def loop(self:Run):
     if self.stop:   # a signal during start-up stops before the first step: nothing new to save
         self.events.append(f"stopped by {self.stop.reason} after step {self.step}" + (f" (checkpoint {self.last_ckpt.name})" if self.last_ckpt else ""))
 
-# %% ../nbs/08_trainer.ipynb 42
+# %% ../nbs/08_trainer.ipynb 45
+@patch
+def release_learner_cache(self:Run) -> None:
+    "Every learner rank gives its CUDA cache's free blocks back (colocated: the engine on the same GPU needs them)."
+    gather([submit(l, "ws_release") for l in self.actors.learner.actors])
+
 @patch
 def verify(self:Run, step:int) -> dict:
-    "After a sync: check every engine against the learner; a stale engine is synced once more, a second mismatch raises with the fix."
-    R, M, t0 = self.cfg.rollout, self.cfg.model, time.perf_counter()
-    fp32 = M.dtype == "float32" or (M.dtype == "auto" and self.layout.device == "cpu")
-    atol = R.verify_atol or (1e-4 if fp32 else 0.1)
+    "After a sync: check every engine against the learner (bit for bit, then log-probs); a stale engine is synced once more, a second mismatch raises with the fix."
+    R, t0 = self.cfg.rollout, time.perf_counter()
+    atol = R.verify_atol or None   # None: derived from the policy's dtype and logits (`logprob_atol`)
     L, E, stale = self.actors.learner.actors, self.actors.engines, 0
     try: rep = verify_weight_sync(L, E, atol=atol, version=step)
     except WeightSyncError as e:
@@ -473,23 +503,24 @@ def verify(self:Run, step:int) -> dict:
         self.events.append(f"step {step}: an engine did not match the learner ({str(e)[:160]}...); synced again")
         sync_weights(L, E, version=step)
         rep = verify_weight_sync(L, E, atol=atol, version=step)   # a second mismatch propagates: its message names the fix
-    n = rep["checksums"].split()[0]
-    return {"sync/max_abs_logprob_diff": rep["max_abs_logprob_diff"], "sync/stale_detected": stale,
-            "sync/checksums_compared": int(n) if n.isdigit() else 0, "time/verify": time.perf_counter() - t0}
+    if R.placement == "colocated": self.release_learner_cache()   # the check's gathers, before the next step's engines run
+    return {"sync/max_abs_logprob_diff": rep["max_abs_logprob_diff"], "sync/logprob_atol": rep["logprob_atol"],
+            "sync/stale_detected": stale, "sync/checksums_compared": rep.get("compared", 0), "sync/repacked": rep.get("repacked", 0),
+            "sync/exact": int(bool(rep.get("exact"))), "time/verify": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 43
+# %% ../nbs/08_trainer.ipynb 46
 @patch
 def run_eval(self:Run) -> dict:
     "Evaluate the engines' current policy on the held-out prompts."
     return evaluate(self.actors.engines, self.eval_prompts, self.eval_answers, self.cfg.rollout, self.cfg.reward.functions, self.ctx)
 
-# %% ../nbs/08_trainer.ipynb 44
+# %% ../nbs/08_trainer.ipynb 47
 @patch
 def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 45
+# %% ../nbs/08_trainer.ipynb 48
 @patch
 def emit(self:Run, rec:dict):
     "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
@@ -503,7 +534,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 46
+# %% ../nbs/08_trainer.ipynb 49
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -513,7 +544,7 @@ def close(self:Run):
     import ray
     if ray.is_initialized(): ray.shutdown()
 
-# %% ../nbs/08_trainer.ipynb 47
+# %% ../nbs/08_trainer.ipynb 50
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
@@ -551,7 +582,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 49
+# %% ../nbs/08_trainer.ipynb 52
 def train_command(config:str, # YAML file or preset name (default, demo)
                   *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`)
                   resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
@@ -575,7 +606,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."
     return run_cli(train_command, argv, "grpo_nb train")
 
-# %% ../nbs/08_trainer.ipynb 52
+# %% ../nbs/08_trainer.ipynb 55
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -593,7 +624,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 54
+# %% ../nbs/08_trainer.ipynb 57
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -605,7 +636,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 56
+# %% ../nbs/08_trainer.ipynb 59
 def demo_command(*overrides:str, # fields of the demo preset, as --section.field=value
                  out:str="", # output directory (default: runs/demo/<date-time>, a new one each time)
                  start_below:float=0.2, # held-out reward at step 0 must be below this
@@ -647,7 +678,7 @@ def demo_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb demo [--out DIR] [--section.field=value ...]`: the tiny CPU GRPO run of `make demo`; prints the curve, writes a plot."
     return run_cli(demo_command, argv, "grpo_nb demo", sep="_")
 
-# %% ../nbs/08_trainer.ipynb 63
+# %% ../nbs/08_trainer.ipynb 66
 def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_nb demo` (demo.json of its output directory)
                ) -> str:
     "A markdown summary of a recorded demo run: the held-out curve, wall time, start-up time."
@@ -660,7 +691,7 @@ def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_
             f"(start-up {d['startup_s']:.0f} s, median step {d['step_s_median']:.2f} s){' on ' + d['machine'] if d.get('machine') else ''}. "
             f"Learned: **{d['learned']}**.\n\n| step | held-out reward |\n|---|---|\n{rows}")
 
-# %% ../nbs/08_trainer.ipynb 66
+# %% ../nbs/08_trainer.ipynb 69
 def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
               layout:str|None=None, # only this layout ("colocated" | "split"); None: all
              ) -> str:
@@ -683,7 +714,7 @@ def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/
     return "\n".join(lines)
 
 
-# %% ../nbs/08_trainer.ipynb 69
+# %% ../nbs/08_trainer.ipynb 72
 def e2e_split_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
                    ) -> str:
     "Per-phase mean seconds of each measured run, ours next to TRL's."

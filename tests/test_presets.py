@@ -21,7 +21,7 @@ def test_every_seed_has_presets():
     seeds = {k[:7] for k in PRESETS}
     assert {"seed000", "seed001", "seed002", "seed003", "seed004"} <= seeds, sorted(PRESETS)
     assert len(BY_TRAINER["grpo"]) >= 11 and BY_TRAINER["ddp"] and len(BY_TRAINER["reward-model"]) == 3 and len(BY_TRAINER["self-correction"]) == 2
-    for k, p in PRESETS.items():   # a header naming the seed and its section
+    for k, p in ((k, p) for k, p in PRESETS.items() if k.startswith("seed")):   # a header naming the seed and its section
         head = p.read_text().splitlines()[0]
         assert head.startswith(f"# Seed {k[4:7]}"), (k, head)
 

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from grpo_nb.rollout import HFEngine
 from grpo_nb.weight_sync import (NonFiniteWeightsError, SyncPlan, WeightSyncError, WeightSyncSource, bench_table,
                                  connect_weight_sync, join_group, load_into_module, make_plan, module_checksums,
-                                 nonfinite_flags, nonfinite_params, open_store,
+                                 nonfinite_flags, nonfinite_params, open_store, engine_layout,
                                  pack_bucket, plan_buckets, receive_buckets, send_weights, sequence_logprobs, sync_unit,
                                  sync_weights, tensor_checksum, unpack_bucket, verify_sync, verify_weight_sync)
 
@@ -163,7 +163,8 @@ def test_protocol_end_to_end_and_nan_refusal():
     info = connect_weight_sync([learner], [engine], tp=1)
     assert info["world_size"] == 2 and info["backend"] == "gloo"
     try:
-        with pytest.raises(WeightSyncError, match="log-prob"): verify_weight_sync([learner], [engine])
+        with pytest.raises(WeightSyncError, match="differ bit-wise"): verify_weight_sync([learner], [engine])
+        with pytest.raises(WeightSyncError, match="log-prob"): verify_weight_sync([learner], [engine], checksums=False)
         stats = sync_weights([learner], [engine], bucket_bytes=30_000, version=3)
         assert stats["buckets"] > 1 and stats["bytes"] == sum(p.numel() * 4 for p in learner.model.parameters())
         rep = verify_weight_sync([learner], [engine], bucket_bytes=30_000)
@@ -190,3 +191,12 @@ def test_verify_sync_with_custom_scorer_reports():
     assert rep["tokens"] == 4 and rep["max_abs_logprob_diff"] < 1e-5
     off = lambda seqs, lens: [[x + 1e-3 for x in row] for row in score(seqs, lens)]
     with pytest.raises(WeightSyncError, match="engine 0"): verify_sync([engine], off, prompts=[[4, 5, 6]], max_new_tokens=4)
+    # identical weights (checksums equal on every parameter) outrank a log-prob difference: reported, not raised
+    same = lambda layouts: [{n: e["checksum"] for n, e in lay.items()} for lay in layouts]
+    rep = verify_sync([engine], off, prompts=[[4, 5, 6]], max_new_tokens=4, checksums=same)
+    assert rep["exact"] and rep["logprob_within_atol"] is False and rep["max_abs_logprob_diff"] > rep["logprob_atol"]
+    # ... but not where a parameter could only be compared by log-probs (held repacked)
+    repacked = lambda: {n: e | ({"checksum": None} if n.endswith("up_proj.weight") else {}) for n, e in engine_layout(engine.model).items()}
+    engine.weight_checksums = repacked
+    with pytest.raises(WeightSyncError, match="log-prob"): verify_sync([engine], off, prompts=[[4, 5, 6]], max_new_tokens=4, checksums=same)
+    assert verify_sync([engine], score, prompts=[[4, 5, 6]], max_new_tokens=4, checksums=same)["repacked"] == CFG.num_hidden_layers

@@ -3,8 +3,11 @@
 One Ray cluster, two learner actors and two vLLM engines (TP=1 in-process, TP=2 with two worker processes)
 serve every test of this module: importing vLLM costs ~20 s per process, so nothing is started twice.
 Checks: vLLM sampling (n, seeds, log-probs against a transformers forward, stop tokens, text prompts);
-sync + verify with TP=1 and TP=2 (the TP=2 model has one KV head and tied embeddings); a stale engine is
-caught by the verification; NaN/Inf is refused before any engine loads it.
+sync + verify with TP=1 and TP=2 (the TP=1 model has one KV head and tied embeddings; the TP=2 model splits its
+KV heads over the two workers and has its own LM head, as Qwen2.5-7B does); every worker's parameters are
+compared bit for bit with the learner's, cut and packed as the worker holds them (vLLM's CPU build repacks its
+linear weights, so those are checked by log-probs); a stale engine is caught; NaN/Inf is refused before any
+engine loads it.
 """
 import importlib.util, os, sys, tempfile, time
 from pathlib import Path
@@ -113,8 +116,8 @@ def _session_procs(session_root:Path) -> list:
 @pytest.fixture(scope="module")
 def cluster():
     tmp = Path(tempfile.mkdtemp(prefix="ws"))
-    a = build_model(tmp / "a", "tiny-untied", seed=0)       # 2 KV heads, separate lm_head: TP=1
-    b = build_model(tmp / "b", "tiny-1kv-tied", seed=1)     # 1 KV head, tied embeddings: TP=2
+    a = build_model(tmp / "a", "tiny-1kv-tied", seed=0)     # 1 KV head, tied embeddings: TP=1
+    b = build_model(tmp / "b", "tiny-untied", seed=1)       # 2 KV heads (one per TP worker), separate lm_head: TP=2
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     start_ray(tmp / "ray")
     made = []
@@ -168,10 +171,12 @@ def test_sync_tp1_zero3(cluster):
     try:
         print("\ninitial:", verify_weight_sync(learners, [e], timeout_s=300))            # same checkpoint on both sides
         ray.get([l.train_step.remote(0) for l in learners], timeout=300)
-        with pytest.raises(WeightSyncError, match="log-prob"):            # a stale engine is caught
+        with pytest.raises(WeightSyncError, match="differ bit-wise"):     # a stale engine is caught, bit for bit
             verify_weight_sync(learners, [e], timeout_s=300)
-        stats = sync_weights(learners, [e], bucket_bytes=1, timeout_s=300)               # one unit per bucket: model (embed, norm), 2 layers, lm_head
-        assert stats["buckets"] == 4 and stats["tensors"] > 20, stats
+        with pytest.raises(WeightSyncError, match="log-prob"):            # ... and by its log-probs
+            verify_weight_sync(learners, [e], checksums=False, timeout_s=300)
+        stats = sync_weights(learners, [e], bucket_bytes=1, timeout_s=300)               # one unit per bucket: model (embed, norm), 2 layers (tied: no lm_head)
+        assert stats["buckets"] == 3 and stats["tensors"] > 20, stats
         rep = verify_weight_sync(learners, [e], timeout_s=300)
         print("tp1 sync:", {k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}, rep)
         assert rep["max_abs_logprob_diff"] <= 1e-4 and rep["tokens"] > 0
@@ -202,8 +207,12 @@ def test_sync_tp2_one_kv_head_tied(cluster):
         stats = sync_weights(learners, [e], bucket_bytes=20_000, timeout_s=300)
         rep = verify_weight_sync(learners, [e], timeout_s=300)
         print("\ntp2 sync:", {k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}, rep)
-        assert rep["max_abs_logprob_diff"] <= 1e-4
-        assert "lm_head.weight" not in {s.name for b in make_plan_for(learners) for s in b}   # tied: sent once
+        assert rep["max_abs_logprob_diff"] <= 1e-4 and rep["workers"] == 2
+        held = ray.get(e.weight_checksums.remote(), timeout=300)
+        for rank, lay in enumerate(held):   # each worker's vocabulary half of the embedding and of the separate LM head, bit for bit
+            for n in ("model.embed_tokens.weight", "lm_head.weight"):
+                assert lay[n]["checksum"] is not None and lay[n]["pieces"][0][1:3] == [0, rank * lay[n]["shape"][0]], (n, lay[n])
+        assert "lm_head.weight" in {s.name for b in make_plan_for(learners) for s in b}   # untied: sent as its own tensor
     finally:
         ray.get([learners[0].ws_close.remote(), e.leave_weight_sync.remote()], timeout=300)
 

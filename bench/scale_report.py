@@ -1,0 +1,89 @@
+"""Tables and verdicts of `bench/results/scale_4gpu.json` (written by `bench/scale_4gpu.py`), for the pages.
+
+Plain Python over the JSON, no heavy imports: the notebook pages import it to render what the GPU runs measured.
+"""
+from __future__ import annotations
+import json
+from pathlib import Path
+
+TARGETS = {"speedup_split": 1.5, "speedup_colocated": 1.2, "mfu": 0.35, "sync_x_floor": 2.0, "planner_err": 0.10}
+"The targets the 4-GPU runs are judged against: mean step time vs TRL, learner MFU per GPU, sync time, planner accuracy."
+
+
+def records(path:str|Path) -> list[dict]:
+    "The records of a results file (empty when there is none)."
+    p = Path(path)
+    return json.loads(p.read_text()).get("records", []) if p.exists() else []
+
+
+def _f(x, fmt="{:.2f}", none="—"):
+    return none if x is None else fmt.format(x)
+
+
+def planner_ratios(r:dict) -> list[float]:
+    "Measured / planned peak memory of each GPU of a record."
+    return [m / p for m, p in zip(r.get("peak_gib_measured") or [], r.get("peak_gib_planned") or []) if p]
+
+
+def scale_table(path:str|Path) -> str:
+    "Markdown: one row per (model, layout) with step times, MFU, sync against its floor and the exactness of every sync."
+    rows = ["| model | layout | GPUs (learners + engines × TP) | timed steps | step mean / median / p90 (s) | MFU per learner GPU | sync (ms) | NCCL floor (ms) | sync ÷ floor | every sync bit-identical | largest log-prob Δ (tolerance) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in records(path):
+        if r.get("smoke"): continue
+        eng = f"{r.get('learners')} + {r.get('engines')} × {r.get('tp')}"
+        ratio = r["sync_s"] / r["sync_floor_s"] if r.get("sync_s") and r.get("sync_floor_s") else None
+        exact = ("yes" if r.get("exact_sync") else "no") + f" ({r.get('syncs_checked', 0)} checks, {r.get('checksums_compared', 0)} tensors)"
+        steps = f"{r.get('timed_steps', 0)}" + (" (failed, see below)" if r.get("rc") not in (0, None) else "")
+        rows.append(f"| {r['model']} | {r['layout']} | {eng} | {steps} | {_f(r.get('step_mean_s'))} / {_f(r.get('step_median_s'))} / "
+                    f"{_f(r.get('step_p90_s'))} | {_f(r.get('mfu_per_learner_gpu') and 100 * r['mfu_per_learner_gpu'], '{:.1f}%')} | "
+                    f"{_f(r.get('sync_s') and 1e3 * r['sync_s'], '{:.0f}')} | {_f(r.get('sync_floor_s') and 1e3 * r['sync_floor_s'], '{:.1f}')} | "
+                    f"{_f(ratio, '{:.2f}×')} | {exact} | {_f(r.get('max_abs_logprob_diff'), '{:.3f}')} ({_f(r.get('logprob_atol'), '{:.3f}')}) |")
+    return "\n".join(rows)
+
+
+def memory_table(path:str|Path) -> str:
+    "Markdown: every GPU's peak memory in use next to `grpo_nb plan`'s prediction."
+    rows = ["| model | layout | GPU | measured peak (GiB) | planned (GiB) | measured ÷ planned |", "|---|---|---|---|---|---|"]
+    for r in records(path):
+        for i, (m, p) in enumerate(zip(r.get("peak_gib_measured") or [], r.get("peak_gib_planned") or [])):
+            rows.append(f"| {r['model']} | {r['layout']} | {i} | {m:.1f} | {p:.1f} | {m / p:.2f} |")
+    return "\n".join(rows)
+
+
+def split_table(path:str|Path) -> str:
+    "Markdown: where a step's time goes (mean seconds per phase of the timed steps)."
+    keys = ["time/generation", "time/wait_rollout", "time/learner", "time/sync", "time/sleep", "time/wake", "time/verify"]
+    rows = ["| model | layout | step (s) | " + " | ".join(f"{k.split('/')[1]} (s)" for k in keys) + " |", "|---" * (len(keys) + 3) + "|"]
+    for r in records(path):
+        ts = r.get("time_split") or {}
+        rows.append(f"| {r['model']} | {r['layout']} | {_f(r.get('step_mean_s'))} | " + " | ".join(_f(ts.get(k)) for k in keys) + " |")
+    return "\n".join(rows)
+
+
+def verdicts(path:str|Path) -> list[str]:
+    "One sentence per target: met, missed (by how much) or not measured."
+    out = []
+    for r in records(path):
+        name = f"{r['model']} {r['layout']}"
+        if r.get("rc") not in (0, None):
+            errs = [l.strip() for l in (r.get("error") or "").splitlines() if "Error:" in l] or [(r.get("error") or "").strip()[-200:]]
+            out.append(f"{name}: the run stopped after {len(r.get('step_s_all') or [])} steps (exit {r['rc']}): {errs[-1][:200]}")
+        out.append(f"{name}: every sync bit-identical on every TP worker: " + ("yes" if r.get("exact_sync") else "no")
+                   + f" ({r.get('syncs_checked', 0)} checks).")
+        if r.get("mfu_per_learner_gpu") is not None:
+            m = r["mfu_per_learner_gpu"]
+            out.append(f"{name}: learner MFU {100 * m:.1f}% per GPU against the {100 * TARGETS['mfu']:.0f}% target: "
+                       + ("met." if m >= TARGETS["mfu"] else "missed."))
+        if r.get("sync_s") and r.get("sync_floor_s"):
+            x = r["sync_s"] / r["sync_floor_s"]
+            out.append(f"{name}: sync {x:.2f}× the NCCL floor against ≤{TARGETS['sync_x_floor']:.0f}×: " + ("met." if x <= TARGETS["sync_x_floor"] else "missed."))
+        rs = planner_ratios(r)
+        if rs:
+            worst = max(rs, key=lambda q: abs(q - 1))
+            out.append(f"{name}: planner within {100 * TARGETS['planner_err']:.0f}% of every GPU's peak: "
+                       + ("met" if abs(worst - 1) <= TARGETS["planner_err"] else "missed") + f" (worst measured ÷ planned {worst:.2f}).")
+        key = "speedup_split" if r["layout"] == "split" else "speedup_colocated"
+        out.append(f"{name}: ≥{TARGETS[key]}× TRL by mean step time: " + (f"{r['speedup_mean']:.2f}×" if r.get("speedup_mean") else
+                   "not measured (no TRL run on these GPUs yet)."))
+    return out
