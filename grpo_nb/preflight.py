@@ -67,7 +67,7 @@ def check_nodes(nodes:int, gpus_per_node:int, partition:str="", sinfo:str|None=N
     if sinfo is None:
         if not shutil.which("sinfo"): return "SKIP", "no sinfo here: run preflight on the cluster's login node"
         r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %G %t", *(["-p", partition] if partition else [])], capture_output=True, text=True, timeout=30)
-        if r.returncode: return "WARN", f"sinfo failed, nodes not checked: {' '.join(r.stderr.split())[:160]}"
+        if r.returncode: return "WARN", f"sinfo failed (exit {r.returncode}), nodes not checked: run `sinfo` on the login node to see why"
         sinfo = r.stdout
     info = parse_sinfo(sinfo)
     fit = {n: s for n, (g, s) in info.items() if g >= gpus_per_node and not s.startswith(("down", "drain", "fail", "inval"))}

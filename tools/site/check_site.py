@@ -233,7 +233,7 @@ _RE_CUT = [   # text cut mid-word: a fragment left dangling at the end of a line
 
 
 def _cut_cells(text: str) -> list[str]:
-    "Cells of a markdown table that several rows cut at one fixed width (>= 40 characters): text sliced for display."
+    "Cells of a markdown table that three or more rows cut at one fixed width (>= 40 characters): text sliced for display."
     cols: dict[int, list[str]] = {}
     for line in text.splitlines():
         if not _RE_PIPE_ROW.match(line) or _RE_PIPE_SEP.match(line): continue
@@ -241,7 +241,7 @@ def _cut_cells(text: str) -> list[str]:
     out = []
     for cells in cols.values():
         lens = [len(c) for c in cells if len(c) >= 40]
-        if lens and lens.count(max(lens)) >= 2:
+        if lens and lens.count(max(lens)) >= 3:
             out += [c for c in cells if len(c) == max(lens) and not c.endswith((".", ")", "`", "*", "|"))][:1]
     return out
 
