@@ -100,7 +100,8 @@ def check_memory(cfg:TrainConfig) -> Check:
         cm = colocated_plan(cfg)
         detail = f"learner + engine on one GPU: peak {cm.peak_bytes / GiB:.1f} GiB ({cm.phase} phase) of {cfg.cluster.gpu_mem_gib:.1f} GiB"
         return ("PASS", detail) if cm.fits else ("FAIL", f"{detail}; lower rollout.gpu_memory_utilization, or place engines apart (rollout.placement=split)")
-    detail = f"learner peak {plan.learner.peak_bytes / GiB:.1f} GiB of {cfg.cluster.gpu_mem_gib:.1f} GiB"
+    detail = (f"learner needs {plan.learner.total_bytes / GiB:.1f} GiB of {cfg.cluster.gpu_mem_gib:.1f} GiB (peak allocated "
+              f"{plan.learner.peak_bytes / GiB:.1f} GiB, plus allocator slack, CUDA context and NCCL)")
     if plan.fits: return "PASS", detail
     return "FAIL", f"{detail}; fixes: {'; '.join(plan.advice) or 'see grpo_nb plan'}"
 

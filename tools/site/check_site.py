@@ -16,8 +16,8 @@ With `--notebooks nbs` it first reads the committed notebooks, as a reader would
 of defect a guide must not have (`check_notebooks`): output of the machine that built the page (log lines with
 timestamps, WARNING lines, tracebacks, absolute paths, host addresses, cluster tools' errors, raw kernel names);
 words about how the project was made rather than what it is (sessions, budgets, issues and requests, history,
-"seed" for a source document); tables printed as text (pipe tables in code blocks); figures without axis labels;
-text cut mid-word. Each message names the cell and the fix.
+"seed" for a source document); tables printed as text (pipe tables in code blocks); figures without axis labels
+or with text under 8 pt; text cut mid-word. Each message names the cell and the fix.
 Uses the system Chromium (Debian package `chromium`), never a downloaded one.
 """
 from __future__ import annotations
@@ -299,11 +299,18 @@ def _library_source(root: Path) -> dict[str, str]:
     return out
 
 
+MIN_FONT_PT = 8
+
+
+def _figure_source(code: str, lib: dict[str, str]) -> str:
+    "The cell's code plus the library functions it calls (plotting helpers), comments removed."
+    called = set(re.findall(r"\b(\w+)\(", code))
+    return re.sub(r"#.*", "", code + "\n" + "\n".join(lib[n] for n in called if n in lib))
+
+
 def _figure_problems(code: str, n_axes: int, lib: dict[str, str]) -> list[str]:
     "Axis labels a figure lacks, judged from the cell's code plus the library functions it calls."
-    called = set(re.findall(r"\b(\w+)\(", code))
-    text = code + "\n".join(lib[n] for n in called if n in lib)
-    text = re.sub(r"#.*", "", text)
+    text = _figure_source(code, lib)
     xs = len(re.findall(r"\b(?:set_)?xlabel\s*[(=]|supxlabel\(", text))
     ys = re.findall(r"\b(?:set_)?ylabel\s*[(=]|supylabel\(", text)
     bad = []
@@ -348,7 +355,12 @@ def check_notebooks(nbs: Path, root: Path | None = None) -> list[str]:
             outs = _visible_outputs(c)
             for kind, text in outs:
                 if kind == "image":
-                    if re.search(r"\bImage\(|axis\(\s*[\"']off|set_axis_off\(", src): continue   # a saved file, or a diagram without axes
+                    if re.search(r"\bImage\(", src): continue                     # a saved file: checked where it is drawn
+                    small = [float(x) for x in re.findall(r"fontsize\s*=\s*(\d+(?:\.\d+)?)\b", _figure_source(src, lib)) if float(x) < MIN_FONT_PT]
+                    if small:
+                        add(i, f"a figure with text of {min(small):g} pt", src.splitlines()[-1] if src.strip() else "",
+                            f"use at least {MIN_FONT_PT:g} pt (fontsize=9 reads well at the page's width), and a larger figure if it crowds")
+                    if re.search(r"axis\(\s*[\"']off|set_axis_off\(", src): continue   # a diagram without axes
                     m = re.search(r"with (\d+) Axes", text)
                     for b in _figure_problems(src, int(m.group(1)) if m else 1, lib):
                         add(i, f"a figure with {b}", src.splitlines()[-1] if src.strip() else "",
