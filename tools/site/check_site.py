@@ -206,7 +206,7 @@ MACHINE_OUTPUT = [   # (pattern on a line of a committed output, what it is)
 
 MAKING_OF = [   # (pattern on prose, what it is): words about how the project was made, not what it is
     (re.compile(r"\bseed(?:s'|'s|s?\s+\d{3}\b|[- ]\d{3}\b)|\bseeds?[- ](?:documents?|guides?|systems?|runs?|tables?|scripts?|says|files?|setups?|ports?)\b"
-                r"|\bthe seeds\b|\bother seed\b", re.I),
+                r"|\bthe seeds\b|\bother seed\b|\bthe seed (?:gives|says|uses|runs|trains|puts|sizes|writes|names|is wrong)\b|\|\s*seeds?\s*\|", re.I),
      "'seed' for a source document (readers have none): name the run itself, e.g. 'the open-instruct 32B RL-Zero "
      "guide', 'the Isambard migration', with its source where it is public"),
     (re.compile(r"\b(?:this|the|a|one|each|GPU|previous|earlier|last|next|measuring)\s+session'?s?\b(?<!interactive session)"
