@@ -74,6 +74,9 @@ BROKEN = {
         <link rel="stylesheet" href="https://cdn.example.com/katex.css"></head><body><p>cdn</p></body></html>""",
     "err.html": """<!DOCTYPE html><html><head><meta charset="utf-8"><title>x</title></head><body>
         <script>console.error("bad thing happened")</script><script>throw new Error("boom")</script></body></html>""",
+    "wide.html": """<!DOCTYPE html><html><head><meta charset="utf-8"><title>w</title></head><body><main style="width: 600px">
+        <pre style="overflow-x: auto">| model | GPUs | ZeRO | variant | attention | device | row tokens | tokens/s | MFU | measured GiB | predicted GiB |</pre>
+        </main></body></html>""",
     "math.html": r"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>m</title></head><body>
         <p>Energy $$E=mc^2$$, inline \(x\) and $\alpha$ too; prices $5 and $10 are fine.</p>
         <span class="katex-error" title="ParseError: KaTeX parse error">\frac</span>
@@ -98,6 +101,7 @@ def test_check_site_reports_every_failure_kind(tmp_path):
         "good.html: image did not load (missing plot?): nothere.png",       # missing plot
         "good.html: image did not load (missing plot?): data:image/png",    # corrupt plot
         "good.html: missing plot: the output shows only '<Figure size 640x480 with 1 Axes>'",  # plot never saved
+        "wide.html: a code block wider than the page",                      # scrolls sideways
     ]
     for e in expected: assert e in text, f"not reported: {e}\n--- problems:\n{text}"
     assert "good.html#here" not in text and "HOME" not in text and "$5" not in text, text
