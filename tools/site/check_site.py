@@ -214,7 +214,7 @@ MAKING_OF = [   # (pattern on prose, what it is): words about how the project wa
      "a work session of the makers"),
     (re.compile(r"\b(?:GPU|device)[ -](?:time |hours? )?budget\b|(?<!CPU-)(?<!CPU )\btime budget\b|\bbudget of (?:a|the|one) session\b", re.I),
      "a budget of the makers (GPU time, device time)"),
-    (re.compile(r"\bissue \d+|\b(?:this|the) issue (?:asks|asked|wants|started|came|names|requires)\b|\bissue asks\b"
+    (re.compile(r"\bissue \d+|\b(?:of|in|from|for) the issue\b|\b(?:this|the) issue (?:asks|asked|wants|started|came|names|requires)\b|\bissue asks\b"
                 r"|\b(?:brief|task|request)\s+(?:asks|asked|wants)\b|\bas (?:requested|asked)\b", re.I),
      "a request or issue the work answered"),
     (re.compile(r"\b(?:an |the )?earlier (?:versions?|comparisons?|attempts?|builds?|commits?|releases?)\b|\bused to (?:be|refuse|fail|take)\b"
