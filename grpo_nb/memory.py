@@ -883,7 +883,8 @@ def plot_terms(model:str|ModelShape, # the model
         ax.bar([str(v) for v in values], ys, bottom=bottom, label=k.removesuffix("_bytes").replace("_", " "))
         bottom = [b + y for b, y in zip(bottom, ys)]
     if gpu_mem_gib: ax.axhline(gpu_mem_gib, color="k", ls="--", lw=1, label=f"{gpu_mem_gib:g} GiB GPU")
-    ax.set_xlabel(sweep); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=7, ncol=2)
+    units = {"seq_len": "sequence length (tokens)", "learners": "learners (one GPU each)", "micro_batch": "micro-batch (sequences)"}
+    ax.set_xlabel(units.get(sweep, sweep)); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=9, ncol=2)
     return ax
 
 # %% ../nbs/01_memory.ipynb 105

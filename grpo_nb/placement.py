@@ -339,14 +339,14 @@ Layout.from_config = classmethod(_from_config)
 # %% ../nbs/02_placement.ipynb 47
 SEED_LAYOUTS:dict[str, dict] = {
     "7B on 5 × 8 GPUs (open-instruct)": dict(nodes=5, gpus_per_node=8, learners_per_node=[8], num_engines=32, tp=1),
-    "7B on 10 × 4 GPUs (seeds' port)": dict(nodes=10, gpus_per_node=4, learners_per_node=[2] * 10, num_engines=20, tp=1),
+    "7B on 10 × 4 GPUs (Isambard port)": dict(nodes=10, gpus_per_node=4, learners_per_node=[2] * 10, num_engines=20, tp=1),
     "7B recipe copied to 4-GPU nodes": dict(nodes=10, gpus_per_node=4, learners_per_node=[8], num_engines=32, tp=1),
     "32B on 16 × 4, 1 learner/node, TP 2": dict(nodes=16, gpus_per_node=4, learners_per_node=[1] * 16, num_engines=16, tp=2),
     "32B, same, asking 24 engines": dict(nodes=16, gpus_per_node=4, learners_per_node=[1] * 16, num_engines=24, tp=2),
     "32B on 16 × 4, 16 learners on 4 nodes, TP 2": dict(nodes=16, gpus_per_node=4, learners_per_node=[4] * 4, num_engines=24, tp=2),
     "32B on 16 × 4, 2 learners/node, TP 2": dict(nodes=16, gpus_per_node=4, learners_per_node=[2] * 16, num_engines=16, tp=2),
 }
-"Named example layouts from the seeds (and their mistakes), used by the notebook and the tests."
+"Named example layouts from the reference runs (and their mistakes), used by the notebook and the tests."
 
 # %% ../nbs/02_placement.ipynb 54
 def learner_env(lay:Layout, # the layout

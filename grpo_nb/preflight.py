@@ -67,7 +67,7 @@ def check_nodes(nodes:int, gpus_per_node:int, partition:str="", sinfo:str|None=N
     if sinfo is None:
         if not shutil.which("sinfo"): return "SKIP", "no sinfo here: run preflight on the cluster's login node"
         r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %G %t", *(["-p", partition] if partition else [])], capture_output=True, text=True, timeout=30)
-        if r.returncode: return "WARN", f"sinfo failed, nodes not checked: {' '.join(r.stderr.split())[:160]}"
+        if r.returncode: return "WARN", f"sinfo failed (exit {r.returncode}), nodes not checked: run `sinfo` on the login node to see why"
         sinfo = r.stdout
     info = parse_sinfo(sinfo)
     fit = {n: s for n, (g, s) in info.items() if g >= gpus_per_node and not s.startswith(("down", "drain", "fail", "inval"))}
@@ -100,7 +100,8 @@ def check_memory(cfg:TrainConfig) -> Check:
         cm = colocated_plan(cfg)
         detail = f"learner + engine on one GPU: peak {cm.peak_bytes / GiB:.1f} GiB ({cm.phase} phase) of {cfg.cluster.gpu_mem_gib:.1f} GiB"
         return ("PASS", detail) if cm.fits else ("FAIL", f"{detail}; lower rollout.gpu_memory_utilization, or place engines apart (rollout.placement=split)")
-    detail = f"learner peak {plan.learner.peak_bytes / GiB:.1f} GiB of {cfg.cluster.gpu_mem_gib:.1f} GiB"
+    detail = (f"learner needs {plan.learner.total_bytes / GiB:.1f} GiB of {cfg.cluster.gpu_mem_gib:.1f} GiB (peak allocated "
+              f"{plan.learner.peak_bytes / GiB:.1f} GiB, plus allocator slack, CUDA context and NCCL)")
     if plan.fits: return "PASS", detail
     return "FAIL", f"{detail}; fixes: {'; '.join(plan.advice) or 'see grpo_nb plan'}"
 

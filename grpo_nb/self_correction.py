@@ -629,7 +629,7 @@ def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     def lines(r):
         if not r.get("measured_bytes"): return [f"| {r['name']} | {r.get('device', '?')} | | {r.get('error', '?')[:90]} | | | |"]
         steps = f"{r['step_s_mean']:.2f} / {r['step_s_median']:.2f} / {r['step_s_p90']:.2f}"
-        return [f"| {r['name'] if k == 0 else '〃'} | {r['device']} {d} | {len(r['step_s_all'])} | {steps if k == 0 else '〃'} | "
+        return [f"| {r['name'] if k == 0 else '(same run)'} | {r['device']} {d} | {len(r['step_s_all'])} | {steps if k == 0 else '(same)'} | "
                 f"{m / GiB:.1f} GiB | {p / GiB:.1f} GiB | {p / m:.2f} |" for k, (d, m, p) in enumerate(pairs(r))]
     ok = [x for r in recs if r.get("measured_bytes") for x in pairs(r)]
     worst = max((abs(p / m - 1) for _, m, p in ok), default=None)

@@ -19,7 +19,7 @@ def test_seed_layouts_worked_through():
     big = plan_layout(**SEED_LAYOUTS["7B on 5 × 8 GPUs (open-instruct)"])
     assert (big.learner_world_size, big.num_engines, big.idle_gpus, big.learner_strategy) == (8, 32, 0, "PACK")
     assert big.learner_bundles == ({"GPU": 8, "CPU": 8},)
-    port = plan_layout(**SEED_LAYOUTS["7B on 10 × 4 GPUs (seeds' port)"])
+    port = plan_layout(**SEED_LAYOUTS["7B on 10 × 4 GPUs (Isambard port)"])
     assert (port.learner_world_size, port.sync_world_size, port.idle_gpus, port.learner_strategy) == (20, 21, 0, "STRICT_SPREAD")
     assert port.learner_bundles == ({"GPU": 2, "CPU": 2},) * 10 and port.engine_bundles == ({"GPU": 1, "CPU": 1},) * 20
     assert all(r == (f"L{2 * n}", f"L{2 * n + 1}", f"E{2 * n}", f"E{2 * n + 1}") for n, r in enumerate(port.node_roles))
@@ -81,7 +81,7 @@ def test_cpu_layouts_and_config():
     assert Layout.from_config(TrainConfig()).idle_gpus == 3
     cfg = load_config("default", ["--cluster.nodes=10", "--cluster.gpus_per_node=4", "--cluster.learners_per_node=[2,2,2,2,2,2,2,2,2,2]",
                                   "--rollout.num_engines=20", "--rollout.prompts_per_step=20", "--learner.micro_batch_size=1"])
-    assert Layout.from_config(cfg) == plan_layout(**SEED_LAYOUTS["7B on 10 × 4 GPUs (seeds' port)"])
+    assert Layout.from_config(cfg) == plan_layout(**SEED_LAYOUTS["7B on 10 × 4 GPUs (Isambard port)"])
 
 def test_check_placement_catches_shared_gpus():
     lay = plan_layout(1, 4, [2], 1)

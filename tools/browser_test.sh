@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Headless-Chromium test of the built site (`make docs-test`, after `make docs`): serves _site/ on 127.0.0.1 and
 # opens every page; fails on a broken internal link or #anchor, a request to any other host, a page or console
-# error, unrendered math or a missing plot (tools/site/check_site.py). Then tests/test_site.py proves the check
+# error, unrendered math, a missing plot or a code block wider than the page, and first on what the notebooks show
+# readers: build-machine output, making-of wording, tables printed as text, unlabelled axes, cut text
+# (tools/site/check_site.py --notebooks). Then tests/test_site.py proves the check
 # catches each of those on a deliberately broken site (it needs Chromium, which is certainly here now).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +29,7 @@ server=$!
 trap 'kill "$server" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
 
-"$PY" tools/site/check_site.py _site --base-url "http://127.0.0.1:$port/"
+"$PY" tools/site/check_site.py _site --notebooks nbs --base-url "http://127.0.0.1:$port/"
 # the tests that need Chromium or KaTeX (`make pytest` may run before either exists here; it runs the rest)
 "$PY" -m pytest -q -p no:cacheprovider tests/test_site.py -k "every_failure_kind or render_"
 echo "browser_test: done in $((SECONDS - t0)) s"

@@ -79,8 +79,9 @@ def main():
         sys.exit(1)
     # nbdev skips a notebook whose _proc/ copy is not older than the _proc/ folder's last run, which misses a notebook
     # saved while a run was under way: drop every copy older than its notebook so nbdev processes it again.
+    # The same for the other files nbdev copies (sidebar.yml, _quarto.yml, styles.css): a stale copy would win.
     nbs, proc = ROOT / cp["DEFAULT"].get("nbs_path", "nbs"), ROOT / "_proc"
-    for src in nbs.rglob("*.ipynb"):
+    for src in (f for f in nbs.rglob("*") if f.is_file()):
         copy = proc / src.relative_to(nbs)
         if copy.exists() and copy.stat().st_mtime < src.stat().st_mtime: copy.unlink()
     import nbdev.quarto
