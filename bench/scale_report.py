@@ -34,7 +34,7 @@ def scale_table(path:str|Path) -> str:
         eng = f"{r.get('learners')} + {r.get('engines')} × {r.get('tp')}"
         ratio = r["sync_s"] / r["sync_floor_s"] if r.get("sync_s") and r.get("sync_floor_s") else None
         exact = ("yes" if r.get("exact_sync") else "no") + f" ({r.get('syncs_checked', 0)} checks, {r.get('checksums_compared', 0)} tensors)"
-        steps = f"{r.get('timed_steps', 0)}" + (" (failed, see below)" if r.get("rc") not in (0, None) else "")
+        steps = f"{r.get('timed_steps', 0)}" + (" (the run failed)" if r.get("rc") not in (0, None) else "")
         rows.append(f"| {r['model']} | {r['layout']} | {eng} | {steps} | {_f(r.get('step_mean_s'))} / {_f(r.get('step_median_s'))} / "
                     f"{_f(r.get('step_p90_s'))} | {_f(r.get('mfu_per_learner_gpu') and 100 * r['mfu_per_learner_gpu'], '{:.1f}%')} | "
                     f"{_f(r.get('sync_s') and 1e3 * r['sync_s'], '{:.0f}')} | {_f(r.get('sync_floor_s') and 1e3 * r['sync_floor_s'], '{:.1f}')} | "

@@ -691,7 +691,7 @@ def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_
             f"(start-up {d['startup_s']:.0f} s, median step {d['step_s_median']:.2f} s){' on ' + d['machine'] if d.get('machine') else ''}. "
             f"Learned: **{d['learned']}**.\n\n| step | held-out reward |\n|---|---|\n{rows}")
 
-# %% ../nbs/08_trainer.ipynb 69
+# %% ../nbs/08_trainer.ipynb 78
 def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
               layout:str|None=None, # only this layout ("colocated" | "split"); None: all
              ) -> str:
@@ -714,7 +714,7 @@ def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/
     return "\n".join(lines)
 
 
-# %% ../nbs/08_trainer.ipynb 72
+# %% ../nbs/08_trainer.ipynb 81
 def e2e_split_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
                    ) -> str:
     "Per-phase mean seconds of each measured run, ours next to TRL's."
