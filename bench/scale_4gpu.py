@@ -26,6 +26,7 @@ from e2e_vs_trl import SAFE_ENV, stats   # noqa: E402  (the environment every GP
 
 LAYOUTS = {"split": dict(gpus=4, learners=2, engines=1, tp=2), "colocated": dict(gpus=4, learners=4, engines=4, tp=1)}
 SHAPE = dict(prompts=16, prompt_len=512, G=8, gen=1024, steps=10, warmup=2)
+NO_FLOOR = False   # --no-floor
 SMOKE = dict(prompts=2, prompt_len=8, G=2, gen=8, steps=4, warmup=1)
 
 
@@ -168,7 +169,7 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
     if rc != 0:
         out["error"] = f"grpo_nb train exited {rc}: " + "\n".join(l for l in log.read_text().splitlines() if "Warning" not in l)[-3000:]
     if on_record is not None: on_record(out)   # saved before the floor is timed
-    if not smoke and recs:
+    if not smoke and recs and not NO_FLOOR:
         from grpo_nb.memory import ARCHS, param_counts
         nbytes = 2 * param_counts(ARCHS[model])["total"]
         devs = [0, 2, 3] if layout == "split" else [0, 1, 2, 3]
@@ -186,8 +187,14 @@ def main():
     ap.add_argument("--out", default="bench/results/scale_4gpu.json")
     ap.add_argument("--timeout", type=float, default=540, help="seconds per run")
     ap.add_argument("--logs-dir", default=None, help="copy each run's train.log here")
+    ap.add_argument("--no-floor", action="store_true", help="skip timing the NCCL floor")
+    ap.add_argument("--steps", type=int, default=SHAPE["steps"], help="training steps per run (the first --warmup are not timed)")
+    ap.add_argument("--warmup", type=int, default=SHAPE["warmup"], help="steps left out of the statistics")
     ap.add_argument("--models-dir", default="/tmp/scale_models", help="where the random-init models are built (and reused)")
     a = ap.parse_args()
+    SHAPE.update(steps=a.steps, warmup=a.warmup)
+    global NO_FLOOR
+    NO_FLOOR = a.no_floor
     device = "cpu"
     if not a.smoke:
         import torch

@@ -539,7 +539,11 @@ def expected_checksums(named_params:Iterable[tuple[str, Tensor]], # learner para
             here = {s.name: p.data for s, p in zip(specs, ps)}
             full = lambda n: here[n] if n in here else held[n]
             ready = [(w, n, e) for w, n, e in todo if all(p[0] in here or p[0] in held for p in e["pieces"])]
-            for w, n, e in ready: out[w][n] = tensor_checksum(expected_tensor(full, e))
+            memo = {}   # workers holding the same slice (TP=1 engines, replicated KV heads) share one checksum
+            for w, n, e in ready:
+                key = json.dumps([e["dim"], e["pieces"], e["shape"]])
+                if key not in memo: memo[key] = tensor_checksum(expected_tensor(full, e))
+                out[w][n] = memo[key]
             todo = [t for t in todo if t not in ready]
             need = {p[0] for _, _, e in todo for p in e["pieces"]}
             held.update({n: t.clone() for n, t in here.items() if n in need})
