@@ -36,6 +36,10 @@ def _import(blob:bytes) -> Tensor:
     fn, args = pickle.loads(blob)
     return fn(*args)
 
+def _release_shared(t:Tensor) -> None:
+    "After every receiver has copied `t`: let the allocator reuse its block (CUDA keeps a shared block until `ipc_collect`)."
+    if t.device.type == "cuda": torch.cuda.ipc_collect()
+
 # %% ../nbs/05a_colocate.ipynb 8
 class IpcGroup:
     "A weight-sync group whose members share one host (and, on GPU, one device): broadcasts go through shared memory."
@@ -59,7 +63,7 @@ class IpcGroup:
         if self.rank == root:
             self.kv.set(f"h{seq}", _export(t))
             acks = [f"a{seq}.{r}" for r in range(self.world_size) if r != root]
-            return IpcWork(lambda: self.kv.wait(acks, self.timeout))
+            return IpcWork(lambda: (self.kv.wait(acks, self.timeout), _release_shared(t)))
         def receive():
             self.kv.wait([f"h{seq}"], self.timeout)
             src = _import(self.kv.get(f"h{seq}"))

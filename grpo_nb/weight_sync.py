@@ -724,7 +724,7 @@ class WeightSyncSource:
         "Every rank: give the CUDA caching allocator's free blocks back (a colocated engine is about to wake on this GPU)."
         import gc
         gc.collect()
-        if torch.cuda.is_available(): torch.cuda.empty_cache()
+        if torch.cuda.is_available(): torch.cuda.ipc_collect(); torch.cuda.empty_cache()
     def ws_close(self) -> None:
         "Rank 0: leave the group."
         g = getattr(self, "_ws_group", None)
