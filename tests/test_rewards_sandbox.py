@@ -18,7 +18,7 @@ EXPECT = {  # statuses these programs may report (others: anything but passed); 
     "03_infinite_loop": {"timeout"}, "04_sleep_past_deadline": {"timeout"}, "02_shell_fork_bomb": {"timeout"},
     "05_memory_hog": {"memory"}, "07_huge_stdout": {"output_limit"}, "08_huge_stderr": {"output_limit"},
     "17_deep_recursion": {"crashed", "timeout"}, "24_exit_zero_early": {"not_run"}, "19_close_fds": {"not_run"},
-    "26_forge_reports": {"not_run"},
+    "26_forge_reports": {"not_run", "unusable_value"},
 }
 
 pytestmark = pytest.mark.skipif(isolation_status()["root"] != "ok" and isolation_status()["userns"] != "ok",
@@ -166,7 +166,7 @@ def test_fork_bomb_is_bounded_and_cleaned_up():
                        timeout_s=2, limits=Limits(memory_mb=256, nproc=8))
     finally: stop.set(); t.join()
     assert r["passed"] == 0 and r["results"][0]["status"] == "timeout" and r["clean"], r
-    assert 1 <= max(seen) <= 8, max(seen)
+    assert 1 <= max(seen) <= 8 + 1, max(seen)   # the program's nproc, plus the judge (its own sandbox uid)
     assert not sandbox_processes()
 
 def test_correct_programs_and_test_styles():
@@ -246,8 +246,9 @@ def test_userns_mode_as_an_unprivileged_user(listener, secret_file):
         import shutil; shutil.rmtree(home, ignore_errors=True)
     assert p.returncode == 0, p.stderr[-2000:]
     # caller + fork server + the supervisor (it unshares the user namespace, so it stays outside it), plus at most
-    # nproc=8 inside the namespace (init, programs) during the fork bomb; an escaped fork bomb would show hundreds
-    assert max(seen) <= 3 + 8, max(seen)
+    # nproc=8 inside the namespace (init, programs) during the fork bomb, plus the judge's supervisor, init and
+    # process; an escaped fork bomb would show hundreds
+    assert max(seen) <= 3 + 8 + 3, max(seen)
     out = json.loads(p.stdout)
     assert out["mode"] == "userns", out["mode"]
     for name, r in out["results"].items():
