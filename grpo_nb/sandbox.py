@@ -4,15 +4,15 @@
 
 # %% ../nbs/04a_sandbox.ipynb 3
 from __future__ import annotations
-import ast, builtins, ctypes, fcntl, functools, inspect, json, math, os, random, re, resource, secrets, select, signal, socket, stat, subprocess, sys, tempfile, threading, time
+import ast, builtins, ctypes, fcntl, functools, glob, importlib.util, inspect, json, math, os, random, re, resource, secrets, select, signal, socket, stat, subprocess, sys, tempfile, threading, time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
 # %% auto 0
-__all__ = ['Isolation', 'HIDDEN_TREES', 'UID_BASE', 'UID_COUNT', 'HARNESS', 'MAX_ITEMS', 'MAX_DEPTH', 'MAX_DIGITS', 'MAX_REPLY',
-           'JUDGE', 'Limits', 'SandboxError', 'isolation_status', 'resolve_isolation', 'sandbox_exec', 'program_names',
-           'calls_of', 'decode_value', 'run_tests']
+__all__ = ['Isolation', 'ROOT_TREES', 'ROOT_FILES', 'UID_BASE', 'UID_COUNT', 'HARNESS', 'MAX_ITEMS', 'MAX_DEPTH', 'MAX_DIGITS',
+           'MAX_REPLY', 'JUDGE', 'Limits', 'SandboxError', 'isolation_status', 'resolve_isolation', 'sandbox_exec',
+           'program_names', 'calls_of', 'decode_value', 'package_dirs', 'run_tests']
 
 # %% ../nbs/04a_sandbox.ipynb 6
 @dataclass
@@ -56,25 +56,35 @@ def _prctl(option:int, arg:int):
     _libc_call("prctl", ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
 
 # %% ../nbs/04a_sandbox.ipynb 11
-_KEEP_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
-               "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME}
+ROOT_TREES = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
+"Host trees the sandbox's root shows (read-only): the system's programs and shared libraries. Nothing else of the host is there."
+ROOT_FILES = ["/etc/ld.so.cache", "/etc/localtime", "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
+"Single files bound in: the dynamic linker's cache, the time zone, and the harmless devices."
+_MS_MOVE = 8192
 
-def _mount_points() -> list[tuple[str, str]]:
-    "(mount point, per-mount options) of every mount in this mount namespace, from /proc/self/mountinfo."
+def _plan_binds(paths:list[str]) -> list[tuple]:
+    "(path, 'link', target) or (path, 'dir'|'file', O_PATH fd) for each existing path: taken before anything is covered."
     out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split()
-            out.append((re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4]), parts[5]))
+    for p in dict.fromkeys(paths):
+        if os.path.islink(p): out.append((p, "link", os.readlink(p)))
+        elif os.path.exists(p): out.append((p, "dir" if os.path.isdir(p) else "file", os.open(p, os.O_PATH)))
     return out
 
-def _remount_readonly() -> int:
-    "Remount every mount read-only (best effort); return how many succeeded."
-    done = 0
-    for mp, opts in _mount_points():
-        keep = sum(v for k, v in _KEEP_FLAGS.items() if k in opts.split(","))
-        try: _mount(None, mp, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | keep); done += 1
-        except OSError: pass
+def _bind_into(new:str, plan:list[tuple]) -> list[str]:
+    "Recreate each planned path under `new`: a symlink as a symlink, a directory or file as a read-only bind mount."
+    done = []
+    for p, kind, x in plan:
+        t = new + p
+        os.makedirs(os.path.dirname(t), mode=0o755, exist_ok=True)
+        if kind == "link":
+            if not os.path.lexists(t): os.symlink(x, t)
+            continue
+        if kind == "dir": os.makedirs(t, mode=0o755, exist_ok=True)
+        elif not os.path.exists(t): open(t, "a").close()
+        _mount(f"/proc/self/fd/{x}", t, None, _MS_BIND | _MS_REC)
+        try: _mount(None, t, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        except OSError: _mount(None, t, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID)   # device nodes keep dev
+        done.append(p)
     return done
 
 # %% ../nbs/04a_sandbox.ipynb 13
@@ -220,7 +230,7 @@ def _reap_all(mode:str, pid:int, grace_s:float=3.0) -> bool:
         time.sleep(0.005)
 
 # %% ../nbs/04a_sandbox.ipynb 21
-def _pump(fds:dict[str, int], stdin:bytes, pidfd:int, deadline:float, cap:int) -> tuple[dict[str, bytearray], str|None]:
+def _pump(fds:dict[str, int], stdin:bytes, pidfd:int, deadline:float, cap:int, watch_mb:float=0) -> tuple[dict[str, bytearray], str|None]:
     "Move bytes until the program exits, `deadline` passes or `cap` output bytes arrive; return (buffers, why it stopped)."
     bufs = {k: bytearray() for k in ("out", "err", "rep")}
     by_fd = {fds[k]: k for k in bufs}
@@ -230,11 +240,14 @@ def _pump(fds:dict[str, int], stdin:bytes, pidfd:int, deadline:float, cap:int) -
     w, sent = fds["in"], 0
     if stdin: os.set_blocking(w, False); poller.register(w, select.POLLOUT)
     else: os.close(w); w = -1
-    why = None
+    why, checked = None, 0.0
     while why is None:
         left = deadline - time.monotonic()
         if left <= 0: why = "timeout"; break
-        for fd, ev in poller.poll(max(1, int(left * 1000))):
+        if watch_mb and time.monotonic() - checked > 0.02:   # no memory cgroup: init adds up the sandbox's resident memory
+            checked = time.monotonic()
+            if _total_rss_mb() > watch_mb: why = "memory_total"; break
+        for fd, ev in poller.poll(max(1, int(min(left, 0.02 if watch_mb else left) * 1000))):
             if fd == pidfd: why = "exited"
             elif fd == w:
                 try: sent += os.write(w, stdin[sent:sent + 65536])
@@ -263,6 +276,17 @@ def _drain(fds:list[int], bufs:list[bytearray], cap:int, grace_s:float=1.0):
         os.close(fd)
 
 # %% ../nbs/04a_sandbox.ipynb 22
+def _total_rss_mb() -> float:
+    "Resident memory of every process this /proc shows but PID 1 (in a sandbox: all of the sandbox's processes), in MiB."
+    pages = 0
+    for d in os.listdir("/proc"):
+        if d.isdigit() and d != "1":
+            try:
+                with open(f"/proc/{d}/statm") as f: pages += int(f.read().split()[1])
+            except (OSError, ValueError, IndexError): pass
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+# %% ../nbs/04a_sandbox.ipynb 23
 def _run_one(run:dict, spec:dict) -> dict:
     "Run one program of `spec` (argv, stdin) in the prepared sandbox; return what happened."
     L, mode = spec["limits"], spec["mode"]
@@ -278,7 +302,7 @@ def _run_one(run:dict, spec:dict) -> dict:
     for fd in (in_r, out_w, err_w, n_r, rep_w, *rpc.values()): os.close(fd)   # only the program holds the channel now
     pidfd = os.pidfd_open(pid)
     bufs, why = _pump({"in": in_w, "out": out_r, "err": err_r, "rep": rep_r}, run.get("stdin", "").encode(),
-                      pidfd, t0 + L["wall_s"], cap)
+                      pidfd, t0 + L["wall_s"], cap, spec.get("watch_mb", 0))
     if why != "exited": _signal_all(mode, pid)
     _, status, ru = os.wait4(pid, 0)
     wall = time.monotonic() - t0
@@ -292,30 +316,12 @@ def _run_one(run:dict, spec:dict) -> dict:
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     return {"exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
             "signal": signal.Signals(sig).name if sig else None,
-            "timed_out": why == "timeout", "output_limit": why == "output_limit" or len(bufs["out"]) + len(bufs["err"]) > cap,
+            "timed_out": why == "timeout", "memory_total": why == "memory_total", "output_limit": why == "output_limit" or len(bufs["out"]) + len(bufs["err"]) > cap,
             "stdout": bufs["out"][:cap].decode(errors="replace"), "stderr": bufs["err"][-8192:].decode(errors="replace"),
             "reports": reports, "wall_s": round(wall, 3), "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),
             "maxrss_mb": round(ru.ru_maxrss / 1024, 1), "cpu_limit": L["cpu_s"], "clean": clean}
 
-# %% ../nbs/04a_sandbox.ipynb 25
-HIDDEN_TREES = ["/home", "/root", "/var/tmp", "/var/lock", "/var/crash", "/mnt", "/media", "/srv", "/opt/slurm", "/scratch"]
-"Trees a program never sees (an empty read-only tmpfs over each; the caller's home is added): user files, tokens and UNIX sockets."
-
-def _hide_tree(path:str, # a directory to cover
-               expose:list[str], # paths the program needs (the interpreter): bound back in, read-only
-              ) -> bool:
-    "Cover `path` with an empty read-only tmpfs, binding back the exposed paths beneath it; False if it could not be covered."
-    keep = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in expose if p.startswith(path.rstrip("/") + "/") and os.path.isdir(p)]
-    try: _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
-    except OSError:
-        for _, fd in keep: os.close(fd)
-        return False
-    for p, fd in keep:
-        os.makedirs(p, mode=0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", p, None, _MS_BIND | _MS_REC); os.close(fd)
-    _mount(None, path, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-    return True
-
+# %% ../nbs/04a_sandbox.ipynb 26
 def _close_ipc_and_userns(mode:str) -> dict:
     "No SysV shared memory or message queues in the sandbox's IPC namespace (they would escape the memory limit); no nested user namespaces (userns mode)."
     done = {}
@@ -328,35 +334,42 @@ def _close_ipc_and_userns(mode:str) -> dict:
         except OSError as e: done[name] = f"not set ({e.strerror})"
     return done
 
-# %% ../nbs/04a_sandbox.ipynb 26
+# %% ../nbs/04a_sandbox.ipynb 27
+def _new_root(spec:dict) -> dict:
+    "Build an empty root holding only `ROOT_TREES`, `ROOT_FILES`, the interpreter and the allowed packages; enter it."
+    L, new, pk = spec["limits"], "/tmp", spec.get("packages", [])
+    plan = _plan_binds(ROOT_TREES + spec["expose"] + ROOT_FILES)
+    later = _plan_binds(pk)   # allowed packages: bound after the site directories above them are emptied
+    _mount("tmpfs", new, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=4m,mode=755")
+    try:
+        info = {"bound": _bind_into(new, plan), "site_hidden": []}
+        for d in spec.get("site_dirs", []):   # the interpreter's and the system's site-packages: empty but for allowed packages
+            if os.path.isdir(new + d) and not os.path.islink(new + d):
+                _mount("tmpfs", new + d, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755"); info["site_hidden"].append(d)
+        info["bound"] += _bind_into(new, later)
+    finally:
+        for _, kind, x in plan + later:
+            if kind != "link": os.close(x)
+    for d, opts in [("/tmp", f"size={L['tmpfs_mb']}m,mode=1777"), ("/dev/shm", "size=16m,mode=1777")]:
+        os.makedirs(new + d, mode=0o755, exist_ok=True)
+        _mount("tmpfs", new + d, "tmpfs", _MS_NOSUID | _MS_NODEV, opts)
+    os.makedirs(new + "/proc", mode=0o555, exist_ok=True)
+    _mount("proc", new + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    os.chdir(new)
+    _mount(new, "/", None, _MS_MOVE)
+    _libc_call("chroot", b".")
+    os.chdir("/")
+    _mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    return info
+
+# %% ../nbs/04a_sandbox.ipynb 28
 def _setup_namespace_fs(spec:dict) -> dict:
-    "Private mounts: expose the interpreter, everything read-only, fresh /proc, tmpfs on /tmp, /dev/shm and /run."
-    L, info = spec["limits"], {}
+    "Private mounts, then a new root that shows only the interpreter, the standard library and the allowed packages."
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-    if spec["mode"] == "root": info["exposed"] = _expose(spec["expose"])
-    info["readonly_mounts"] = _remount_readonly()
-    try: _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC); info["proc"] = "private"
-    except OSError as e: info["proc"] = f"host ({e.strerror})"
-    # an interpreter or virtualenv that lives under /tmp (a CI checkout, say) must survive the private /tmp
-    keep = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in spec["expose"] if p.startswith("/tmp/") and os.path.isdir(p)]
-    _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={L['tmpfs_mb']}m,mode=1777")
-    tops = []  # /tmp/<top> above a kept path: a read-only tmpfs, or (userns mode) the program would own and could write it
-    for p, fd in keep:
-        top = "/tmp/" + p[len("/tmp/"):].split("/")[0]
-        if top != p and top not in tops:
-            os.makedirs(top, mode=0o755, exist_ok=True)
-            _mount("tmpfs", top, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755"); tops.append(top)
-        os.makedirs(p, mode=0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", p, None, _MS_BIND | _MS_REC)
-        os.close(fd)
-    for top in tops: _mount(None, top, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-    if keep: info["exposed_tmp"] = [p for p, _ in keep]
-    for path, opts in [("/dev/shm", "size=16m,mode=1777"), ("/run", "size=1m,mode=755")]:  # /run: host daemons' sockets
-        try: _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, opts)
-        except OSError: pass
-    info["hidden"] = [d for d in spec.get("hide", []) if _hide_tree(d, spec["expose"])]
+    info = _new_root(spec)
     info["sysctl"] = _close_ipc_and_userns(spec["mode"])
     return info
+
 
 def _init_main(spec:dict, lifeline:int) -> dict:
     "Everything PID 1 of the sandbox does; returns the JSON-able report."
@@ -377,7 +390,7 @@ def _init_main(spec:dict, lifeline:int) -> dict:
     if spec["uid"] is not None: os.chown(spec["workdir"], spec["uid"], spec["uid"])
     return {"ok": True, "info": info, "runs": [_run_one(run, spec) for run in spec["runs"]]}
 
-# %% ../nbs/04a_sandbox.ipynb 28
+# %% ../nbs/04a_sandbox.ipynb 30
 _NS_FLAGS = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS
 
 def _enter_namespaces(spec:dict) -> None:
@@ -420,7 +433,7 @@ def _supervisor_main(parent:int|None=None) -> int:
         out.write(json.dumps({"ok": False, "error": f"sandbox supervisor failed: {type(e).__name__}: {e}"}) + "\n"); out.flush()
         return 1
 
-# %% ../nbs/04a_sandbox.ipynb 30
+# %% ../nbs/04a_sandbox.ipynb 32
 def _forkserver_main(sock_fd:int) -> int:
     "The fork server loop: fork one supervisor per request until the caller's end of `sock_fd` closes."
     sock, me, live = socket.socket(fileno=sock_fd), os.getpid(), set()
@@ -449,7 +462,7 @@ def _forkserver_main(sock_fd:int) -> int:
             while (pid := os.waitpid(-1, os.WNOHANG)[0]): live.discard(pid)
         except ChildProcessError: pass
 
-# %% ../nbs/04a_sandbox.ipynb 32
+# %% ../nbs/04a_sandbox.ipynb 34
 def _supervisor_code(call:str) -> list[str]:
     "`python -I -S -c` running `call` from this module, imported from its cached bytecode without site-packages."
     import importlib.util
@@ -481,7 +494,7 @@ class _ForkServer:
 
 _FORK_SERVER = _ForkServer()
 
-# %% ../nbs/04a_sandbox.ipynb 33
+# %% ../nbs/04a_sandbox.ipynb 35
 def _launch(spec:dict, deadline_s:float, extra_fds:tuple=()) -> dict:
     "Run a supervisor on `spec` through the fork server; kill its session after `deadline_s`; return its JSON answer."
     spec_r, spec_w = os.pipe(); res_r, res_w = os.pipe()
@@ -515,13 +528,15 @@ def _launch(spec:dict, deadline_s:float, extra_fds:tuple=()) -> dict:
     try: return json.loads(lines[-1])
     except (ValueError, IndexError): return {"ok": False, "error": f"sandbox supervisor ended without a report: {data[-300:]!r}"}
 
-# %% ../nbs/04a_sandbox.ipynb 35
+# %% ../nbs/04a_sandbox.ipynb 37
 _PROBES:dict[str, str] = {}
 
 def _probe(mode:str) -> str:
     "'ok' if a sandbox of `mode` can be made here, else the reason."
     if _PROBES.get(mode) != "ok":  # a success is kept; a failure is asked again next time
         if mode == "root" and os.geteuid() != 0: _PROBES[mode] = "needs root (the caller is uid %d)" % os.geteuid()
+        elif mode == "userns" and os.geteuid() == 0:   # its uid map would make the program host root
+            _PROBES[mode] = "refused as root: the program would run as host uid 0; use isolation='root' (what 'auto' picks)"
         else:
             r = _launch({**_base_spec(Limits(), 5.0, mode, [], {}), "runs": []}, 10.0)
             _PROBES[mode] = "ok" if r.get("ok") else r.get("error", "failed")
@@ -548,7 +563,7 @@ def resolve_isolation(isolation:Isolation="auto", # requested mode
                        "kernel.unprivileged_userns_clone=1), or pass allow_unisolated=True "
                        "(reward.allow_unisolated=true) to run without a network namespace (unsafe).")
 
-# %% ../nbs/04a_sandbox.ipynb 37
+# %% ../nbs/04a_sandbox.ipynb 39
 UID_BASE, UID_COUNT = 1_990_000_000, 1_000_000
 _uids_in_use:set[int] = set()
 _uid_lock = threading.Lock()
@@ -562,21 +577,19 @@ def _take_uid() -> int:
 def _give_uid(u:int|None):
     with _uid_lock: _uids_in_use.discard(u)
 
-def _base_spec(L:Limits, timeout_s:float, mode:str, runs:list, files:dict, python:str|None=None, workdir:str="/tmp/work") -> dict:
+def _base_spec(L:Limits, timeout_s:float, mode:str, runs:list, files:dict, python:str|None=None, workdir:str="/tmp/work", packages:list=()) -> dict:
     "The JSON spec the supervisor reads (uid and cgroups are added by `sandbox_exec`)."
     python = python or sys.executable
     lim = asdict(L) | {"wall_s": float(timeout_s), "cpu_s": L.cpu_s or float(timeout_s) + 1}
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir if mode == "none" else "/tmp",
            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    expose = sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                                                    os.path.dirname(os.path.dirname(os.path.realpath(python))))})
-    home = os.path.realpath(os.path.expanduser("~"))
-    hide = [d for d in dict.fromkeys(HIDDEN_TREES + ([home] if home not in ("/", "/tmp") else [])) if os.path.isdir(d)]
+    expose = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(os.path.realpath(python))))})
+    site_dirs = sorted({d for p in ["/usr", "/usr/local", *expose] for d in glob.glob(f"{p}/lib/python3*/*-packages")})
     return {"mode": mode, "uid": None, "limits": lim, "env": env, "workdir": workdir, "files": files,
-            "runs": runs, "expose": expose, "hide": hide, "cgroups": []}
+            "runs": runs, "expose": expose, "site_dirs": site_dirs, "packages": list(packages), "cgroups": []}
 
-# %% ../nbs/04a_sandbox.ipynb 39
+# %% ../nbs/04a_sandbox.ipynb 41
 def _cgroup_parents() -> dict[str, str]:
     "controller -> a directory under which this process may create cgroups (v1 or v2), for 'pids' and 'memory'."
     out = {}
@@ -619,7 +632,7 @@ def _remove_cgroups(dirs:list[str]):
             except FileNotFoundError: break
             except OSError: time.sleep(0.01)
 
-# %% ../nbs/04a_sandbox.ipynb 40
+# %% ../nbs/04a_sandbox.ipynb 42
 def sandbox_exec(files:dict[str, str], # file name -> text, written into the private working directory
                  runs:list[dict], # each {"argv": [...], "stdin": str}; argv[0] is an absolute path
                  timeout_s:float=10.0, # wall-clock limit of each run
@@ -627,19 +640,23 @@ def sandbox_exec(files:dict[str, str], # file name -> text, written into the pri
                  isolation:Isolation="auto", # sandbox mode; "auto" picks the strongest available
                  allow_unisolated:bool=False, # accept running without namespaces where none can be made
                  python:str|None=None, # interpreter the runs use (default: this one), made visible to the sandbox
+                 packages:list=(), # directories shown read-only besides the interpreter (see `package_dirs`)
                  rpc_fds:tuple=(), # (read end, write end) of a call channel: fds 5 and 6 of the run marked "rpc"; closed here
                 ) -> dict:
     "Run `runs` one after another in one fresh sandbox holding `files`; return the supervisor's report."
     L = limits or Limits()
+    runs = [{**r, "argv": [os.path.realpath(r["argv"][0]), *r["argv"][1:]]} for r in runs]   # a venv's python link: the real interpreter
     try: mode = resolve_isolation(isolation, allow_unisolated)
     except SandboxError:
         for fd in rpc_fds: os.close(fd)
         raise
     tmp = tempfile.mkdtemp(prefix="grpo-sbx-") if mode == "none" else None
-    spec = _base_spec(L, timeout_s, mode, runs, files, python, workdir=tmp or "/tmp/work")
+    spec = _base_spec(L, timeout_s, mode, runs, files, python, tmp or "/tmp/work", packages)
     uid = _take_uid() if os.geteuid() == 0 and mode != "userns" else None
     spec["uid"], spec["rpc"], spec["rpc_fds"] = uid, bool(rpc_fds), [3, 4] if rpc_fds else []
     spec["cgroups"] = cgroups = _make_cgroups(L) if mode == "root" else []
+    has_memcg = any(os.path.exists(os.path.join(d, f)) for d in cgroups for f in ("memory.max", "memory.limit_in_bytes"))
+    spec["watch_mb"] = 0 if mode == "none" or has_memcg else L.total_memory_mb   # no memory cgroup: init enforces the total
     try:
         res = _launch(spec, len(runs) * (timeout_s + 3.0) + 10.0, tuple(rpc_fds))
     finally:
@@ -649,7 +666,7 @@ def sandbox_exec(files:dict[str, str], # file name -> text, written into the pri
     res["isolation"] = mode
     return res
 
-# %% ../nbs/04a_sandbox.ipynb 44
+# %% ../nbs/04a_sandbox.ipynb 46
 HARNESS = r'''
 import os as _os, sys as _sys
 def _grpo_serve(_write=_os.write, _type=type, _repr=repr, _str=str, _len=len):
@@ -709,7 +726,7 @@ _grpo_serve()
 '''
 "The program's side: load `solution.py`, then answer each call request on fd 5 with a tagged value on fd 6."
 
-# %% ../nbs/04a_sandbox.ipynb 46
+# %% ../nbs/04a_sandbox.ipynb 48
 def _bound_names(body:list) -> set:
     "Names a block of statements binds at its own level (defs, classes, assignments, imports), through if/try/with/for."
     out = set()
@@ -748,7 +765,7 @@ def _module_imports(program:str) -> dict:
             for a in st.names: out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
     return out
 
-# %% ../nbs/04a_sandbox.ipynb 49
+# %% ../nbs/04a_sandbox.ipynb 51
 MAX_ITEMS, MAX_DEPTH, MAX_DIGITS, MAX_REPLY = 200_000, 100, 4300, 16 << 20
 "Decoding limits of one reply: values, nesting, digits of an int, bytes of the reply line."
 
@@ -777,7 +794,7 @@ def decode_value(x, # one tagged value as JSON gives it, e.g. ["l", [["i", "2"],
         raise ValueError(f"not a plain value (tag {t!r})")
     return dec(x, 0)
 
-# %% ../nbs/04a_sandbox.ipynb 50
+# %% ../nbs/04a_sandbox.ipynb 52
 JUDGE = r'''
 import builtins as _b, importlib, json, os, re, select, sys, time
 #DECODER#
@@ -883,9 +900,10 @@ _grpo_judge()
 '''
 "The judge's side: run the setup and each test here, with the program's names bound to `Program` stand-ins; report each verdict."
 
-# %% ../nbs/04a_sandbox.ipynb 53
+# %% ../nbs/04a_sandbox.ipynb 55
 def _run_failure(run:dict) -> tuple[str, str]:
     "(status, detail) explaining why a run produced no verdict."
+    if run.get("memory_total"): return "memory", "the sandbox's processes together held more than total_memory_mb"
     if run["timed_out"]: return "timeout", f"killed after {run['wall_s']:.1f} s (wall-clock limit)"
     if run["output_limit"]: return "output_limit", "wrote more output than the limit"
     if run["signal"] == "SIGKILL" and run["cpu_s"] >= run["cpu_limit"] - 0.5: return "timeout", "CPU-time limit"
@@ -911,7 +929,7 @@ def _verdicts(judge:dict, # the judge's run: its reports carry the verdicts
         out.append({"passed": s == "passed", "status": s, "detail": d[:300]})
     return out
 
-# %% ../nbs/04a_sandbox.ipynb 55
+# %% ../nbs/04a_sandbox.ipynb 57
 def _norm_output(s:str) -> str:
     return "\n".join(line.rstrip() for line in s.strip("\n").splitlines()).strip()
 
@@ -926,18 +944,23 @@ def _stdio_verdict(run:dict, expected:str) -> dict:
     return {"passed": ok, "status": "passed" if ok else "failed",
             "detail": "" if ok else f"expected {_norm_output(expected)[:100]!r}, got {_norm_output(run['stdout'])[:100]!r}"}
 
-# %% ../nbs/04a_sandbox.ipynb 58
-@functools.lru_cache(maxsize=8)
-def _site_dirs(python:str|None) -> list[str]:
-    "site-packages directories of `python` (of this interpreter when None or the same)."
-    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
-        import site
-        return [p for p in site.getsitepackages() if os.path.isdir(p)]
-    out = subprocess.run([python, "-I", "-c", "import site, json; print(json.dumps(site.getsitepackages()))"],
-                         capture_output=True, text=True, timeout=30)
-    return json.loads(out.stdout) if out.returncode == 0 else []
-
 # %% ../nbs/04a_sandbox.ipynb 60
+@functools.lru_cache(maxsize=32)
+def package_dirs(packages:tuple=(), # top-level import names the program may use beyond the standard library, e.g. ("numpy",)
+                ) -> tuple[list, list]:
+    "(directories to show in the sandbox, directories for `sys.path`) of `packages`, as this interpreter finds them."
+    show, path = [], []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None: raise SandboxError(f"package {name!r} is not installed here; install it or drop it from the allowed packages.")
+        where = list(spec.submodule_search_locations or []) or [spec.origin]
+        for w in map(os.path.realpath, where):
+            parent = os.path.dirname(w)
+            show += [w] + [os.path.join(parent, d) for d in os.listdir(parent) if d == f"{name}.libs"]   # bundled shared libraries
+            path.append(parent)
+    return sorted(set(show)), sorted(set(path))
+
+# %% ../nbs/04a_sandbox.ipynb 62
 def _judged_tests(program:str, tests:list, setup:str, entry_point:str) -> tuple[list, dict]:
     "The judge's test list ({'src', 'names'}) and, per refused test index, its result: a test must parse and call the program."
     try: names, modules = program_names(program, entry_point), _module_imports(program)
@@ -958,7 +981,7 @@ def _call_channel() -> tuple[tuple[int, int], tuple[int, int]]:
     req_r, req_w = os.pipe(); rep_r, rep_w = os.pipe()
     return (req_r, rep_w), (rep_r, req_w)
 
-# %% ../nbs/04a_sandbox.ipynb 61
+# %% ../nbs/04a_sandbox.ipynb 63
 @functools.cache
 def _judge_source() -> str:
     "The judge's program: its limits, `decode_value` (the same code this page tests) and `JUDGE`."
@@ -966,7 +989,7 @@ def _judge_source() -> str:
     return JUDGE.replace("#DECODER#", head + inspect.getsource(decode_value))
 
 def _run_judged(program:str, tests:list, setup:str, entry_point:str, timeout_s:float, limits:Limits|None,
-                mode:str, allow_unisolated:bool, py:str, path:list) -> tuple[list, list]:
+                mode:str, allow_unisolated:bool, py:str, show:list, path:list) -> tuple[list, list]:
     "(results, program runs) of assert-style tests: the program and the judge in two sandboxes, joined by one call channel."
     judged, refused = _judged_tests(program, tests, setup, entry_point)
     results = {k: {"passed": False, "status": "error" if d.startswith("SyntaxError") else "unsupported", "detail": d[:300]}
@@ -977,10 +1000,10 @@ def _run_judged(program:str, tests:list, setup:str, entry_point:str, timeout_s:f
     pfiles = {"solution.py": program, "_harness.py": HARNESS, "_spec.json": json.dumps({"path": path})}
     jfiles = {"_judge.py": _judge_source(), "_judge.json": json.dumps({"tests": judged, "setup": setup, "path": path, "budget_s": timeout_s})}
     def program_side():
-        try: box["p"] = sandbox_exec(pfiles, [{"argv": argv("_harness.py"), "rpc": True}], timeout_s + 1, limits, mode, allow_unisolated, py, p_fds)
+        try: box["p"] = sandbox_exec(pfiles, [{"argv": argv("_harness.py"), "rpc": True}], timeout_s + 1, limits, mode, allow_unisolated, py, show, p_fds)
         except Exception as e: box["p"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     th = threading.Thread(target=program_side, daemon=True); th.start()
-    jres = sandbox_exec(jfiles, [{"argv": argv("_judge.py"), "rpc": True}], timeout_s + 1, limits, mode, allow_unisolated, py, j_fds)
+    jres = sandbox_exec(jfiles, [{"argv": argv("_judge.py"), "rpc": True}], timeout_s + 1, limits, mode, allow_unisolated, py, show, j_fds)
     th.join()
     pres = box["p"]
     if pres.get("ok") and jres.get("ok"): vs = _verdicts(jres["runs"][0], pres["runs"][0], len(judged))
@@ -988,7 +1011,7 @@ def _run_judged(program:str, tests:list, setup:str, entry_point:str, timeout_s:f
     results.update({t["k"]: v for t, v in zip(judged, vs)})
     return [results[k] for k in range(len(tests))], pres.get("runs", [])
 
-# %% ../nbs/04a_sandbox.ipynb 62
+# %% ../nbs/04a_sandbox.ipynb 64
 def _stdio_problem(tests:list) -> str:
     "Why these stdin/stdout cases cannot be run ('' when they can)."
     for t in tests:
@@ -997,7 +1020,7 @@ def _stdio_problem(tests:list) -> str:
                     " (APPS/TACO 'inputs'/'outputs' lists go through grpo_nb.rewards.tests_of_row)")
     return ""
 
-# %% ../nbs/04a_sandbox.ipynb 63
+# %% ../nbs/04a_sandbox.ipynb 65
 def run_tests(program:str, # the untrusted source code (a whole Python file)
               tests:list, # test snippets (str: asserts, loops, a `check` function...) or {"input": str, "output": str} cases; not mixed
               timeout_s:float=10.0, # wall-clock limit of one run (all snippets together; each stdin case alone)
@@ -1007,6 +1030,7 @@ def run_tests(program:str, # the untrusted source code (a whole Python file)
               setup:str="", # code run before each snippet, on the judge's side (MBPP's test_setup_code)
               python:str|None=None, # interpreter for the program (default: the caller's)
               entry_point:str="", # the function under test, if its name shadows a builtin (HumanEval's entry_point)
+              packages:tuple=(), # packages the program may import beyond the standard library, e.g. ("numpy",)
              ) -> dict:
     "Run `program` against `tests` in a fresh sandbox: {'passed', 'total', 'results', ...}."
     t0 = time.monotonic()
@@ -1015,18 +1039,19 @@ def run_tests(program:str, # the untrusted source code (a whole Python file)
     stdio = isinstance(tests[0], dict)
     if any(isinstance(t, dict) != stdio for t in tests):
         raise ValueError("tests mix test snippets and stdin/stdout cases; give one kind per program.")
-    py, path, mode = python or sys.executable, _site_dirs(python), resolve_isolation(isolation, allow_unisolated)
+    py, mode = os.path.realpath(python or sys.executable), resolve_isolation(isolation, allow_unisolated)
+    show, path = package_dirs(tuple(packages))
     if stdio and (why := _stdio_problem(tests)):
         results, runs_out = [{"passed": False, "status": "unsupported", "detail": why}] * len(tests), []
     elif stdio:
         boot = f"import sys; sys.path += {path!r}; sys.argv = ['solution.py']; __file__ = 'solution.py'; exec(compile(open(__file__).read(), __file__, 'exec'))"
         runs = [{"argv": [py, "-I", "-S", "-B", "-c", boot], "stdin": t["input"]} for t in tests]
-        res = sandbox_exec({"solution.py": program}, runs, timeout_s, limits, mode, allow_unisolated, py)
+        res = sandbox_exec({"solution.py": program}, runs, timeout_s, limits, mode, allow_unisolated, py, show)
         runs_out = res.get("runs", [])
         results = ([_stdio_verdict(run, t["output"]) for run, t in zip(runs_out, tests)] if res.get("ok") else
                    [{"passed": False, "status": "sandbox_error", "detail": res.get("error", "")[:500]}] * len(tests))
     else:
-        results, runs_out = _run_judged(program, tests, str(setup or ""), entry_point, timeout_s, limits, mode, allow_unisolated, py, path)
+        results, runs_out = _run_judged(program, tests, str(setup or ""), entry_point, timeout_s, limits, mode, allow_unisolated, py, show, path)
     return {"passed": sum(r["passed"] for r in results), "total": len(tests), "results": results,
             "stdout": "".join(r["stdout"] for r in runs_out)[:2000], "stderr": "".join(r["stderr"] for r in runs_out)[-2000:],
             "isolation": mode, "clean": all(r.get("clean", True) for r in runs_out), "wall_s": round(time.monotonic() - t0, 3)}

@@ -43,7 +43,7 @@ def score(program:str, tests:str, setup:str) -> tuple:
 
 
 def test_the_suite_is_there():
-    assert len(HACKS) >= 36
+    assert len(HACKS) >= 37
 
 
 @pytest.mark.parametrize("hack", HACKS, ids=lambda p: p.stem)

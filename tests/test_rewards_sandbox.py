@@ -193,6 +193,13 @@ def test_partial_results_survive_a_timeout():
     r = run_tests(prog, ["assert f(1) == 1", "assert f(2) == 2", "assert f(3) == 3"], timeout_s=1.5)
     assert [x["status"] for x in r["results"]] == ["passed", "timeout", "timeout"], r
 
+def test_userns_mode_is_refused_as_root():
+    "Its uid map would run the program as host uid 0: as root only `root` mode isolates."
+    if os.geteuid() != 0: pytest.skip("the caller is not root")
+    assert isolation_status()["userns"].startswith("refused as root"), isolation_status()
+    with pytest.raises(SandboxError, match="isolation='root'"): resolve_isolation("userns")
+    assert resolve_isolation("auto") == "root"
+
 def test_unisolated_mode_is_refused_unless_allowed():
     with pytest.raises(SandboxError, match="allow_unisolated=True"): resolve_isolation("none")
     if not os.path.exists("/usr/bin/python3"): pytest.skip("no system python that a fresh uid can run")
@@ -208,6 +215,10 @@ USERNS_CHILD = textwrap.dedent('''
     out = {"mode": mode, "results": {k: run_tests(v, ["assert solve() == 1"], timeout_s=2, limits=Limits(memory_mb=256, nproc=8))
                                      for k, v in progs.items()}}
     out["good"] = run_tests("def solve(): return 1", ["assert solve() == 1"], timeout_s=5)
+    # no memory cgroup in a user namespace: init adds up the sandbox's resident memory (5 x 200 MiB > 512 MiB)
+    hog = ("import os, time\\nfor _ in range(5):\\n    if os.fork() == 0:\\n        x = bytearray(200 << 20)\\n"
+           "        for i in range(0, len(x), 4096): x[i] = 1\\n        time.sleep(30)\\ntime.sleep(30)\\ndef solve(): return 1\\n")
+    out["total"] = run_tests(hog, ["assert solve() == 1"], timeout_s=5, limits=Limits(memory_mb=300, total_memory_mb=512, nproc=8))
     print(json.dumps(out))
 ''')
 
@@ -218,7 +229,7 @@ def test_userns_mode_as_an_unprivileged_user(listener, secret_file):
     port, hits = listener
     names = ["01_fork_bomb", "09_write_outside", "13_socket_loopback", "14_socket_outside", "15_kill_parent",
              "11_read_secrets", "27_become_root", "20_raise_limits", "31_sysv_shm", "32_unix_socket_var_tmp", "33_nested_userns",
-             "34_read_home_token"]
+             "34_read_home_token", "35_read_checkout"]
     home = Path(tempfile.mkdtemp(prefix="grpo-home-", dir="/var/tmp"))   # the unprivileged caller's home, with a private token
     (home / "private").mkdir(mode=0o700); (home / "private" / "token").write_text("HOME-TOKEN-" + secrets.token_hex(8))
     for q in (home, home / "private", home / "private" / "token"): os.chown(q, 65534, 65534)
@@ -255,6 +266,7 @@ def test_userns_mode_as_an_unprivileged_user(listener, secret_file):
         assert r["passed"] == 0 and r["results"][0]["status"] != "sandbox_error" and r["clean"], (name, r)
     assert out["good"]["passed"] == 1, out["good"]
     assert out["results"]["01_fork_bomb"]["results"][0]["status"] == "timeout"
+    assert out["total"]["results"][0]["status"] == "memory", out["total"]
     assert not hits and not Path(REPO, "grpo_sbx_escape_marker").exists()
 
 def test_load_500_requests_at_concurrency_16(service):
