@@ -1017,7 +1017,7 @@ def _stdio_problem(tests:list) -> str:
     for t in tests:
         if set(t) != {"input", "output"} or not all(isinstance(t[k], str) for k in ("input", "output")):
             return (f"unsupported: a stdin/stdout case is {{'input': str, 'output': str}}; got keys {sorted(t)}"
-                    " (APPS/TACO 'inputs'/'outputs' lists go through grpo_nb.rewards.tests_of_row)")
+                    " (APPS/TACO 'inputs'/'outputs' lists go through grpo_nb.rewards.code_tests_of_row)")
     return ""
 
 # %% ../nbs/04a_sandbox.ipynb 65
