@@ -4,8 +4,8 @@
 
 # %% ../nbs/04a_sandbox.ipynb 3
 from __future__ import annotations
-import ast, builtins, ctypes, fcntl, functools, glob, importlib.util, inspect, json, math, os, random, re, resource, secrets, select, signal, socket, stat, subprocess, sys, tempfile, threading, time
-from dataclasses import asdict, dataclass, field
+import ast, builtins, ctypes, fcntl, functools, glob, importlib.util, inspect, json, os, random, re, resource, secrets, select, signal, socket, stat, subprocess, sys, tempfile, threading, time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -1000,7 +1000,7 @@ def _run_judged(program:str, tests:list, setup:str, entry_point:str, timeout_s:f
     pfiles = {"solution.py": program, "_harness.py": HARNESS, "_spec.json": json.dumps({"path": path})}
     jfiles = {"_judge.py": _judge_source(), "_judge.json": json.dumps({"tests": judged, "setup": setup, "path": path, "budget_s": timeout_s})}
     def program_side():
-        try: box["p"] = sandbox_exec(pfiles, [{"argv": argv("_harness.py"), "rpc": True}], timeout_s + 1, limits, mode, allow_unisolated, py, show, p_fds)
+        try: box["p"] = sandbox_exec(pfiles, [{"argv": argv("_harness.py"), "rpc": True}], timeout_s + 0.25, limits, mode, allow_unisolated, py, show, p_fds)
         except Exception as e: box["p"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     th = threading.Thread(target=program_side, daemon=True); th.start()
     jres = sandbox_exec(jfiles, [{"argv": argv("_judge.py"), "rpc": True}], timeout_s + 1, limits, mode, allow_unisolated, py, show, j_fds)
