@@ -717,10 +717,12 @@ def _grpo_serve(_write=_os.write, _type=type, _repr=repr, _str=str, _len=len):
             req = json.loads(line)
             args = [dec(a) for a in req["a"]]
             out = g[req["f"]](*args, **{k: dec(v) for k, v in req["k"]})
-            rep = {"v": enc(out), "m": [enc(a) for a in args]}
-        except BaseException as e:
+        except BaseException as e:   # the program raised: the judge raises the same builtin exception
             try: rep = {"e": [_type(e).__name__, _str(e)[:500]]}
             except BaseException: rep = {"e": ["Exception", ""]}
+        else:
+            try: rep = {"v": enc(out), "m": [enc(a) for a in args]}
+            except BaseException as e: rep = {"bad": "%s" % (e,)}   # not data: no test may catch that as an exception
         send(rep)
 _grpo_serve()
 '''
@@ -845,10 +847,16 @@ def _grpo_judge():
         if t in (list, tuple, set, frozenset): return [{list: "l", tuple: "t", set: "S", frozenset: "F"}[t], [enc(x, depth + 1) for x in v]]
         if t is dict: return ["d", [[enc(a, depth + 1), enc(b, depth + 1)] for a, b in v.items()]]
         raise _Stop("unsupported", "the test passes a %s to the program: only plain data crosses" % t.__name__)
+    stops = []   # every _Stop raised: it decides the test's verdict even if the test's own `except:` swallowed it
     def call(name, args, kwargs):
+        if stops and stops[-1].args[0] in ("timeout", "program_gone"): raise stops[-1]   # no answer will come any more
+        try: return answer(name, args, kwargs)
+        except _Stop as e: stops.append(e); raise
+    def answer(name, args, kwargs):
         send((json.dumps({"f": name, "a": [enc(a) for a in args], "k": [[k, enc(v)] for k, v in kwargs.items()]}) + "\n").encode())
         calls[0] += 1
         rep = read_reply()
+        if type(rep) is dict and "bad" in rep: raise _Stop("unusable_value", "the program returned something that is not plain data: %s" % rep["bad"])
         if type(rep) is dict and type(rep.get("e")) is list and len(rep["e"]) == 2 and all(type(s) is str for s in rep["e"]):
             cls = getattr(_b, rep["e"][0], None)   # the program raised: the same builtin exception here, else RuntimeError
             if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, (StopIteration, StopAsyncIteration)): raise cls(rep["e"][1])
@@ -884,7 +892,7 @@ def _grpo_judge():
         ns = dict(base, **{n: Program(n) for n in t["names"]})
         try: ns.update({n: importlib.import_module(m) for n, m in t["modules"].items()})   # the judge's own copy of a module the program imported
         except ImportError: pass
-        report(k, "begin"); n0 = calls[0]
+        report(k, "begin"); n0, s0 = calls[0], len(stops)
         try:
             exec(compile(t["src"], "test_%d" % k, "exec"), ns)
             st, d = "passed", ""
@@ -894,6 +902,9 @@ def _grpo_judge():
             if st in ("timeout", "program_gone"): stop = e
         except MemoryError: st, d = "judge_limit", "the test's work on the program's values ran out of memory"
         except BaseException as e: st, d = "error", "%s: %s" % (type(e).__name__, e)
+        if len(stops) > s0:   # the program stopped answering, or answered with no data: so the test fails, caught or not
+            st, d = stops[s0].args
+            if st in ("timeout", "program_gone"): stop = stops[s0]
         if calls[0] == n0 and st in ("passed", "failed"): st, d = "unsupported", "the test ran without calling the program"
         report(k, st, d)
 _grpo_judge()
@@ -964,7 +975,8 @@ def package_dirs(packages:tuple=(), # top-level import names the program may use
 def _judged_tests(program:str, tests:list, setup:str, entry_point:str) -> tuple[list, dict]:
     "The judge's test list ({'src', 'names'}) and, per refused test index, its result: a test must parse and call the program."
     try: names, modules = program_names(program, entry_point), _module_imports(program)
-    except (SyntaxError, ValueError) as e: return [], {k: f"SyntaxError: {e}" for k in range(len(tests))}
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:   # a program Python cannot parse: nothing to run
+        return [], {k: f"SyntaxError: {type(e).__name__}: {e}"[:300] for k in range(len(tests))}
     try: ast.parse(setup)
     except SyntaxError as e: return [], {k: f"the setup code does not parse: {e}" for k in range(len(tests))}
     judged, refused = [], {}

@@ -11,7 +11,7 @@ Every attack must score exactly what the honest wrong program scores on the same
 scores code: `run_tests` in-process, the `code` reward functions, and the HTTP service. Honest correct programs
 keep full marks.
 """
-import json, re
+import json, re, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
@@ -43,7 +43,7 @@ def score(program:str, tests:str, setup:str) -> tuple:
 
 
 def test_the_suite_is_there():
-    assert len(HACKS) >= 37
+    assert len(HACKS) >= 38
 
 
 @pytest.mark.parametrize("hack", HACKS, ids=lambda p: p.stem)
@@ -66,9 +66,16 @@ def test_reward_functions_and_the_service():
     assert rb.per_function["code"] == want, dict(zip([p.stem for p in HACKS], rb.per_function["code"]))
     assert rb.per_function["code_all"] == want
     url, proc = start_code_service(workers=2)
+    slow, stop = [], threading.Event()
+    def watch():   # /health must keep answering while programs make the judges work (huge powers, colliding sets)
+        with CodeClient(url) as client:
+            while not stop.is_set():
+                t0 = time.monotonic(); assert client.health()["status"] == "ok"; slow.append(time.monotonic() - t0); time.sleep(0.2)
+    watcher = threading.Thread(target=watch, daemon=True); watcher.start()
     try:
         rs = compute_rewards(completions, answers, {"code": 1.0}, RewardContext(code_service_url=url, code_timeout_s=TIMEOUT))
         assert rs.per_function["code"] == want, json.dumps(rs.per_function)
-        with CodeClient(url) as client: assert client.health()["status"] == "ok"
     finally:
+        stop.set(); watcher.join(10)
         proc.terminate(); proc.wait(15)
+    assert len(slow) >= 3 and max(slow) < 2.0, slow
