@@ -895,6 +895,7 @@ def _grpo_judge():
         report(k, "begin"); n0, s0 = calls[0], len(stops)
         try:
             exec(compile(t["src"], "test_%d" % k, "exec"), ns)
+            for name in t["pytest"]: ns[name]()
             st, d = "passed", ""
         except AssertionError as e: st, d = "failed", "assertion failed" + (": %s" % e if e.args else "")
         except _Stop as e:
@@ -985,7 +986,10 @@ def _judged_tests(program:str, tests:list, setup:str, entry_point:str) -> tuple[
         except SyntaxError as e: refused[k] = f"the test does not parse: {e}"; continue
         if not used: refused[k] = (f"the test calls nothing the program defines (it defines: {', '.join(sorted(names)) or 'nothing'};"
                                    " a name that shadows a builtin counts only as the entry point)"); continue
-        judged.append({"k": k, "src": str(t), "names": sorted(used - set(modules)), "modules": {n: modules[n] for n in used & set(modules)}})
+        pytest = [f.name for f in ast.parse(str(t)).body if isinstance(f, ast.FunctionDef) and f.name.startswith("test")
+                  and not f.args.args and not f.args.posonlyargs]   # pytest style: the judge calls each `def test_...()`
+        judged.append({"k": k, "src": str(t), "names": sorted(used - set(modules)), "modules": {n: modules[n] for n in used & set(modules)},
+                       "pytest": pytest})
     return judged, refused
 
 def _call_channel() -> tuple[tuple[int, int], tuple[int, int]]:
