@@ -342,6 +342,10 @@ def _new_root(spec:dict) -> dict:
     later = _plan_binds(pk)   # allowed packages: bound after the site directories above them are emptied
     _mount("tmpfs", new, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=4m,mode=755")
     try:
+        for d, opts in [("/tmp", f"size={L['tmpfs_mb']}m,mode=1777"), ("/dev/shm", "size=16m,mode=1777")]:
+            os.makedirs(new + d, mode=0o755, exist_ok=True)
+            _mount("tmpfs", new + d, "tmpfs", _MS_NOSUID | _MS_NODEV, opts)
+        # private /tmp first: an interpreter or package that lives under /tmp (a CI checkout) is bound on top of it
         info = {"bound": _bind_into(new, plan), "site_hidden": []}
         for d in spec.get("site_dirs", []):   # the interpreter's and the system's site-packages: empty but for allowed packages
             if os.path.isdir(new + d) and not os.path.islink(new + d):
@@ -350,9 +354,6 @@ def _new_root(spec:dict) -> dict:
     finally:
         for _, kind, x in plan + later:
             if kind != "link": os.close(x)
-    for d, opts in [("/tmp", f"size={L['tmpfs_mb']}m,mode=1777"), ("/dev/shm", "size=16m,mode=1777")]:
-        os.makedirs(new + d, mode=0o755, exist_ok=True)
-        _mount("tmpfs", new + d, "tmpfs", _MS_NOSUID | _MS_NODEV, opts)
     os.makedirs(new + "/proc", mode=0o555, exist_ok=True)
     _mount("proc", new + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     os.chdir(new)

@@ -321,3 +321,16 @@ def test_serve_refuses_without_isolation_and_explains():
     p = subprocess.run([sys.executable, "-m", "grpo_nb.rewards", "serve", "--isolation", "none", "--port", "0"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "allow_unisolated=True" in p.stderr, p.stderr
+
+def test_only_allowed_packages_are_importable(tmp_path, monkeypatch):
+    "A package is visible only when allowed by name, also from under /tmp (a CI checkout's venv); the rest of its directory is not."
+    pkg = tmp_path / "site" / "grpo_allowed_pkg"; pkg.mkdir(parents=True); (pkg / "__init__.py").write_text("VALUE = 42\n")
+    (tmp_path / "site" / "grpo_other_pkg").mkdir(); (tmp_path / "site" / "grpo_other_pkg" / "__init__.py").write_text("")
+    for p in (tmp_path, tmp_path / "site", pkg): p.chmod(0o755)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    prog = "import os\ndef f():\n    import grpo_allowed_pkg\n    return grpo_allowed_pkg.VALUE\ndef g(): return os.path.exists(%r)\n" % str(tmp_path / "site" / "grpo_other_pkg")
+    r = run_tests(prog, ["assert f() == 42", "assert g() == False"], timeout_s=5, packages=("grpo_allowed_pkg",))
+    assert r["passed"] == 2, r["results"]
+    r = run_tests(prog, ["assert f() == 42"], timeout_s=5)
+    assert r["results"][0]["status"] == "error" and "ModuleNotFoundError" in r["results"][0]["detail"], r["results"]
+    with pytest.raises(SandboxError, match="not installed"): run_tests(prog, ["assert f() == 42"], packages=("grpo_no_such_pkg",))
