@@ -334,3 +334,10 @@ def test_only_allowed_packages_are_importable(tmp_path, monkeypatch):
     r = run_tests(prog, ["assert f() == 42"], timeout_s=5)
     assert r["results"][0]["status"] == "error" and "ModuleNotFoundError" in r["results"][0]["detail"], r["results"]
     with pytest.raises(SandboxError, match="not installed"): run_tests(prog, ["assert f() == 42"], packages=("grpo_no_such_pkg",))
+
+def test_a_report_index_that_is_not_ascii_digits_is_ignored():
+    "`'²'.isdigit()` is true but `int('²')` fails: such an index once made the whole run a sandbox_error."
+    from grpo_nb.sandbox import sandbox_exec
+    prog = "import os\nn = os.read(3, 64).decode()\nos.write(4, (n + '\\t\u00b2\\tpassed\\tx\\n' + n + '\\t1\\tpassed\\ty\\n').encode())\n"
+    r = sandbox_exec({"p.py": prog}, [{"argv": [sys.executable, "p.py"]}], 5)
+    assert r["ok"] and r["runs"][0]["reports"] == [{"i": 1, "s": "passed", "d": "y"}], r
