@@ -800,6 +800,7 @@ def decode_value(x, # one tagged value as JSON gives it, e.g. ["l", [["i", "2"],
 
 # %% ../nbs/04a_sandbox.ipynb 52
 JUDGE = r'''
+from __future__ import annotations   # the program's interpreter may be older than the caller's
 import builtins as _b, importlib, json, os, re, select, sys, time
 #DECODER#
 class _Stop(BaseException): "The program ended, fell silent or replied with something that is not data: a test's `except Exception` cannot catch it."
@@ -809,7 +810,7 @@ def _grpo_judge():
     with open("_judge.json") as f: spec = json.load(f)
     os.unlink("_judge.json"); os.unlink("_judge.py")
     sys.path[:] = [p for p in sys.path if p] + spec["path"]
-    sys.set_int_max_str_digits(MAX_DIGITS)
+    getattr(sys, "set_int_max_str_digits", lambda n: None)(MAX_DIGITS)   # Python 3.11+: int <-> str beyond it is refused
     deadline, buf, calls = t0 + spec["budget_s"], bytearray(), [0]
     def report(k, status, detail=""):
         try: detail = str(detail)
