@@ -476,7 +476,7 @@ def _check_job(job:Any, max_timeout_s:float, default_timeout_s:float) -> dict:
     if not isinstance(prog, str) or len(prog) > _MAX_PROGRAM: raise ValueError(f"'program' must be a string of at most {_MAX_PROGRAM} characters")
     if not isinstance(tests, list) or len(tests) > _MAX_TESTS: raise ValueError(f"'tests' must be a list of at most {_MAX_TESTS} tests")
     if not all(isinstance(t, str) for t in tests) and not all(isinstance(t, dict) for t in tests):
-        raise ValueError("'tests' must be all assert strings or all {input, output} objects")
+        raise ValueError("'tests' must be all test snippets (strings) or all {input, output} objects")
     if not isinstance(setup, str): raise ValueError("'setup' must be a string")
     if not isinstance(job.get("entry_point", ""), str): raise ValueError("'entry_point' must be a string")
     try: t = float(job.get("timeout_s", default_timeout_s))
@@ -500,6 +500,7 @@ def make_app(workers:int=4, # sandboxes running at once
     from starlette.responses import JSONResponse
     from starlette.routing import Route
     mode = resolve_isolation(isolation, allow_unisolated)
+    sandbox.package_dirs(tuple(packages))   # an unknown package: refused now (SandboxError), not in every job
     pool = ThreadPoolExecutor(workers, thread_name_prefix="sandbox")
     st, lock = {"running": 0, "queued": 0, "served": 0, "errors": 0, "rejected": 0, "t0": time.time()}, threading.Lock()
     def count(**kw):
@@ -648,7 +649,7 @@ def health(self:CodeClient) -> dict:
 
 # %% ../nbs/04_rewards.ipynb 74
 @patch
-def run_batch(self:CodeClient, jobs:list[dict], # each {program, tests, timeout_s?, setup?}
+def run_batch(self:CodeClient, jobs:list[dict], # each {program, tests, timeout_s?, setup?, entry_point?}
              ) -> list[dict]:
     "Results of `jobs`, in order, each matched back by id (a lost or repeated answer raises)."
     jobs = [{**j, "id": i, "timeout_s": j.get("timeout_s", self.timeout_s)} for i, j in enumerate(jobs)]

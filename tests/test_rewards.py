@@ -189,3 +189,9 @@ def test_malformed_stdin_cases_are_refused_with_the_keys_expected():
     r = run_tests("print(3)", [{"inputs": "1 2", "outputs": "3"}, {"stdin": "", "expected_output": "3"}], timeout_s=5)
     assert r["passed"] == 0 and {x["status"] for x in r["results"]} == {"unsupported"}
     assert "{'input': str, 'output': str}" in r["results"][0]["detail"] and "inputs" in r["results"][0]["detail"]
+
+@needs_sandbox
+def test_the_service_refuses_an_unknown_allowed_package(capsys):
+    from grpo_nb.rewards import serve_cli
+    assert serve_cli(["--port", "0", "--packages", "grpo_no_such_pkg"]) == 2
+    assert "not installed" in capsys.readouterr().err
