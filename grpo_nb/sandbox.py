@@ -803,6 +803,10 @@ JUDGE = r'''
 from __future__ import annotations   # the program's interpreter may be older than the caller's
 import builtins as _b, importlib, json, os, re, select, sys, time
 #DECODER#
+def _say(e):
+    "An exception's message, or a note when even that fails (a message holding an int too long to print, say)."
+    try: return str(e)[:300]
+    except BaseException: return "(message not printable)"
 class _Stop(BaseException): "The program ended, fell silent or replied with something that is not data: a test's `except Exception` cannot catch it."
 def _grpo_judge():
     t0 = time.monotonic()
@@ -901,12 +905,12 @@ def _grpo_judge():
             exec(compile(t["src"], "test_%d" % k, "exec"), ns)
             for name in t["pytest"]: ns[name]()
             st, d = "passed", ""
-        except AssertionError as e: st, d = "failed", "assertion failed" + (": %s" % e if e.args else "")
+        except AssertionError as e: st, d = "failed", "assertion failed" + (": %s" % _say(e) if e.args else "")
         except _Stop as e:
             st, d = e.args
             if st in ("timeout", "program_gone"): stop = e
         except MemoryError: st, d = "judge_limit", "the test's work on the program's values ran out of memory"
-        except BaseException as e: st, d = "error", "%s: %s" % (type(e).__name__, e)
+        except BaseException as e: st, d = "error", "%s: %s" % (type(e).__name__, _say(e))
         if len(stops) > s0:   # the program stopped answering, or answered with no data: so the test fails, caught or not
             st, d = stops[s0].args
             if st in ("timeout", "program_gone"): stop = stops[s0]
