@@ -15,13 +15,13 @@ from .config import run_cli
 from .sandbox import Limits, SandboxError, isolation_status, resolve_isolation
 
 # %% auto 0
-__all__ = ['MV_WORKER', 'RewardFn', 'REWARDS', 'run_tests', 'extract_boxed', 'extract_hash', 'extract_last_number',
-           'extract_answer', 'normalize_answer', 'parse_number', 'VerifyPool', 'default_verify_pool',
-           'reference_answer', 'math_equal', 'math_reward', 'arith_reward', 'format_boxed_reward',
-           'format_think_reward', 'extract_code', 'register', 'check_functions', 'RewardContext', 'math_rewards',
-           'arith_rewards', 'format_boxed_rewards', 'format_think_rewards', 'code_rewards', 'code_all_rewards',
-           'RewardBatch', 'compute_rewards', 'make_app', 'serve_command', 'serve_cli', 'main', 'CodeClient',
-           'start_code_service']
+__all__ = ['MV_WORKER', 'CODE_FORMATS', 'RewardFn', 'REWARDS', 'run_tests', 'extract_boxed', 'extract_hash',
+           'extract_last_number', 'extract_answer', 'normalize_answer', 'parse_number', 'VerifyPool',
+           'default_verify_pool', 'reference_answer', 'math_equal', 'math_reward', 'arith_reward',
+           'format_boxed_reward', 'format_think_reward', 'extract_code', 'code_tests_of_row', 'register',
+           'check_functions', 'RewardContext', 'math_rewards', 'arith_rewards', 'format_boxed_rewards',
+           'format_think_rewards', 'code_rewards', 'code_all_rewards', 'RewardBatch', 'compute_rewards', 'make_app',
+           'serve_command', 'serve_cli', 'main', 'CodeClient', 'start_code_service']
 
 # %% ../nbs/04_rewards.ipynb 6
 def extract_boxed(text:str, # a completion or a worked solution
@@ -268,15 +268,63 @@ def extract_code(completion:str, # the model's text
     py = [code for lang, code in blocks if lang.lower() in ("", "python", "py", "python3")]
     return (py or [code for _, code in blocks] or [completion])[-1]
 
-def _tests_of(answer) -> tuple[list, str]:
-    "(tests, setup) from a dataset reference: a list, a JSON string of one, or {'tests': [...], 'setup': '...'}."
+# %% ../nbs/04_rewards.ipynb 48
+CODE_FORMATS = {
+    "tests (+ setup, entry_point)": "this library's own: test snippets or {input, output} cases",
+    "test_list (+ test_setup_code)": "MBPP",
+    "test + entry_point": "HumanEval: `def check(candidate)`, called on the entry point",
+    "input_output, or inputs + outputs (+ fn_name)": "APPS, TACO: stdin/stdout cases, or calls of fn_name",
+    "public_tests / private_tests / generated_tests": "CodeContests: {input: [...], output: [...]}",
+    "ground_truth": "open-instruct's code rows: a list of asserts (or its JSON)",
+}
+"The row formats `code_tests_of_row` reads (keys -> whose format)."
+
+_APPS_EQUAL = '''def _apps_equal(got, want):
+    "APPS's rule: a tuple counts as a list, and a one-element expected list also matches its item."
+    norm = lambda v: [norm(x) for x in v] if isinstance(v, (list, tuple)) else v
+    got, want = norm(got), norm(want)
+    return got == want or (isinstance(want, list) and len(want) == 1 and got == want[0])
+'''
+
+def _text(v) -> str: return "\n".join(map(str, v)) if isinstance(v, list) else str(v)
+
+def _io_cases(d:dict) -> dict:
+    "APPS/TACO `input_output`: stdin/stdout cases, or (with `fn_name`) calls judged by APPS's equality."
+    ins, outs = d.get("inputs"), d.get("outputs")
+    if not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs):
+        raise ValueError(f"input_output needs equally long lists 'inputs' and 'outputs'; got keys {sorted(d)}")
+    if fn := d.get("fn_name"):
+        return {"tests": [f"assert _apps_equal({fn}(*{a!r}), {o!r})" for a, o in zip(ins, outs)], "setup": _APPS_EQUAL, "entry_point": fn}
+    return {"tests": [{"input": _text(a), "output": _text(o)} for a, o in zip(ins, outs)]}
+
+# %% ../nbs/04_rewards.ipynb 49
+def code_tests_of_row(answer, # a row's reference: a list of tests, a JSON string of one, or a dataset row (see `CODE_FORMATS`)
+                ) -> dict:
+    "{'tests', 'setup', 'entry_point'} from any format in `CODE_FORMATS`; ValueError naming the keys expected otherwise."
     if isinstance(answer, str):
         try: answer = json.loads(answer)
-        except ValueError: answer = [answer]
-    if isinstance(answer, dict): return list(answer.get("tests", [])), str(answer.get("setup", "") or "")
-    return list(answer), ""
+        except ValueError: return {"tests": [answer], "setup": "", "entry_point": ""}   # one snippet (maybe several asserts)
+    if isinstance(answer, (list, tuple)): out = {"tests": list(answer)}
+    elif not isinstance(answer, dict): raise ValueError(f"a code reference is a list of tests or a dataset row, not {type(answer).__name__}")
+    elif "tests" in answer: out = {k: answer[k] for k in ("tests", "setup", "entry_point") if k in answer}
+    elif "test_list" in answer: out = {"tests": list(answer["test_list"]), "setup": answer.get("test_setup_code") or ""}
+    elif "test" in answer and "entry_point" in answer:
+        out = {"tests": [f"{answer['test']}\ncheck({answer['entry_point']})"], "entry_point": answer["entry_point"]}
+    elif "input_output" in answer:
+        io = answer["input_output"]
+        out = _io_cases(json.loads(io) if isinstance(io, str) else io)
+    elif "inputs" in answer or "outputs" in answer: out = _io_cases(answer)
+    elif any(k in answer for k in ("public_tests", "private_tests", "generated_tests")):
+        cases = [answer[k] or {} for k in ("public_tests", "private_tests", "generated_tests") if k in answer]
+        if not all(isinstance(c, dict) and len(c.get("input", [])) == len(c.get("output", [1])) for c in cases):
+            raise ValueError("CodeContests tests are {'input': [...], 'output': [...]} of equal length")
+        out = {"tests": [{"input": i, "output": o} for c in cases for i, o in zip(c.get("input", []), c.get("output", []))]}
+    elif "ground_truth" in answer: return code_tests_of_row(answer["ground_truth"])
+    else:
+        raise ValueError(f"no code tests in a row with keys {sorted(answer)}; expected one of: " + "; ".join(CODE_FORMATS))
+    return {"tests": out["tests"], "setup": str(out.get("setup") or ""), "entry_point": str(out.get("entry_point") or "")}
 
-# %% ../nbs/04_rewards.ipynb 48
+# %% ../nbs/04_rewards.ipynb 52
 RewardFn = Callable[[list, list, "RewardContext"], list]
 REWARDS:dict[str, RewardFn] = {}
 
@@ -297,7 +345,7 @@ def check_functions(functions:dict[str, float], # `reward.functions`: name -> we
             raise ValueError(f"reward.functions.{name}: no reward of that name" + (f"; did you mean {close[0]!r}?" if close else ".")
                              + f" Registered: {', '.join(sorted(REWARDS))}. Fix: --reward.functions={{{close[0] if close else 'math'}: 1.0}}")
 
-# %% ../nbs/04_rewards.ipynb 49
+# %% ../nbs/04_rewards.ipynb 53
 @dataclass
 class RewardContext:
     "What batch reward functions may use besides completions and references."
@@ -308,6 +356,7 @@ class RewardContext:
     math_timeout_s:float=5.0 # CPU seconds of one math-verify call
     verify_pool:VerifyPool|None=None # math-verify workers (default: the process-wide pool)
     limits:Limits|None=None # sandbox limits for in-process runs (default `Limits()`)
+    packages:tuple=() # packages programs may import beyond the standard library (in-process runs; the service has its own)
     _code_cache:dict=field(default_factory=dict, repr=False) # (program, tests) -> result, within one batch
 
     @classmethod
@@ -322,10 +371,10 @@ class RewardContext:
         "`fn` over zipped `seqs` on `max_workers` threads, results in order."
         with ThreadPoolExecutor(self.max_workers) as ex: return list(ex.map(fn, *seqs))
 
-# %% ../nbs/04_rewards.ipynb 51
+# %% ../nbs/04_rewards.ipynb 55
 def _run_code(ctx:RewardContext, jobs:list[dict]) -> list[dict]:
     "Results of `jobs` ({'program', 'tests', 'setup'}) via the service or local sandboxes, cached per context."
-    key = lambda j: json.dumps([j["program"], j["tests"], j.get("setup", "")])
+    key = lambda j: json.dumps([j["program"], j["tests"], j.get("setup", ""), j.get("entry_point", "")])
     todo = {key(j): j for j in jobs if key(j) not in ctx._code_cache}
     if todo:
         pending = list(todo.values())
@@ -333,14 +382,16 @@ def _run_code(ctx:RewardContext, jobs:list[dict]) -> list[dict]:
             with CodeClient(ctx.code_service_url, timeout_s=ctx.code_timeout_s) as c: res = c.run_batch(pending)
         else:
             res = ctx.map(lambda j: sandbox.run_tests(j["program"], j["tests"], ctx.code_timeout_s, ctx.limits,
-                                              allow_unisolated=ctx.allow_unisolated, setup=j.get("setup", "")), pending)
+                                              allow_unisolated=ctx.allow_unisolated, setup=j.get("setup", ""),
+                                                      entry_point=j.get("entry_point", ""), packages=ctx.packages), pending)
         ctx._code_cache.update({key(j): r for j, r in zip(pending, res)})
     return [ctx._code_cache[key(j)] for j in jobs]
 
 def _code_jobs(completions, answers) -> list[dict]:
-    return [dict(zip(("program", "tests", "setup"), (extract_code(c), *_tests_of(a)))) for c, a in zip(completions, answers)]
+    "One job per completion: its program and the tests of its row, in whichever format the row holds."
+    return [{"program": extract_code(c), **code_tests_of_row(a)} for c, a in zip(completions, answers)]
 
-# %% ../nbs/04_rewards.ipynb 52
+# %% ../nbs/04_rewards.ipynb 56
 @register("math")
 def math_rewards(completions:list[str], # the B completions
                  answers:list, # their B references
@@ -389,7 +440,7 @@ def code_all_rewards(completions:list[str], # the B completions
     "1.0 per completion whose program passes all its tests (MBPP's pass@1 criterion)."
     return [float(r["total"] > 0 and r["passed"] == r["total"]) for r in _run_code(ctx, _code_jobs(completions, answers))]
 
-# %% ../nbs/04_rewards.ipynb 55
+# %% ../nbs/04_rewards.ipynb 59
 @dataclass
 class RewardBatch:
     "Rewards of one batch."
@@ -415,23 +466,24 @@ def compute_rewards(completions:list[str], # the B completions
     total = [sum(w * per[n][i] for n, w in functions.items()) for i in range(len(completions))]
     return RewardBatch(total, per, time.monotonic() - t0)
 
-# %% ../nbs/04_rewards.ipynb 60
+# %% ../nbs/04_rewards.ipynb 64
 _MAX_PROGRAM, _MAX_TESTS, _MAX_BODY = 256 * 1024, 512, 16 << 20
 
 def _check_job(job:Any, max_timeout_s:float, default_timeout_s:float) -> dict:
     "A validated job dict, or ValueError saying what is wrong with it."
-    if not isinstance(job, dict): raise ValueError("a job is a JSON object {program, tests, timeout_s?, setup?, id?}")
+    if not isinstance(job, dict): raise ValueError("a job is a JSON object {program, tests, timeout_s?, setup?, entry_point?, id?}")
     prog, tests, setup = job.get("program"), job.get("tests"), job.get("setup", "") or ""
     if not isinstance(prog, str) or len(prog) > _MAX_PROGRAM: raise ValueError(f"'program' must be a string of at most {_MAX_PROGRAM} characters")
     if not isinstance(tests, list) or len(tests) > _MAX_TESTS: raise ValueError(f"'tests' must be a list of at most {_MAX_TESTS} tests")
     if not all(isinstance(t, str) for t in tests) and not all(isinstance(t, dict) for t in tests):
-        raise ValueError("'tests' must be all assert strings or all {input, output} objects")
+        raise ValueError("'tests' must be all test snippets (strings) or all {input, output} objects")
     if not isinstance(setup, str): raise ValueError("'setup' must be a string")
+    if not isinstance(job.get("entry_point", ""), str): raise ValueError("'entry_point' must be a string")
     try: t = float(job.get("timeout_s", default_timeout_s))
     except (TypeError, ValueError): raise ValueError("'timeout_s' must be a number") from None
-    return {"id": job.get("id"), "program": prog, "tests": tests, "setup": setup, "timeout_s": min(max(t, 0.1), max_timeout_s)}
+    return {"id": job.get("id"), "program": prog, "tests": tests, "setup": setup, "entry_point": job.get("entry_point", ""), "timeout_s": min(max(t, 0.1), max_timeout_s)}
 
-# %% ../nbs/04_rewards.ipynb 61
+# %% ../nbs/04_rewards.ipynb 65
 def make_app(workers:int=4, # sandboxes running at once
              max_queue:int=256, # jobs that may wait for a worker; more get 503 (clients retry)
              max_timeout_s:float=60.0, # upper bound of a job's timeout_s
@@ -439,6 +491,7 @@ def make_app(workers:int=4, # sandboxes running at once
              limits:Limits|None=None, # resource limits of every sandbox
              isolation:str="auto", # sandbox mode (resolved once, at start)
              allow_unisolated:bool=False, # accept running without namespaces (unsafe)
+             packages:tuple=(), # packages programs may import beyond the standard library
             ):
     "The Starlette app of the code-execution service (refuses to build if the sandbox cannot isolate)."
     import asyncio, contextlib
@@ -447,6 +500,7 @@ def make_app(workers:int=4, # sandboxes running at once
     from starlette.responses import JSONResponse
     from starlette.routing import Route
     mode = resolve_isolation(isolation, allow_unisolated)
+    sandbox.package_dirs(tuple(packages))   # an unknown package: refused now (SandboxError), not in every job
     pool = ThreadPoolExecutor(workers, thread_name_prefix="sandbox")
     st, lock = {"running": 0, "queued": 0, "served": 0, "errors": 0, "rejected": 0, "t0": time.time()}, threading.Lock()
     def count(**kw):
@@ -455,7 +509,8 @@ def make_app(workers:int=4, # sandboxes running at once
 
     def work(job:dict) -> dict:
         count(queued=-1, running=1)
-        try: r = sandbox.run_tests(job["program"], job["tests"], job["timeout_s"], limits, mode, allow_unisolated, job["setup"])
+        try: r = sandbox.run_tests(job["program"], job["tests"], job["timeout_s"], limits, mode, allow_unisolated, job["setup"],
+                                      entry_point=job["entry_point"], packages=packages)
         except Exception as e:
             count(errors=1)
             r = {"passed": 0, "total": len(job["tests"]), "wall_s": 0.0,
@@ -497,7 +552,7 @@ def make_app(workers:int=4, # sandboxes running at once
     app.state.isolation = mode
     return app
 
-# %% ../nbs/04_rewards.ipynb 63
+# %% ../nbs/04_rewards.ipynb 67
 def serve_command(*, host:str="127.0.0.1", # address to bind (0.0.0.0: reachable from other nodes)
                   port:int=8070, # port (0: a free one, printed at start)
                   workers:int=os.cpu_count() or 1, # sandboxes running at once
@@ -507,13 +562,15 @@ def serve_command(*, host:str="127.0.0.1", # address to bind (0.0.0.0: reachable
                   nproc:int=Limits.nproc, # processes + threads of one sandbox
                   isolation:Literal["auto", "root", "userns", "none"]="auto", # sandbox mode
                   allow_unisolated:bool=False, # run without namespaces if none can be made (unsafe)
+                  packages:str="", # packages programs may import beyond the standard library, comma-separated (e.g. numpy,scipy)
                   ready_file:str="", # write {url, pid, isolation} here as JSON once listening
                   log_level:str="warning", # uvicorn log level
                  ) -> int: # 0 after SIGINT/SIGTERM, 2 when the sandbox cannot isolate or the port cannot be bound
     "Run the code-execution service until SIGINT/SIGTERM."
     import uvicorn
     try: app = make_app(workers, max_queue, max_timeout, limits=Limits(memory_mb=memory_mb, nproc=nproc),
-                        isolation=isolation, allow_unisolated=allow_unisolated)
+                        isolation=isolation, allow_unisolated=allow_unisolated,
+                        packages=tuple(p.strip() for p in packages.split(",") if p.strip()))
     except SandboxError as e:
         print(f"grpo_nb code server: error: {e}", file=sys.stderr); return 2
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -545,10 +602,10 @@ def main(argv:list[str]|None=None, # command-line arguments (None: sys.argv[1:])
     print("usage: python -m grpo_nb.rewards serve [--host H] [--port P] [--workers N] ... (serve --help)", file=sys.stderr)
     return 2
 
-# %% ../nbs/04_rewards.ipynb 64
+# %% ../nbs/04_rewards.ipynb 68
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())
 
-# %% ../nbs/04_rewards.ipynb 68
+# %% ../nbs/04_rewards.ipynb 72
 class CodeClient:
     "Client of the code-execution service: batching, timeouts, retries."
     def __init__(self, url:str, # service address, e.g. http://head-node:8070
@@ -566,7 +623,7 @@ class CodeClient:
     def __exit__(self, *exc): self.close()
     def close(self): self._http.close()
 
-# %% ../nbs/04_rewards.ipynb 69
+# %% ../nbs/04_rewards.ipynb 73
 @patch
 def _post(self:CodeClient, path:str, payload:dict, timeout_s:float) -> dict:
     "POST with retries on connection errors and 502/503/504; ValueError on a 4xx (a bad job is not retried)."
@@ -590,9 +647,9 @@ def health(self:CodeClient) -> dict:
     try: return self._http.get("/health", timeout=5.0).json()
     except httpx.TransportError as e: raise ConnectionError(f"code service at {self.url} does not answer: {e}") from None
 
-# %% ../nbs/04_rewards.ipynb 70
+# %% ../nbs/04_rewards.ipynb 74
 @patch
-def run_batch(self:CodeClient, jobs:list[dict], # each {program, tests, timeout_s?, setup?}
+def run_batch(self:CodeClient, jobs:list[dict], # each {program, tests, timeout_s?, setup?, entry_point?}
              ) -> list[dict]:
     "Results of `jobs`, in order, each matched back by id (a lost or repeated answer raises)."
     jobs = [{**j, "id": i, "timeout_s": j.get("timeout_s", self.timeout_s)} for i, j in enumerate(jobs)]
@@ -620,7 +677,7 @@ def run_tests(self:CodeClient, program:str, # the untrusted source code
 
 run_tests = sandbox.run_tests   # `@patch` rebinds the module-level name to None: keep `grpo_nb.rewards.run_tests` the in-process runner
 
-# %% ../nbs/04_rewards.ipynb 72
+# %% ../nbs/04_rewards.ipynb 76
 def start_code_service(workers:int=2, # sandboxes running at once
                        host:str="127.0.0.1", # address to bind
                        port:int=0, # 0: a free port

@@ -4,15 +4,15 @@
 
 # %% ../nbs/04a_sandbox.ipynb 3
 from __future__ import annotations
-import ast, builtins, ctypes, fcntl, functools, json, math, os, random, re, resource, secrets, select, signal, socket, stat, subprocess, sys, tempfile, threading, time
-from dataclasses import asdict, dataclass, field
+import ast, builtins, ctypes, fcntl, functools, glob, importlib.util, inspect, json, os, random, re, resource, secrets, select, signal, socket, stat, subprocess, sys, tempfile, threading, time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
 # %% auto 0
-__all__ = ['Isolation', 'HIDDEN_TREES', 'UID_BASE', 'UID_COUNT', 'HARNESS', 'SAFE_NAMES', 'Limits', 'SandboxError',
-           'isolation_status', 'resolve_isolation', 'sandbox_exec', 'AssertPlan', 'plan_assert', 'decode_value',
-           'judge', 'run_tests']
+__all__ = ['Isolation', 'ROOT_TREES', 'ROOT_FILES', 'UID_BASE', 'UID_COUNT', 'HARNESS', 'MAX_ITEMS', 'MAX_DEPTH', 'MAX_DIGITS',
+           'MAX_REPLY', 'JUDGE', 'Limits', 'SandboxError', 'isolation_status', 'resolve_isolation', 'sandbox_exec',
+           'program_names', 'calls_of', 'decode_value', 'package_dirs', 'run_tests']
 
 # %% ../nbs/04a_sandbox.ipynb 6
 @dataclass
@@ -56,25 +56,35 @@ def _prctl(option:int, arg:int):
     _libc_call("prctl", ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
 
 # %% ../nbs/04a_sandbox.ipynb 11
-_KEEP_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
-               "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME}
+ROOT_TREES = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
+"Host trees the sandbox's root shows (read-only): the system's programs and shared libraries. Nothing else of the host is there."
+ROOT_FILES = ["/etc/ld.so.cache", "/etc/localtime", "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
+"Single files bound in: the dynamic linker's cache, the time zone, and the harmless devices."
+_MS_MOVE = 8192
 
-def _mount_points() -> list[tuple[str, str]]:
-    "(mount point, per-mount options) of every mount in this mount namespace, from /proc/self/mountinfo."
+def _plan_binds(paths:list[str]) -> list[tuple]:
+    "(path, 'link', target) or (path, 'dir'|'file', O_PATH fd) for each existing path: taken before anything is covered."
     out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split()
-            out.append((re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4]), parts[5]))
+    for p in dict.fromkeys(paths):
+        if os.path.islink(p): out.append((p, "link", os.readlink(p)))
+        elif os.path.exists(p): out.append((p, "dir" if os.path.isdir(p) else "file", os.open(p, os.O_PATH)))
     return out
 
-def _remount_readonly() -> int:
-    "Remount every mount read-only (best effort); return how many succeeded."
-    done = 0
-    for mp, opts in _mount_points():
-        keep = sum(v for k, v in _KEEP_FLAGS.items() if k in opts.split(","))
-        try: _mount(None, mp, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | keep); done += 1
-        except OSError: pass
+def _bind_into(new:str, plan:list[tuple]) -> list[str]:
+    "Recreate each planned path under `new`: a symlink as a symlink, a directory or file as a read-only bind mount."
+    done = []
+    for p, kind, x in plan:
+        t = new + p
+        os.makedirs(os.path.dirname(t), mode=0o755, exist_ok=True)
+        if kind == "link":
+            if not os.path.lexists(t): os.symlink(x, t)
+            continue
+        if kind == "dir": os.makedirs(t, mode=0o755, exist_ok=True)
+        elif not os.path.exists(t): open(t, "a").close()
+        _mount(f"/proc/self/fd/{x}", t, None, _MS_BIND | _MS_REC)
+        try: _mount(None, t, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        except OSError: _mount(None, t, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID)   # device nodes keep dev
+        done.append(p)
     return done
 
 # %% ../nbs/04a_sandbox.ipynb 13
@@ -220,7 +230,7 @@ def _reap_all(mode:str, pid:int, grace_s:float=3.0) -> bool:
         time.sleep(0.005)
 
 # %% ../nbs/04a_sandbox.ipynb 21
-def _pump(fds:dict[str, int], stdin:bytes, pidfd:int, deadline:float, cap:int) -> tuple[dict[str, bytearray], str|None]:
+def _pump(fds:dict[str, int], stdin:bytes, pidfd:int, deadline:float, cap:int, watch_mb:float=0) -> tuple[dict[str, bytearray], str|None]:
     "Move bytes until the program exits, `deadline` passes or `cap` output bytes arrive; return (buffers, why it stopped)."
     bufs = {k: bytearray() for k in ("out", "err", "rep")}
     by_fd = {fds[k]: k for k in bufs}
@@ -230,11 +240,14 @@ def _pump(fds:dict[str, int], stdin:bytes, pidfd:int, deadline:float, cap:int) -
     w, sent = fds["in"], 0
     if stdin: os.set_blocking(w, False); poller.register(w, select.POLLOUT)
     else: os.close(w); w = -1
-    why = None
+    why, checked = None, 0.0
     while why is None:
         left = deadline - time.monotonic()
         if left <= 0: why = "timeout"; break
-        for fd, ev in poller.poll(max(1, int(left * 1000))):
+        if watch_mb and time.monotonic() - checked > 0.02:   # no memory cgroup: init adds up the sandbox's resident memory
+            checked = time.monotonic()
+            if _total_rss_mb() > watch_mb: why = "memory_total"; break
+        for fd, ev in poller.poll(max(1, int(min(left, 0.02 if watch_mb else left) * 1000))):
             if fd == pidfd: why = "exited"
             elif fd == w:
                 try: sent += os.write(w, stdin[sent:sent + 65536])
@@ -263,6 +276,17 @@ def _drain(fds:list[int], bufs:list[bytearray], cap:int, grace_s:float=1.0):
         os.close(fd)
 
 # %% ../nbs/04a_sandbox.ipynb 22
+def _total_rss_mb() -> float:
+    "Resident memory of every process this /proc shows but PID 1 (in a sandbox: all of the sandbox's processes), in MiB."
+    pages = 0
+    for d in os.listdir("/proc"):
+        if d.isdigit() and d != "1":
+            try:
+                with open(f"/proc/{d}/statm") as f: pages += int(f.read().split()[1])
+            except (OSError, ValueError, IndexError): pass
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+# %% ../nbs/04a_sandbox.ipynb 23
 def _run_one(run:dict, spec:dict) -> dict:
     "Run one program of `spec` (argv, stdin) in the prepared sandbox; return what happened."
     L, mode = spec["limits"], spec["mode"]
@@ -270,14 +294,15 @@ def _run_one(run:dict, spec:dict) -> dict:
     (in_r, in_w), (out_r, out_w), (err_r, err_w), (n_r, n_w), (rep_r, rep_w) = [os.pipe() for _ in range(5)]
     nonce = secrets.token_hex(16)
     os.write(n_w, nonce.encode()); os.close(n_w)
+    rpc = {5: 3, 6: 4} if run.get("rpc") and spec.get("rpc") else {}   # the call channel, held by init as fds 3 and 4
     t0 = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        _exec_child(run["argv"], spec["env"], spec["workdir"], {0: in_r, 1: out_w, 2: err_w, 3: n_r, 4: rep_w}, L, spec["uid"])
-    for fd in (in_r, out_w, err_w, n_r, rep_w): os.close(fd)
+        _exec_child(run["argv"], spec["env"], spec["workdir"], {0: in_r, 1: out_w, 2: err_w, 3: n_r, 4: rep_w, **rpc}, L, spec["uid"])
+    for fd in (in_r, out_w, err_w, n_r, rep_w, *rpc.values()): os.close(fd)   # only the program holds the channel now
     pidfd = os.pidfd_open(pid)
     bufs, why = _pump({"in": in_w, "out": out_r, "err": err_r, "rep": rep_r}, run.get("stdin", "").encode(),
-                      pidfd, t0 + L["wall_s"], cap)
+                      pidfd, t0 + L["wall_s"], cap, spec.get("watch_mb", 0))
     if why != "exited": _signal_all(mode, pid)
     _, status, ru = os.wait4(pid, 0)
     wall = time.monotonic() - t0
@@ -287,34 +312,16 @@ def _run_one(run:dict, spec:dict) -> dict:
     reports = []
     for line in bufs["rep"].decode(errors="replace").splitlines():
         f = line.split("\t", 3)
-        if len(f) == 4 and f[0] == nonce and f[1].lstrip("-").isdigit(): reports.append({"i": int(f[1]), "s": f[2], "d": f[3][:1 << 20]})
+        if len(f) == 4 and f[0] == nonce and re.fullmatch(r"-?[0-9]{1,9}", f[1]): reports.append({"i": int(f[1]), "s": f[2], "d": f[3][:1 << 20]})
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     return {"exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
             "signal": signal.Signals(sig).name if sig else None,
-            "timed_out": why == "timeout", "output_limit": why == "output_limit" or len(bufs["out"]) + len(bufs["err"]) > cap,
+            "timed_out": why == "timeout", "memory_total": why == "memory_total", "output_limit": why == "output_limit" or len(bufs["out"]) + len(bufs["err"]) > cap,
             "stdout": bufs["out"][:cap].decode(errors="replace"), "stderr": bufs["err"][-8192:].decode(errors="replace"),
             "reports": reports, "wall_s": round(wall, 3), "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),
             "maxrss_mb": round(ru.ru_maxrss / 1024, 1), "cpu_limit": L["cpu_s"], "clean": clean}
 
-# %% ../nbs/04a_sandbox.ipynb 25
-HIDDEN_TREES = ["/home", "/root", "/var/tmp", "/var/lock", "/var/crash", "/mnt", "/media", "/srv", "/opt/slurm", "/scratch"]
-"Trees a program never sees (an empty read-only tmpfs over each; the caller's home is added): user files, tokens and UNIX sockets."
-
-def _hide_tree(path:str, # a directory to cover
-               expose:list[str], # paths the program needs (the interpreter): bound back in, read-only
-              ) -> bool:
-    "Cover `path` with an empty read-only tmpfs, binding back the exposed paths beneath it; False if it could not be covered."
-    keep = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in expose if p.startswith(path.rstrip("/") + "/") and os.path.isdir(p)]
-    try: _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
-    except OSError:
-        for _, fd in keep: os.close(fd)
-        return False
-    for p, fd in keep:
-        os.makedirs(p, mode=0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", p, None, _MS_BIND | _MS_REC); os.close(fd)
-    _mount(None, path, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-    return True
-
+# %% ../nbs/04a_sandbox.ipynb 26
 def _close_ipc_and_userns(mode:str) -> dict:
     "No SysV shared memory or message queues in the sandbox's IPC namespace (they would escape the memory limit); no nested user namespaces (userns mode)."
     done = {}
@@ -327,35 +334,43 @@ def _close_ipc_and_userns(mode:str) -> dict:
         except OSError as e: done[name] = f"not set ({e.strerror})"
     return done
 
-# %% ../nbs/04a_sandbox.ipynb 26
+# %% ../nbs/04a_sandbox.ipynb 27
+def _new_root(spec:dict) -> dict:
+    "Build an empty root holding only `ROOT_TREES`, `ROOT_FILES`, the interpreter and the allowed packages; enter it."
+    L, new, pk = spec["limits"], "/tmp", spec.get("packages", [])
+    plan = _plan_binds(ROOT_TREES + spec["expose"] + ROOT_FILES)
+    later = _plan_binds(pk)   # allowed packages: bound after the site directories above them are emptied
+    _mount("tmpfs", new, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=4m,mode=755")
+    try:
+        for d, opts in [("/tmp", f"size={L['tmpfs_mb']}m,mode=1777"), ("/dev/shm", "size=16m,mode=1777")]:
+            os.makedirs(new + d, mode=0o755, exist_ok=True)
+            _mount("tmpfs", new + d, "tmpfs", _MS_NOSUID | _MS_NODEV, opts)
+        # private /tmp first: an interpreter or package that lives under /tmp (a CI checkout) is bound on top of it
+        info = {"bound": _bind_into(new, plan), "site_hidden": []}
+        for d in spec.get("site_dirs", []):   # the interpreter's and the system's site-packages: empty but for allowed packages
+            if os.path.isdir(new + d) and not os.path.islink(new + d):
+                _mount("tmpfs", new + d, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755"); info["site_hidden"].append(d)
+        info["bound"] += _bind_into(new, later)
+    finally:
+        for _, kind, x in plan + later:
+            if kind != "link": os.close(x)
+    os.makedirs(new + "/proc", mode=0o555, exist_ok=True)
+    _mount("proc", new + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    os.chdir(new)
+    _mount(new, "/", None, _MS_MOVE)
+    _libc_call("chroot", b".")
+    os.chdir("/")
+    _mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    return info
+
+# %% ../nbs/04a_sandbox.ipynb 28
 def _setup_namespace_fs(spec:dict) -> dict:
-    "Private mounts: expose the interpreter, everything read-only, fresh /proc, tmpfs on /tmp, /dev/shm and /run."
-    L, info = spec["limits"], {}
+    "Private mounts, then a new root that shows only the interpreter, the standard library and the allowed packages."
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-    if spec["mode"] == "root": info["exposed"] = _expose(spec["expose"])
-    info["readonly_mounts"] = _remount_readonly()
-    try: _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC); info["proc"] = "private"
-    except OSError as e: info["proc"] = f"host ({e.strerror})"
-    # an interpreter or virtualenv that lives under /tmp (a CI checkout, say) must survive the private /tmp
-    keep = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in spec["expose"] if p.startswith("/tmp/") and os.path.isdir(p)]
-    _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={L['tmpfs_mb']}m,mode=1777")
-    tops = []  # /tmp/<top> above a kept path: a read-only tmpfs, or (userns mode) the program would own and could write it
-    for p, fd in keep:
-        top = "/tmp/" + p[len("/tmp/"):].split("/")[0]
-        if top != p and top not in tops:
-            os.makedirs(top, mode=0o755, exist_ok=True)
-            _mount("tmpfs", top, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755"); tops.append(top)
-        os.makedirs(p, mode=0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", p, None, _MS_BIND | _MS_REC)
-        os.close(fd)
-    for top in tops: _mount(None, top, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-    if keep: info["exposed_tmp"] = [p for p, _ in keep]
-    for path, opts in [("/dev/shm", "size=16m,mode=1777"), ("/run", "size=1m,mode=755")]:  # /run: host daemons' sockets
-        try: _mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, opts)
-        except OSError: pass
-    info["hidden"] = [d for d in spec.get("hide", []) if _hide_tree(d, spec["expose"])]
+    info = _new_root(spec)
     info["sysctl"] = _close_ipc_and_userns(spec["mode"])
     return info
+
 
 def _init_main(spec:dict, lifeline:int) -> dict:
     "Everything PID 1 of the sandbox does; returns the JSON-able report."
@@ -376,7 +391,7 @@ def _init_main(spec:dict, lifeline:int) -> dict:
     if spec["uid"] is not None: os.chown(spec["workdir"], spec["uid"], spec["uid"])
     return {"ok": True, "info": info, "runs": [_run_one(run, spec) for run in spec["runs"]]}
 
-# %% ../nbs/04a_sandbox.ipynb 28
+# %% ../nbs/04a_sandbox.ipynb 30
 _NS_FLAGS = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS
 
 def _enter_namespaces(spec:dict) -> None:
@@ -412,31 +427,34 @@ def _supervisor_main(parent:int|None=None) -> int:
             out.write(json.dumps(res) + "\n"); out.flush()
             os._exit(0)
         os.close(life_r)
+        for fd in spec.get("rpc_fds", []): os.close(fd)   # init and the program hold the call channel, not us
         _, status = os.waitpid(pid, 0)
         return 0 if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else 1
     except BaseException as e:
         out.write(json.dumps({"ok": False, "error": f"sandbox supervisor failed: {type(e).__name__}: {e}"}) + "\n"); out.flush()
         return 1
 
-# %% ../nbs/04a_sandbox.ipynb 30
+# %% ../nbs/04a_sandbox.ipynb 32
 def _forkserver_main(sock_fd:int) -> int:
     "The fork server loop: fork one supervisor per request until the caller's end of `sock_fd` closes."
     sock, me, live = socket.socket(fileno=sock_fd), os.getpid(), set()
     while True:
         if select.select([sock], [], [], 1.0)[0]:
-            try: msg, fds, _, _ = socket.recv_fds(sock, 16, 2)
+            try: msg, fds, _, _ = socket.recv_fds(sock, 16, 4)
             except OSError: msg, fds = b"", []
             if not msg:  # the caller is gone: so is every sandbox it started
                 for pid in live:
                     try: os.killpg(pid, signal.SIGKILL)
                     except OSError: pass
                 return 0
-            if len(fds) == 2:
+            if len(fds) in (2, 4):   # spec, result (and a call channel: its read and write ends, as fds 3 and 4)
                 pid = os.fork()
                 if pid == 0:
                     sock.close(); os.setsid()
-                    os.dup2(fds[0], 0); os.dup2(fds[1], 1)
-                    for fd in fds: os.close(fd)
+                    targets = (0, 1, 3, 4)[:len(fds)]
+                    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in fds]
+                    for t, h in zip(targets, high): os.dup2(h, t)
+                    for fd in set(fds + high) - set(targets): os.close(fd)
                     os.write(1, f"{os.getpid()}\n".encode())
                     os._exit(_supervisor_main(parent=me))
                 live.add(pid)
@@ -445,7 +463,7 @@ def _forkserver_main(sock_fd:int) -> int:
             while (pid := os.waitpid(-1, os.WNOHANG)[0]): live.discard(pid)
         except ChildProcessError: pass
 
-# %% ../nbs/04a_sandbox.ipynb 32
+# %% ../nbs/04a_sandbox.ipynb 34
 def _supervisor_code(call:str) -> list[str]:
     "`python -I -S -c` running `call` from this module, imported from its cached bytecode without site-packages."
     import importlib.util
@@ -465,24 +483,25 @@ class _ForkServer:
         b.close()
         self.sock, self.owner = a, os.getpid()
 
-    def request(self, spec_r:int, res_w:int) -> None:
-        "Hand the two pipe ends to the server (starting or restarting it as needed)."
+    def request(self, spec_r:int, res_w:int, *extra:int) -> None:
+        "Hand the pipe ends (spec, result, and a call channel's two ends if given) to the server, starting or restarting it as needed."
         with self.lock:
             for attempt in range(2):
                 if self.owner != os.getpid() or self.proc is None or self.proc.poll() is not None: self._start()
-                try: socket.send_fds(self.sock, [b"run"], [spec_r, res_w]); return
+                try: socket.send_fds(self.sock, [b"run"], [spec_r, res_w, *extra]); return
                 except OSError:
                     if attempt: raise
                     self.proc = None
 
 _FORK_SERVER = _ForkServer()
 
-# %% ../nbs/04a_sandbox.ipynb 33
-def _launch(spec:dict, deadline_s:float) -> dict:
+# %% ../nbs/04a_sandbox.ipynb 35
+def _launch(spec:dict, deadline_s:float, extra_fds:tuple=()) -> dict:
     "Run a supervisor on `spec` through the fork server; kill its session after `deadline_s`; return its JSON answer."
     spec_r, spec_w = os.pipe(); res_r, res_w = os.pipe()
-    try: _FORK_SERVER.request(spec_r, res_w)
-    finally: os.close(spec_r); os.close(res_w)
+    try: _FORK_SERVER.request(spec_r, res_w, *extra_fds)
+    finally:
+        for fd in (spec_r, res_w, *extra_fds): os.close(fd)   # the supervisor has its copies: a closed end must mean EOF
     end, data, payload, sent = time.monotonic() + deadline_s, bytearray(), json.dumps(spec).encode(), 0
     os.set_blocking(spec_w, False)
     while True:
@@ -510,13 +529,15 @@ def _launch(spec:dict, deadline_s:float) -> dict:
     try: return json.loads(lines[-1])
     except (ValueError, IndexError): return {"ok": False, "error": f"sandbox supervisor ended without a report: {data[-300:]!r}"}
 
-# %% ../nbs/04a_sandbox.ipynb 35
+# %% ../nbs/04a_sandbox.ipynb 37
 _PROBES:dict[str, str] = {}
 
 def _probe(mode:str) -> str:
     "'ok' if a sandbox of `mode` can be made here, else the reason."
     if _PROBES.get(mode) != "ok":  # a success is kept; a failure is asked again next time
         if mode == "root" and os.geteuid() != 0: _PROBES[mode] = "needs root (the caller is uid %d)" % os.geteuid()
+        elif mode == "userns" and os.geteuid() == 0:   # its uid map would make the program host root
+            _PROBES[mode] = "refused as root: the program would run as host uid 0; use isolation='root' (what 'auto' picks)"
         else:
             r = _launch({**_base_spec(Limits(), 5.0, mode, [], {}), "runs": []}, 10.0)
             _PROBES[mode] = "ok" if r.get("ok") else r.get("error", "failed")
@@ -543,7 +564,7 @@ def resolve_isolation(isolation:Isolation="auto", # requested mode
                        "kernel.unprivileged_userns_clone=1), or pass allow_unisolated=True "
                        "(reward.allow_unisolated=true) to run without a network namespace (unsafe).")
 
-# %% ../nbs/04a_sandbox.ipynb 37
+# %% ../nbs/04a_sandbox.ipynb 39
 UID_BASE, UID_COUNT = 1_990_000_000, 1_000_000
 _uids_in_use:set[int] = set()
 _uid_lock = threading.Lock()
@@ -557,21 +578,19 @@ def _take_uid() -> int:
 def _give_uid(u:int|None):
     with _uid_lock: _uids_in_use.discard(u)
 
-def _base_spec(L:Limits, timeout_s:float, mode:str, runs:list, files:dict, python:str|None=None, workdir:str="/tmp/work") -> dict:
+def _base_spec(L:Limits, timeout_s:float, mode:str, runs:list, files:dict, python:str|None=None, workdir:str="/tmp/work", packages:list=()) -> dict:
     "The JSON spec the supervisor reads (uid and cgroups are added by `sandbox_exec`)."
     python = python or sys.executable
     lim = asdict(L) | {"wall_s": float(timeout_s), "cpu_s": L.cpu_s or float(timeout_s) + 1}
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir if mode == "none" else "/tmp",
            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    expose = sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                                                    os.path.dirname(os.path.dirname(os.path.realpath(python))))})
-    home = os.path.realpath(os.path.expanduser("~"))
-    hide = [d for d in dict.fromkeys(HIDDEN_TREES + ([home] if home not in ("/", "/tmp") else [])) if os.path.isdir(d)]
+    expose = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(os.path.realpath(python))))})
+    site_dirs = sorted({d for p in ["/usr", "/usr/local", *expose] for d in glob.glob(f"{p}/lib/python3*/*-packages")})
     return {"mode": mode, "uid": None, "limits": lim, "env": env, "workdir": workdir, "files": files,
-            "runs": runs, "expose": expose, "hide": hide, "cgroups": []}
+            "runs": runs, "expose": expose, "site_dirs": site_dirs, "packages": list(packages), "cgroups": []}
 
-# %% ../nbs/04a_sandbox.ipynb 39
+# %% ../nbs/04a_sandbox.ipynb 41
 def _cgroup_parents() -> dict[str, str]:
     "controller -> a directory under which this process may create cgroups (v1 or v2), for 'pids' and 'memory'."
     out = {}
@@ -614,7 +633,7 @@ def _remove_cgroups(dirs:list[str]):
             except FileNotFoundError: break
             except OSError: time.sleep(0.01)
 
-# %% ../nbs/04a_sandbox.ipynb 40
+# %% ../nbs/04a_sandbox.ipynb 42
 def sandbox_exec(files:dict[str, str], # file name -> text, written into the private working directory
                  runs:list[dict], # each {"argv": [...], "stdin": str}; argv[0] is an absolute path
                  timeout_s:float=10.0, # wall-clock limit of each run
@@ -622,17 +641,25 @@ def sandbox_exec(files:dict[str, str], # file name -> text, written into the pri
                  isolation:Isolation="auto", # sandbox mode; "auto" picks the strongest available
                  allow_unisolated:bool=False, # accept running without namespaces where none can be made
                  python:str|None=None, # interpreter the runs use (default: this one), made visible to the sandbox
+                 packages:list=(), # directories shown read-only besides the interpreter (see `package_dirs`)
+                 rpc_fds:tuple=(), # (read end, write end) of a call channel: fds 5 and 6 of the run marked "rpc"; closed here
                 ) -> dict:
     "Run `runs` one after another in one fresh sandbox holding `files`; return the supervisor's report."
     L = limits or Limits()
-    mode = resolve_isolation(isolation, allow_unisolated)
+    runs = [{**r, "argv": [os.path.realpath(r["argv"][0]), *r["argv"][1:]]} for r in runs]   # a venv's python link: the real interpreter
+    try: mode = resolve_isolation(isolation, allow_unisolated)
+    except SandboxError:
+        for fd in rpc_fds: os.close(fd)
+        raise
     tmp = tempfile.mkdtemp(prefix="grpo-sbx-") if mode == "none" else None
-    spec = _base_spec(L, timeout_s, mode, runs, files, python, workdir=tmp or "/tmp/work")
+    spec = _base_spec(L, timeout_s, mode, runs, files, python, tmp or "/tmp/work", packages)
     uid = _take_uid() if os.geteuid() == 0 and mode != "userns" else None
-    spec["uid"] = uid
+    spec["uid"], spec["rpc"], spec["rpc_fds"] = uid, bool(rpc_fds), [3, 4] if rpc_fds else []
     spec["cgroups"] = cgroups = _make_cgroups(L) if mode == "root" else []
+    has_memcg = any(os.path.exists(os.path.join(d, f)) for d in cgroups for f in ("memory.max", "memory.limit_in_bytes"))
+    spec["watch_mb"] = 0 if mode == "none" or has_memcg else L.total_memory_mb   # no memory cgroup: init enforces the total
     try:
-        res = _launch(spec, deadline_s=len(runs) * (timeout_s + 3.0) + 10.0)
+        res = _launch(spec, len(runs) * (timeout_s + 3.0) + 10.0, tuple(rpc_fds))
     finally:
         _remove_cgroups(cgroups); _give_uid(uid)
         if tmp:
@@ -640,139 +667,263 @@ def sandbox_exec(files:dict[str, str], # file name -> text, written into the pri
     res["isolation"] = mode
     return res
 
-# %% ../nbs/04a_sandbox.ipynb 44
+# %% ../nbs/04a_sandbox.ipynb 46
 HARNESS = r'''
 import os as _os, sys as _sys
-def _grpo_runner(_write=_os.write, _type=type, _len=len, _repr=repr, _str=str, _isinstance=isinstance):
-    nonce = _os.read(3, 64).decode(); _os.close(3)
-    with open("_leaves.py") as f: spec = eval(f.read(), {"__builtins__": {}})
-    _os.unlink("_leaves.py"); _os.unlink("_harness.py")
+def _grpo_serve(_write=_os.write, _type=type, _repr=repr, _str=str, _len=len):
+    import json
+    for fd in (3, 4): _os.close(fd)   # the nonce and report pipes of a run: only the judge reports
+    with open("_spec.json") as f: spec = json.load(f)
+    _os.unlink("_spec.json"); _os.unlink("_harness.py")
     _sys.path[:] = [p for p in _sys.path if p] + spec["path"]
-    def send(k, kind, text):
-        try: _write(4, (nonce + "\t" + _str(k) + "\t" + kind + "\t" + text.replace("\n", " ") + "\n").encode(errors="replace"))
-        except OSError: pass
+    def send(obj):
+        data = (json.dumps(obj) + "\n").encode()
+        while data:
+            try: data = data[_write(6, data):]
+            except OSError: return
     def enc(v, depth=0):   # type-tagged data, exact types only (a subclass could lie about equality)
-        if depth > 40: raise ValueError("nested too deeply")
+        if depth > 100: raise ValueError("nested too deeply")
         t = _type(v)
-        if v is None: return '["N"]'
-        if t is bool: return '["b",%s]' % ("true" if v else "false")
-        if t is int: return '["i","%d"]' % v
-        if t is float: return '["f","%s"]' % _repr(v)
-        if t is complex: return '["c","%s","%s"]' % (_repr(v.real), _repr(v.imag))
-        if t is str: return '["s",%s]' % _json_str(v)
-        if t is bytes: return '["y","%s"]' % v.hex()
+        if v is None: return ["N"]
+        if t is bool: return ["b", v]
+        if t is int: return ["i", _str(v)]
+        if t is float: return ["f", _repr(v)]
+        if t is complex: return ["c", _repr(v.real), _repr(v.imag)]
+        if t is str: return ["s", v]
+        if t is bytes: return ["y", v.hex()]
         if t in (list, tuple, set, frozenset):
-            tag = {list: "l", tuple: "t", set: "S", frozenset: "F"}[t]
-            return '["%s",[%s]]' % (tag, ",".join(enc(x, depth + 1) for x in v))
-        if t is dict: return '["d",[%s]]' % ",".join("[%s,%s]" % (enc(a, depth + 1), enc(b, depth + 1)) for a, b in v.items())
+            return [{list: "l", tuple: "t", set: "S", frozenset: "F"}[t], [enc(x, depth + 1) for x in v]]
+        if t is dict: return ["d", [[enc(a, depth + 1), enc(b, depth + 1)] for a, b in v.items()]]
         raise TypeError("a %s is not plain data" % t.__name__)
-    def _json_str(s):
-        out = ['"']
-        for ch in s:
-            o = ord(ch)
-            out.append('\\"' if ch == '"' else '\\\\' if ch == '\\' else ch if 32 <= o < 127 else '\\u%04x' % o if o < 0x10000
-                       else '\\u%04x\\u%04x' % (0xD800 + ((o - 0x10000) >> 10), 0xDC00 + ((o - 0x10000) & 0x3FF)))
-        out.append('"'); return "".join(out)
+    def dec(x):
+        t = x[0]
+        if t == "N": return None
+        if t in ("b", "s"): return x[1]
+        if t == "i": return int(x[1])
+        if t == "f": return float(x[1])
+        if t == "c": return complex(float(x[1]), float(x[2]))
+        if t == "y": return bytes.fromhex(x[1])
+        if t == "P": return g[x[1]]   # the program's own function, by name
+        if t == "d": return {dec(a): dec(b) for a, b in x[1]}
+        return {"l": list, "t": tuple, "S": set, "F": frozenset}[t](dec(v) for v in x[1])
     g = {"__name__": "__main__", "__builtins__": __builtins__, "__file__": "solution.py"}
     _sys.argv = ["solution.py"]
     try:
         with open("solution.py") as f: src = f.read()
         exec(compile(src, "solution.py", "exec"), g)
-        if spec["setup"]: exec(compile(spec["setup"], "setup", "exec"), g)
     except BaseException as e:
-        send(-1, "error", "%s: %s" % (_type(e).__name__, e)); return
-    for k, leaf in enumerate(spec["leaves"]):
-        try: v = eval(compile(leaf, "leaf_%d" % k, "eval"), g)
-        except BaseException as e: send(k, "error", "%s: %s" % (_type(e).__name__, e)); continue
-        try: send(k, "value", enc(v))
-        except BaseException as e: send(k, "error", "unusable value: %s" % e)
-_grpo_runner()
+        send({"load_error": "%s: %s" % (_type(e).__name__, e)}); return
+    send({"ready": True})
+    for line in _os.fdopen(5, "rb"):
+        try:
+            req = json.loads(line)
+            args = [dec(a) for a in req["a"]]
+            out = g[req["f"]](*args, **{k: dec(v) for k, v in req["k"]})
+        except BaseException as e:   # the program raised: the judge raises the same builtin exception
+            try: rep = {"e": [_type(e).__name__, _str(e)[:500]]}
+            except BaseException: rep = {"e": ["Exception", ""]}
+        else:
+            try: rep = {"v": enc(out), "m": [enc(a) if _type(a) in (list, dict, set) else ["N"] for a in args]}   # what may change in place
+            except BaseException as e: rep = {"bad": "%s" % (e,)}   # not data: no test may catch that as an exception
+        send(rep)
+_grpo_serve()
 '''
+"The program's side: load `solution.py`, then answer each call request on fd 5 with a tagged value on fd 6."
 
-# %% ../nbs/04a_sandbox.ipynb 46
-SAFE_NAMES = {"abs", "all", "any", "bool", "dict", "divmod", "enumerate", "filter", "float", "frozenset", "int", "isinstance",
-              "len", "list", "map", "max", "min", "pow", "range", "reversed", "round", "set", "sorted", "str", "sum", "tuple",
-              "zip", "True", "False", "None", "math", "complex", "bytes", "type"}
-"Names the caller evaluates itself when it judges an assert; every other name belongs to the program."
+# %% ../nbs/04a_sandbox.ipynb 48
+def _bound_names(body:list) -> set:
+    "Names a block of statements binds at its own level (defs, classes, assignments, imports), through if/try/with/for."
+    out = set()
+    for st in body:
+        if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)): out.add(st.name)
+        elif isinstance(st, (ast.Import, ast.ImportFrom)): out |= {(a.asname or a.name).split(".")[0] for a in st.names}
+        elif isinstance(st, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With)):
+            targets = st.targets if isinstance(st, ast.Assign) else [st.target] if hasattr(st, "target") else [i.optional_vars for i in st.items if i.optional_vars]
+            out |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        for block in ("body", "orelse", "finalbody", "handlers"):
+            if isinstance(st, (ast.If, ast.Try, ast.With, ast.For, ast.While, ast.ExceptHandler)) and hasattr(st, block):
+                out |= _bound_names(getattr(st, block))
+    return out
 
-@dataclass
-class AssertPlan:
-    "One assert, split: `expr` is evaluated by the caller with `_v0, _v1, ...` bound to the values of `leaves`."
-    expr:str # the assert's expression with each leaf replaced by `_v<k>` (k counts within this test)
-    leaves:list # source of each sub-expression the sandbox evaluates
-    error:str="" # why the test cannot be judged (then it fails as "unsupported")
+def program_names(program:str, # the untrusted source code
+                  entry_point:str="", # the dataset's name for the function under test; may shadow a builtin
+                 ) -> set:
+    "Names a test may call in the program: what its top level binds, less Python's builtins (unless it is `entry_point`)."
+    names = _bound_names(ast.parse(program).body)   # SyntaxError: the caller reports it
+    return {n for n in names if n == entry_point or not hasattr(builtins, n)}
 
-def _names(node) -> set: return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+def calls_of(test:str, # one test: statements (asserts, a `check` function and its call, loops...)
+             names:set, # `program_names` of the program
+             setup:str="", # the dataset's setup code (runs with the test, on the judge's side)
+            ) -> set:
+    "The program's names this test uses: those it loads and neither it nor `setup` binds at top level."
+    tree = ast.parse(test)
+    own = _bound_names(tree.body) | _bound_names(ast.parse(setup).body)
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} & names - own
 
-def plan_assert(test:str, # one assert snippet, e.g. "assert f(2) == 4"
-               ) -> AssertPlan:
-    "Split `test` into what the caller evaluates and the leaves that need the program."
-    try: tree = ast.parse(test)
-    except SyntaxError as e: return AssertPlan("", [], f"the test does not parse: {e}")
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
-        return AssertPlan("", [], "unsupported test: the trusted checker takes exactly one `assert <expression>`")
-    leaves = []
-    def leaf(node):
-        if isinstance(node, ast.GeneratorExp): node = ast.ListComp(node.elt, node.generators)   # a generator is no data: its items are
-        leaves.append(ast.unparse(node))
-        return ast.Name(f"_v{len(leaves) - 1}", ast.Load())
-    def split(node):
-        if not (_names(node) - SAFE_NAMES): return node                   # nothing of the program: the caller evaluates it
-        if isinstance(node, (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.BinOp, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.IfExp)):
-            for name, value in ast.iter_fields(node):
-                if isinstance(value, ast.AST) and not isinstance(value, (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)):
-                    setattr(node, name, split(value))
-                elif isinstance(value, list):
-                    setattr(node, name, [split(v) if isinstance(v, ast.expr) else v for v in value])
-            return node
-        if isinstance(node, ast.Call) and not (_names(node.func) - SAFE_NAMES):   # sorted(f(x)), math.isclose(g(1), 2.0)
-            node.args = [split(a) for a in node.args]
-            node.keywords = [ast.keyword(k.arg, split(k.value)) for k in node.keywords]
-            return node
-        return leaf(node)
-    expr = split(tree.body[0].test)
-    return AssertPlan(ast.unparse(expr), leaves)
+def _module_imports(program:str) -> dict:
+    "alias -> module of the program's top-level `import x [as y]`: the judge imports its own copy (tests that use `math` from the program's import)."
+    out = {}
+    for st in ast.parse(program).body:
+        if isinstance(st, ast.Import):
+            for a in st.names: out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+    return out
 
-# %% ../nbs/04a_sandbox.ipynb 49
-_SAFE_BUILTINS = {n: getattr(builtins, n) for n in SAFE_NAMES if hasattr(builtins, n)}
+# %% ../nbs/04a_sandbox.ipynb 51
+MAX_ITEMS, MAX_DEPTH, MAX_DIGITS, MAX_REPLY = 200_000, 100, 4300, 16 << 20
+"Decoding limits of one reply: values, nesting, digits of an int, bytes of the reply line."
 
-def decode_value(text:str, # one leaf's type-tagged report, as the runner wrote it
+def decode_value(x, # one tagged value as JSON gives it, e.g. ["l", [["i", "2"], ["s", "a"]]]
+                 budget:list|None=None, # [values left]: shared by every value of one reply
                 ):
-    "Plain Python data from a runner report; raises ValueError on anything that is not."
-    def dec(x):
-        if not isinstance(x, list) or not x or not isinstance(x[0], str): raise ValueError("malformed value")
-        t = x[0]
-        if t == "N": return None
-        if t == "b" and isinstance(x[1], bool): return x[1]
-        if t == "i": return int(x[1])
-        if t == "f": return float(x[1])
-        if t == "c": return complex(float(x[1]), float(x[2]))
-        if t == "s" and isinstance(x[1], str): return x[1]
-        if t == "y": return bytes.fromhex(x[1])
-        if t in ("l", "t", "S", "F"):
-            items = [dec(v) for v in x[1]]
-            return {"l": list, "t": tuple, "S": set, "F": frozenset}[t](items)
-        if t == "d": return {dec(k): dec(v) for k, v in x[1]}
-        raise ValueError(f"unknown tag {t!r}")
-    return dec(json.loads(text))
-
-def judge(plan:AssertPlan, # from `plan_assert`
-          values:list, # per leaf: ("value", data) or ("error", message); None when the leaf never reported
-         ) -> dict:
-    "The verdict of one assert, computed here from the leaves' values: {'passed', 'status', 'detail'}."
-    if plan.error: return {"passed": False, "status": "unsupported", "detail": plan.error}
-    env = {}
-    for k, v in enumerate(values):
-        if v is None: return {"passed": False, "status": "not_run", "detail": f"no value for {plan.leaves[k]}"}
-        if v[0] == "error": return {"passed": False, "status": "error", "detail": f"{plan.leaves[k]}: {v[1]}"[:300]}
-        env[f"_v{k}"] = v[1]
-    try: ok = bool(eval(compile(plan.expr, "assert", "eval"), {"__builtins__": _SAFE_BUILTINS, "math": math}, env))
-    except Exception as e: return {"passed": False, "status": "error", "detail": f"{type(e).__name__}: {e}"[:300]}
-    return {"passed": ok, "status": "passed" if ok else "failed", "detail": "" if ok else f"assert {plan.expr} with {env}"[:300]}
+    "Plain Python data from a tagged value, within the limits above; ValueError on anything else."
+    budget = [MAX_ITEMS] if budget is None else budget
+    def dec(x, depth):
+        budget[0] -= 1
+        if budget[0] < 0: raise ValueError(f"more than {MAX_ITEMS} values in one reply")
+        if depth > MAX_DEPTH: raise ValueError(f"nested deeper than {MAX_DEPTH}")
+        if type(x) is not list or not x or type(x[0]) is not str: raise ValueError("malformed value")
+        t, a = x[0], x[1:]
+        if t == "N" and not a: return None
+        if t == "b" and len(a) == 1 and type(a[0]) is bool: return a[0]
+        if t == "i" and len(a) == 1 and type(a[0]) is str and re.fullmatch(r"-?[0-9]{1,%d}" % MAX_DIGITS, a[0]): return int(a[0])
+        if t == "f" and len(a) == 1 and type(a[0]) is str and len(a[0]) < 40: return float(a[0])
+        if t == "c" and len(a) == 2 and all(type(v) is str and len(v) < 40 for v in a): return complex(float(a[0]), float(a[1]))
+        if t == "s" and len(a) == 1 and type(a[0]) is str: return a[0]
+        if t == "y" and len(a) == 1 and type(a[0]) is str: return bytes.fromhex(a[0])
+        if t in ("l", "t", "S", "F") and len(a) == 1 and type(a[0]) is list:
+            return {"l": list, "t": tuple, "S": set, "F": frozenset}[t]([dec(v, depth + 1) for v in a[0]])
+        if t == "d" and len(a) == 1 and type(a[0]) is list and all(type(p) is list and len(p) == 2 for p in a[0]):
+            return {dec(k, depth + 1): dec(v, depth + 1) for k, v in a[0]}
+        raise ValueError(f"not a plain value (tag {t!r})")
+    return dec(x, 0)
 
 # %% ../nbs/04a_sandbox.ipynb 52
+JUDGE = r'''
+from __future__ import annotations   # the program's interpreter may be older than the caller's
+import builtins as _b, importlib, json, os, re, select, sys, time
+#DECODER#
+def _say(e):
+    "An exception's message, or a note when even that fails (a message holding an int too long to print, say)."
+    try: return str(e)[:300]
+    except BaseException: return "(message not printable)"
+class _Stop(BaseException): "The program ended, fell silent or replied with something that is not data: a test's `except Exception` cannot catch it."
+def _grpo_judge():
+    t0 = time.monotonic()
+    nonce = os.read(3, 64).decode(); os.close(3)
+    with open("_judge.json") as f: spec = json.load(f)
+    os.unlink("_judge.json"); os.unlink("_judge.py")
+    sys.path[:] = [p for p in sys.path if p] + spec["path"]
+    getattr(sys, "set_int_max_str_digits", lambda n: None)(MAX_DIGITS)   # Python 3.11+: int <-> str beyond it is refused
+    deadline, buf, calls = t0 + spec["budget_s"], bytearray(), [0]
+    def report(k, status, detail=""):
+        try: detail = str(detail)
+        except BaseException: detail = "(detail too large to print)"
+        os.write(4, ("%s\t%d\t%s\t%s\n" % (nonce, k, status, detail.replace("\n", " ")[:300])).encode(errors="replace"))
+    def wait(fd, write):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([] if write else [fd], [fd] if write else [], [], left)[0 if not write else 1]:
+            raise _Stop("timeout", "the program did not answer within the time limit")
+    def read_reply():
+        while b"\n" not in buf:
+            wait(5, False)
+            chunk = os.read(5, 1 << 16)
+            if not chunk: raise _Stop("program_gone", "")
+            buf.extend(chunk)
+            if len(buf) > MAX_REPLY: raise _Stop("unusable_value", "a reply over %d bytes" % MAX_REPLY)
+        i = buf.index(b"\n"); line = bytes(buf[:i]); del buf[:i + 1]
+        try: return json.loads(line)
+        except (ValueError, RecursionError): raise _Stop("unusable_value", "a reply that is not JSON, or nested too deeply") from None
+    def send(data):
+        os.set_blocking(6, False)
+        while data:
+            wait(6, True)
+            try: data = data[os.write(6, data):]
+            except BlockingIOError: pass
+            except OSError: raise _Stop("program_gone", "") from None
+    def enc(v, depth=0):
+        t = type(v)
+        if depth > MAX_DEPTH: raise TypeError("an argument nested too deeply")
+        if v is None: return ["N"]
+        if t is bool: return ["b", v]
+        if t is int: return ["i", str(v)]
+        if t is float: return ["f", repr(v)]
+        if t is complex: return ["c", repr(v.real), repr(v.imag)]
+        if t is str: return ["s", v]
+        if t is bytes: return ["y", v.hex()]
+        if t in (list, tuple, set, frozenset): return [{list: "l", tuple: "t", set: "S", frozenset: "F"}[t], [enc(x, depth + 1) for x in v]]
+        if t is dict: return ["d", [[enc(a, depth + 1), enc(b, depth + 1)] for a, b in v.items()]]
+        if t is Program: return ["P", v.__name__]   # one of the program's own functions, passed back to it by name
+        raise _Stop("unsupported", "the test passes a %s to the program: only plain data crosses" % t.__name__)
+    stops = []   # every _Stop raised: it decides the test's verdict even if the test's own `except:` swallowed it
+    def call(name, args, kwargs):
+        if stops and stops[-1].args[0] in ("timeout", "program_gone"): raise stops[-1]   # no answer will come any more
+        try: return answer(name, args, kwargs)
+        except _Stop as e: stops.append(e); raise
+    def answer(name, args, kwargs):
+        send((json.dumps({"f": name, "a": [enc(a) for a in args], "k": [[k, enc(v)] for k, v in kwargs.items()]}) + "\n").encode())
+        calls[0] += 1
+        rep = read_reply()
+        if type(rep) is dict and "bad" in rep: raise _Stop("unusable_value", "the program returned something that is not plain data: %s" % rep["bad"])
+        if type(rep) is dict and type(rep.get("e")) is list and len(rep["e"]) == 2 and all(type(s) is str for s in rep["e"]):
+            cls = getattr(_b, rep["e"][0], None)   # the program raised: the same builtin exception here, else RuntimeError
+            if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, (StopIteration, StopAsyncIteration)): raise cls(rep["e"][1])
+            raise RuntimeError("%s: %s" % tuple(rep["e"]))
+        try:
+            budget = [MAX_ITEMS]
+            value, after = decode_value(rep["v"], budget), [decode_value(m, budget) for m in rep["m"]]
+        except (KeyError, TypeError, ValueError, RecursionError) as e: raise _Stop("unusable_value", e) from None
+        for a, new in zip(args, after):   # arguments the program changed in place (a list it sorted, say)
+            if type(a) is type(new) and type(a) in (list, dict, set): a.clear(); (a.extend if type(a) is list else a.update)(new)
+        return value
+    class Program:
+        "Stands for one function of the program: calling it asks the sandboxed program and returns plain data."
+        def __init__(self, name): self.__name__ = name
+        def __call__(self, *args, **kwargs): return call(self.__name__, args, kwargs)
+        def __repr__(self): return "<program function %s>" % self.__name__
+    tests = spec["tests"]
+    try:
+        hello = read_reply()
+        if type(hello) is not dict or "ready" not in hello:
+            raise _Stop("error", str(hello.get("load_error", "")) if type(hello) is dict else "the program did not start")
+    except _Stop as e:
+        for k in range(len(tests)): report(k, *e.args)
+        return
+    base = {"__name__": "__main__", "__builtins__": _b}
+    try: exec(compile(spec["setup"], "setup", "exec"), base)
+    except BaseException as e:
+        for k in range(len(tests)): report(k, "error", "the setup code failed: %s: %s" % (type(e).__name__, e))
+        return
+    stop = None
+    for k, t in enumerate(tests):
+        if stop: report(k, *stop.args); continue
+        ns = dict(base, **{n: Program(n) for n in t["names"]})
+        try: ns.update({n: importlib.import_module(m) for n, m in t["modules"].items()})   # the judge's own copy of a module the program imported
+        except ImportError: pass
+        report(k, "begin"); n0, s0 = calls[0], len(stops)
+        try:
+            exec(compile(t["src"], "test_%d" % k, "exec"), ns)
+            for name in t["pytest"]: ns[name]()
+            st, d = "passed", ""
+        except AssertionError as e: st, d = "failed", "assertion failed" + (": %s" % _say(e) if e.args else "")
+        except _Stop as e:
+            st, d = e.args
+            if st in ("timeout", "program_gone"): stop = e
+        except MemoryError: st, d = "judge_limit", "the test's work on the program's values ran out of memory"
+        except BaseException as e: st, d = "error", "%s: %s" % (type(e).__name__, _say(e))
+        if len(stops) > s0:   # the program stopped answering, or answered with no data: so the test fails, caught or not
+            st, d = stops[s0].args
+            if st in ("timeout", "program_gone"): stop = stops[s0]
+        if calls[0] == n0 and st in ("passed", "failed"): st, d = "unsupported", "the test ran without calling the program"
+        report(k, st, d)
+_grpo_judge()
+'''
+"The judge's side: run the setup and each test here, with the program's names bound to `Program` stand-ins; report each verdict."
+
+# %% ../nbs/04a_sandbox.ipynb 55
 def _run_failure(run:dict) -> tuple[str, str]:
     "(status, detail) explaining why a run produced no verdict."
+    if run.get("memory_total"): return "memory", "the sandbox's processes together held more than total_memory_mb"
     if run["timed_out"]: return "timeout", f"killed after {run['wall_s']:.1f} s (wall-clock limit)"
     if run["output_limit"]: return "output_limit", "wrote more output than the limit"
     if run["signal"] == "SIGKILL" and run["cpu_s"] >= run["cpu_limit"] - 0.5: return "timeout", "CPU-time limit"
@@ -781,35 +932,24 @@ def _run_failure(run:dict) -> tuple[str, str]:
     if run["signal"]: return "crashed", f"killed by {run['signal']}" + (f": {tail[0][:200]}" if tail[0] else "")
     return "not_run", f"program exited with {run['exit']} before this test" + (f": {tail[0][:200]}" if tail[0] else "")
 
-def _verdicts(run:dict, # the sandbox's report of the runner
-              plans:list, # `AssertPlan` per test
-              spans:list, # (first leaf, number of leaves) per test, into the runner's leaf list
+def _verdicts(judge:dict, # the judge's run: its reports carry the verdicts
+              program:dict, # the program's run: why it stopped, when it did
+              n:int, # number of tests
              ) -> list[dict]:
-    "Per-test results of an assert-style run: the first report of each leaf, judged here."
-    first = {}
-    for r in run["reports"]:
-        if isinstance(r.get("i"), int) and r["i"] not in first: first[r["i"]] = r   # the first report of a leaf counts
-    if -1 in first:  # the program itself failed before any leaf
-        d = first[-1]["d"][:300]
-        return [judge(p, []) if p.error else {"passed": False, "status": "memory" if d.startswith("MemoryError") else "error", "detail": d}
-                for p in plans]
+    "Per-test results from the judge's reports; a test the judge never finished is charged to whoever stopped."
+    final = {}
+    for r in judge["reports"]:
+        if 0 <= r["i"] < n and r["s"] != "begin": final.setdefault(r["i"], (r["s"], r["d"]))   # the judge reports each test once
     out = []
-    for p, (a, n) in zip(plans, spans):
-        vals = []
-        for k in range(a, a + n):
-            r = first.get(k)
-            if r is None: vals.append(None)
-            elif r["s"] == "value":
-                try: vals.append(("value", decode_value(r["d"])))
-                except (ValueError, TypeError, OverflowError, RecursionError) as e: vals.append(("error", f"unreadable value ({e})"))
-            else: vals.append(("error", r["d"][:300]))
-        v = judge(p, vals)
-        if v["status"] == "not_run": s, d = _run_failure(run); v = {"passed": False, "status": s, "detail": d}
-        elif v["status"] == "error" and "MemoryError" in v["detail"]: v["status"] = "memory"
-        out.append(v)
+    for k in range(n):
+        s, d = final.get(k, ("judge_limit", "the test's own work on the program's values exceeded the time or memory budget"
+                              if judge["timed_out"] or judge["signal"] or "MemoryError" in judge["stderr"] else "the judge stopped early"))
+        if s == "program_gone": s, d = _run_failure(program)
+        if s == "error" and d.startswith("MemoryError"): s = "memory"
+        out.append({"passed": s == "passed", "status": s, "detail": d[:300]})
     return out
 
-# %% ../nbs/04a_sandbox.ipynb 54
+# %% ../nbs/04a_sandbox.ipynb 57
 def _norm_output(s:str) -> str:
     return "\n".join(line.rstrip() for line in s.strip("\n").splitlines()).strip()
 
@@ -824,26 +964,97 @@ def _stdio_verdict(run:dict, expected:str) -> dict:
     return {"passed": ok, "status": "passed" if ok else "failed",
             "detail": "" if ok else f"expected {_norm_output(expected)[:100]!r}, got {_norm_output(run['stdout'])[:100]!r}"}
 
-# %% ../nbs/04a_sandbox.ipynb 57
-@functools.lru_cache(maxsize=8)
-def _site_dirs(python:str|None) -> list[str]:
-    "site-packages directories of `python` (of this interpreter when None or the same)."
-    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
-        import site
-        return [p for p in site.getsitepackages() if os.path.isdir(p)]
-    out = subprocess.run([python, "-I", "-c", "import site, json; print(json.dumps(site.getsitepackages()))"],
-                         capture_output=True, text=True, timeout=30)
-    return json.loads(out.stdout) if out.returncode == 0 else []
+# %% ../nbs/04a_sandbox.ipynb 60
+@functools.lru_cache(maxsize=32)
+def package_dirs(packages:tuple=(), # top-level import names the program may use beyond the standard library, e.g. ("numpy",)
+                ) -> tuple[list, list]:
+    "(directories to show in the sandbox, directories for `sys.path`) of `packages`, as this interpreter finds them."
+    show, path = [], []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None: raise SandboxError(f"package {name!r} is not installed here; install it or drop it from the allowed packages.")
+        where = list(spec.submodule_search_locations or []) or [spec.origin]
+        for w in map(os.path.realpath, where):
+            parent = os.path.dirname(w)
+            show += [w] + [os.path.join(parent, d) for d in os.listdir(parent) if d == f"{name}.libs"]   # bundled shared libraries
+            path.append(parent)
+    return sorted(set(show)), sorted(set(path))
 
-# %% ../nbs/04a_sandbox.ipynb 59
+# %% ../nbs/04a_sandbox.ipynb 62
+def _judged_tests(program:str, tests:list, setup:str, entry_point:str) -> tuple[list, dict]:
+    "The judge's test list ({'src', 'names'}) and, per refused test index, its result: a test must parse and call the program."
+    try: names, modules = program_names(program, entry_point), _module_imports(program)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:   # a program Python cannot parse: nothing to run
+        return [], {k: f"SyntaxError: {type(e).__name__}: {e}"[:300] for k in range(len(tests))}
+    try: ast.parse(setup)
+    except SyntaxError as e: return [], {k: f"the setup code does not parse: {e}" for k in range(len(tests))}
+    judged, refused = [], {}
+    for k, t in enumerate(tests):
+        try: used = calls_of(str(t), names, setup)
+        except SyntaxError as e: refused[k] = f"the test does not parse: {e}"; continue
+        if not used: refused[k] = (f"the test calls nothing the program defines (it defines: {', '.join(sorted(names)) or 'nothing'};"
+                                   " a name that shadows a builtin counts only as the entry point)"); continue
+        pytest = [f.name for f in ast.parse(str(t)).body if isinstance(f, ast.FunctionDef) and f.name.startswith("test")
+                  and not f.args.args and not f.args.posonlyargs]   # pytest style: the judge calls each `def test_...()`
+        judged.append({"k": k, "src": str(t), "names": sorted(used - set(modules)), "modules": {n: modules[n] for n in used & set(modules)},
+                       "pytest": pytest})
+    return judged, refused
+
+def _call_channel() -> tuple[tuple[int, int], tuple[int, int]]:
+    "Two pipes: (program's read end, program's write end), (judge's read end, judge's write end)."
+    req_r, req_w = os.pipe(); rep_r, rep_w = os.pipe()
+    return (req_r, rep_w), (rep_r, req_w)
+
+# %% ../nbs/04a_sandbox.ipynb 63
+@functools.cache
+def _judge_source() -> str:
+    "The judge's program: its limits, `decode_value` (the same code this page tests) and `JUDGE`."
+    head = f"MAX_ITEMS, MAX_DEPTH, MAX_DIGITS, MAX_REPLY = {MAX_ITEMS}, {MAX_DEPTH}, {MAX_DIGITS}, {MAX_REPLY}\n"
+    return JUDGE.replace("#DECODER#", head + inspect.getsource(decode_value))
+
+def _run_judged(program:str, tests:list, setup:str, entry_point:str, timeout_s:float, limits:Limits|None,
+                mode:str, allow_unisolated:bool, py:str, show:list, path:list) -> tuple[list, list]:
+    "(results, program runs) of assert-style tests: the program and the judge in two sandboxes, joined by one call channel."
+    judged, refused = _judged_tests(program, tests, setup, entry_point)
+    results = {k: {"passed": False, "status": "error" if d.startswith("SyntaxError") else "unsupported", "detail": d[:300]}
+               for k, d in refused.items()}
+    if not judged: return [results[k] for k in range(len(tests))], []
+    (p_fds, j_fds), box = _call_channel(), {}
+    argv = lambda f: [py, "-I", "-S", "-B", f]
+    pfiles = {"solution.py": program, "_harness.py": HARNESS, "_spec.json": json.dumps({"path": path})}
+    jfiles = {"_judge.py": _judge_source(), "_judge.json": json.dumps({"tests": judged, "setup": setup, "path": path, "budget_s": timeout_s})}
+    def program_side():
+        try: box["p"] = sandbox_exec(pfiles, [{"argv": argv("_harness.py"), "rpc": True}], timeout_s + 0.25, limits, mode, allow_unisolated, py, show, p_fds)
+        except Exception as e: box["p"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    th = threading.Thread(target=program_side, daemon=True); th.start()
+    jres = sandbox_exec(jfiles, [{"argv": argv("_judge.py"), "rpc": True}], timeout_s + 1, limits, mode, allow_unisolated, py, show, j_fds)
+    th.join()
+    pres = box["p"]
+    if pres.get("ok") and jres.get("ok"): vs = _verdicts(jres["runs"][0], pres["runs"][0], len(judged))
+    else: vs = [{"passed": False, "status": "sandbox_error", "detail": (pres.get("error") or jres.get("error", ""))[:500]}] * len(judged)
+    results.update({t["k"]: v for t, v in zip(judged, vs)})
+    return [results[k] for k in range(len(tests))], pres.get("runs", [])
+
+# %% ../nbs/04a_sandbox.ipynb 64
+def _stdio_problem(tests:list) -> str:
+    "Why these stdin/stdout cases cannot be run ('' when they can)."
+    for t in tests:
+        if set(t) != {"input", "output"} or not all(isinstance(t[k], str) for k in ("input", "output")):
+            return (f"unsupported: a stdin/stdout case is {{'input': str, 'output': str}}; got keys {sorted(t)}"
+                    " (APPS/TACO 'inputs'/'outputs' lists go through grpo_nb.rewards.code_tests_of_row)")
+    return ""
+
+# %% ../nbs/04a_sandbox.ipynb 65
 def run_tests(program:str, # the untrusted source code (a whole Python file)
-              tests:list, # assert snippets (str) or {"input": str, "output": str} cases; not mixed
-              timeout_s:float=10.0, # wall-clock limit of one run (all asserts together; each stdin case alone)
+              tests:list, # test snippets (str: asserts, loops, a `check` function...) or {"input": str, "output": str} cases; not mixed
+              timeout_s:float=10.0, # wall-clock limit of one run (all snippets together; each stdin case alone)
               limits:Limits|None=None, # resource limits (default `Limits()`)
               isolation:Isolation="auto", # sandbox mode ("auto": root, else userns, else refuse)
               allow_unisolated:bool=False, # run without namespaces when none can be made (unsafe)
-              setup:str="", # code run after the program and before the asserts (MBPP's test_setup_code)
+              setup:str="", # code run before each snippet, on the judge's side (MBPP's test_setup_code)
               python:str|None=None, # interpreter for the program (default: the caller's)
+              entry_point:str="", # the function under test, if its name shadows a builtin (HumanEval's entry_point)
+              packages:tuple=(), # packages the program may import beyond the standard library, e.g. ("numpy",)
              ) -> dict:
     "Run `program` against `tests` in a fresh sandbox: {'passed', 'total', 'results', ...}."
     t0 = time.monotonic()
@@ -851,26 +1062,20 @@ def run_tests(program:str, # the untrusted source code (a whole Python file)
     if not tests: return {"passed": 0, "total": 0, "results": [], "wall_s": 0.0}
     stdio = isinstance(tests[0], dict)
     if any(isinstance(t, dict) != stdio for t in tests):
-        raise ValueError("tests mix assert snippets and stdin/stdout cases; give one kind per program.")
-    py, path = python or sys.executable, _site_dirs(python)
-    if stdio:
-        files = {"solution.py": program}
-        boot = f"import sys; sys.path += {path!r}; sys.argv = ['solution.py']; __file__ = 'solution.py'; exec(compile(open(__file__).read(), __file__, 'exec'))"
-        runs = [{"argv": [py, "-I", "-S", "-B", "-c", boot], "stdin": str(t.get("input", ""))} for t in tests]
-    else:
-        plans, leaves, spans = [plan_assert(str(t)) for t in tests], [], []
-        for p in plans: spans.append((len(leaves), len(p.leaves))); leaves += p.leaves   # only leaves enter the sandbox, never expected values
-        files = {"solution.py": program, "_harness.py": HARNESS, "_leaves.py": repr({"leaves": leaves, "setup": str(setup), "path": path})}
-        runs = [{"argv": [py, "-I", "-S", "-B", "_harness.py"], "stdin": ""}]
-    res = sandbox_exec(files, runs, timeout_s, limits, isolation, allow_unisolated, py)
-    if not res.get("ok"):
-        results = [{"passed": False, "status": "sandbox_error", "detail": res.get("error", "")[:500]} for _ in tests]
+        raise ValueError("tests mix test snippets and stdin/stdout cases; give one kind per program.")
+    py, mode = os.path.realpath(python or sys.executable), resolve_isolation(isolation, allow_unisolated)
+    show, path = package_dirs(tuple(packages))
+    if stdio and (why := _stdio_problem(tests)):
+        results, runs_out = [{"passed": False, "status": "unsupported", "detail": why}] * len(tests), []
     elif stdio:
-        results = [_stdio_verdict(run, str(t.get("output", ""))) for run, t in zip(res["runs"], tests)]
+        boot = f"import sys; sys.path += {path!r}; sys.argv = ['solution.py']; __file__ = 'solution.py'; exec(compile(open(__file__).read(), __file__, 'exec'))"
+        runs = [{"argv": [py, "-I", "-S", "-B", "-c", boot], "stdin": t["input"]} for t in tests]
+        res = sandbox_exec({"solution.py": program}, runs, timeout_s, limits, mode, allow_unisolated, py, show)
+        runs_out = res.get("runs", [])
+        results = ([_stdio_verdict(run, t["output"]) for run, t in zip(runs_out, tests)] if res.get("ok") else
+                   [{"passed": False, "status": "sandbox_error", "detail": res.get("error", "")[:500]}] * len(tests))
     else:
-        results = _verdicts(res["runs"][0], plans, spans)
-    runs_out = res.get("runs", [])
+        results, runs_out = _run_judged(program, tests, str(setup or ""), entry_point, timeout_s, limits, mode, allow_unisolated, py, show, path)
     return {"passed": sum(r["passed"] for r in results), "total": len(tests), "results": results,
             "stdout": "".join(r["stdout"] for r in runs_out)[:2000], "stderr": "".join(r["stderr"] for r in runs_out)[-2000:],
-            "isolation": res.get("isolation"), "clean": all(r.get("clean", True) for r in runs_out),
-            "wall_s": round(time.monotonic() - t0, 3)}
+            "isolation": mode, "clean": all(r.get("clean", True) for r in runs_out), "wall_s": round(time.monotonic() - t0, 3)}

@@ -130,3 +130,68 @@ def test_code_reward_in_process_through_the_module():
     comps = ["```python\ndef add(a, b):\n    return a + b\n```", "```python\ndef add(a, b):\n    return a - b\n```"]
     b = compute_rewards(comps, [["assert add(1, 2) == 3", "assert add(0, 0) == 0"]] * 2, {"code": 1.0}, ctx)
     assert b.per_function["code"] == [1.0, 0.5], b.per_function
+
+
+# --- the code reward on the test formats real datasets use (sample rows in data/code_formats/) ---
+import ast, json
+from pathlib import Path
+from grpo_nb.rewards import CODE_FORMATS, start_code_service, code_tests_of_row
+from grpo_nb.sandbox import isolation_status, run_tests
+
+FORMATS = Path(__file__).resolve().parents[1] / "data" / "code_formats"
+needs_sandbox = pytest.mark.skipif(isolation_status()["root"] != "ok" and isolation_status()["userns"] != "ok",
+                                   reason="no namespace isolation on this machine")
+
+def reference_program(row:dict) -> str:
+    "The row's correct program, from its format's own solution field."
+    if "canonical_solution" in row: return row["prompt"] + row["canonical_solution"]
+    if "code" in row: return row["code"]
+    if isinstance(row.get("solutions"), str): return json.loads(row["solutions"])[0]
+    if isinstance(row.get("solutions"), dict): return row["solutions"]["solution"][0]
+    return row["solution"]
+
+def wrong_program(correct:str) -> str:
+    "The same top-level functions, each returning None; a stdin program that prints 0."
+    names = [n.name for n in ast.parse(correct).body if isinstance(n, ast.FunctionDef)]
+    return "".join(f"def {n}(*a, **k):\n    return None\n" for n in names) or "print(0)\n"
+
+def sample_rows() -> list[tuple[str, dict]]:
+    return [(p.stem, json.loads(line)) for p in sorted(FORMATS.glob("*.jsonl")) for line in p.read_text().splitlines()]
+
+def test_every_format_has_sample_rows():
+    assert {p.stem for p in FORMATS.glob("*.jsonl")} == {"mbpp", "humaneval", "multi_assert", "apps", "taco", "codecontests", "open_instruct_code"}
+    for name, row in sample_rows(): assert code_tests_of_row(row.get("answer", row))["tests"], name
+
+@needs_sandbox
+def test_code_reward_reads_every_format_in_process_and_through_the_service():
+    rows = sample_rows()
+    right = [f"```python\n{reference_program(r)}```" for _, r in rows]
+    wrong = [f"```python\n{wrong_program(reference_program(r))}```" for _, r in rows]
+    answers = [r.get("answer", r) for _, r in rows] * 2
+    rb = compute_rewards(right + wrong, answers, {"code": 1.0, "code_all": 1.0}, RewardContext(code_timeout_s=5))
+    names = [n for n, _ in rows]
+    assert rb.per_function["code_all"][:len(rows)] == [1.0] * len(rows), dict(zip(names, rb.per_function["code"]))
+    assert all(x < 1.0 for x in rb.per_function["code"][len(rows):]), dict(zip(names, rb.per_function["code"][len(rows):]))
+    url, proc = start_code_service(workers=2)
+    try:
+        rs = compute_rewards(right + wrong, answers, {"code": 1.0}, RewardContext(code_service_url=url, code_timeout_s=5))
+        assert rs.per_function["code"] == rb.per_function["code"]
+    finally:
+        proc.terminate(); proc.wait(15)
+
+def test_a_row_without_tests_is_refused_naming_the_formats():
+    with pytest.raises(ValueError, match="expected one of") as e: code_tests_of_row({"question": "q", "solutions": "[]"})
+    assert all(k.split(" ")[0] in str(e.value) for k in CODE_FORMATS)
+    with pytest.raises(ValueError, match="'inputs' and 'outputs'"): code_tests_of_row({"input_output": '{"input": ["1"], "output": ["1"]}'})
+
+@needs_sandbox
+def test_malformed_stdin_cases_are_refused_with_the_keys_expected():
+    r = run_tests("print(3)", [{"inputs": "1 2", "outputs": "3"}, {"stdin": "", "expected_output": "3"}], timeout_s=5)
+    assert r["passed"] == 0 and {x["status"] for x in r["results"]} == {"unsupported"}
+    assert "{'input': str, 'output': str}" in r["results"][0]["detail"] and "inputs" in r["results"][0]["detail"]
+
+@needs_sandbox
+def test_the_service_refuses_an_unknown_allowed_package(capsys):
+    from grpo_nb.rewards import serve_cli
+    assert serve_cli(["--port", "0", "--packages", "grpo_no_such_pkg"]) == 2
+    assert "not installed" in capsys.readouterr().err

@@ -7,3 +7,5 @@ for fd in range(1, 10):
             except OSError: pass
 print("passed")
 os._exit(0)
+
+def solve(): return 0   # reached only if the attack above ended: the sandbox must still contain it
