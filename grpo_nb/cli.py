@@ -5,7 +5,7 @@
 # %% ../nbs/13_cli.ipynb 3
 from __future__ import annotations
 import importlib, sys
-from .stop import catch_early
+from .stop import catch_early, settle
 from . import __version__
 
 # %% auto 0
@@ -72,7 +72,7 @@ def main(argv:list[str]|None=None) -> int:
     return int(fn(rest) or 0)
 
 def console() -> None:
-    "Console-script wrapper: exit with `main`'s code."
-    sys.exit(main())
+    "Console-script wrapper: exit with `main`'s code, a late SIGUSR1/SIGTERM ignored (`grpo_nb.stop.settle`)."
+    sys.exit(settle(main()))
 
 if __name__ == "__main__" and "__file__" in globals(): console()   # `python -m grpo_nb.cli ...` (not when a notebook runs this cell)

@@ -14,7 +14,7 @@ from .stop import StopFlag, catch_early
 from .run import MetricsLog, load_rows, read_metrics
 from .learner import TrainBatch, LearnerGroup
 from .checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, read_latest, write_latest
-from .tiny import resolve_model
+from .models import resolve_model
 from .colocate import check_sleep_mode
 from .loss import group_advantages, zero_variance_groups
 from .placement import create_placement_groups, placed_actor_options, Layout

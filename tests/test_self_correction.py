@@ -145,3 +145,34 @@ def test_own_problems_and_reward(tmp_path):
     assert [m["step"] for m in res["metrics"]] == [1, 2]                     # 4 episodes from 3 rows: cycled
     with pytest.raises(ConfigError, match="--prompt_key=<field>"): train(SCConfig(steps=1, episodes=2, data=str(f)), digests=False)
     with pytest.raises(ConfigError, match="--reward=math"): load_sc_config(None, ["--reward=nope"])
+
+
+def test_sigusr1_checkpoints_exits_0_and_the_resumed_run_continues_exactly(tmp_path):
+    "The walltime signal mid-run: a checkpoint of the step it was on, exit 0, metrics.jsonl; the resumed run ends where the uninterrupted one does."
+    import json, signal, sys, time
+    from grpo_nb.self_correction import SCConfig, train
+    ref = train(SCConfig(steps=12, episodes=2))   # never interrupted
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    cmd = [sys.executable, "-m", "grpo_nb.self_correction", "--episodes=2", f"--checkpoint_dir={ck}", f"--out={out}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([*cmd, "--steps=1000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while not ((out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines()) >= 2):
+            assert p.poll() is None and time.time() < deadline, "the run ended or stalled before two steps"
+            time.sleep(0.1)
+        p.send_signal(signal.SIGUSR1)
+        log = p.communicate(timeout=120)[0]
+    finally:
+        if p.poll() is None: p.kill()
+    assert p.returncode == 0, log[-3000:]
+    stopped = json.loads((out / "summary.json").read_text())
+    k = stopped["last_step"]
+    assert stopped["stopped_by"] == "SIGUSR1" and 2 <= k <= 10, (stopped["stopped_by"], k)
+    assert (ck / "latest").read_text().split()[-1] == str(k)
+    r = subprocess.run([*cmd, f"--steps={k + 2}"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    resumed = json.loads((out / "summary.json").read_text())
+    assert Path(resumed["resumed_from"]).name == f"step_{k:08d}" and resumed["stopped_by"] is None
+    assert resumed["digests"] == {role: d[:k + 3] for role, d in ref["digests"].items()}   # every model, after every step
+    assert [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()] == list(range(1, k + 3))
