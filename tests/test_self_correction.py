@@ -176,3 +176,24 @@ def test_sigusr1_checkpoints_exits_0_and_the_resumed_run_continues_exactly(tmp_p
     assert Path(resumed["resumed_from"]).name == f"step_{k:08d}" and resumed["stopped_by"] is None
     assert resumed["digests"] == {role: d[:k + 3] for role, d in ref["digests"].items()}   # every model, after every step
     assert [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()] == list(range(1, k + 3))
+
+
+def test_signals_after_the_last_checkpoint_are_a_clean_stop(tmp_path):
+    "The walltime signal arriving again and again while the process shuts down after its last checkpoint: exit 0, never death by SIGUSR1."
+    import signal, sys, time
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "grpo_nb.self_correction", "--steps=1", "--episodes=2", f"--checkpoint_dir={tmp_path / 'ck'}", f"--out={out}"]
+    p = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (out / "summary.json").exists():   # written after the last checkpoint
+            assert p.poll() is None and time.time() < deadline, "the run ended or stalled before its summary"
+            time.sleep(0.02)
+        while p.poll() is None:
+            try: p.send_signal(signal.SIGUSR1)
+            except ProcessLookupError: break
+            time.sleep(0.002)
+        log = p.communicate(timeout=60)[0]
+    finally:
+        if p.poll() is None: p.kill()
+    assert p.returncode == 0, (p.returncode, log[-2000:])
