@@ -20,7 +20,7 @@ from .checkpoint import (set_rng_state, seed_everything, tree_digest, save_check
 from .rewards import compute_rewards, RewardContext
 from .sandbox import run_tests, Limits
 from .models import resolve_model
-from .tiny import _no_progress_bars
+from .tiny import no_progress_bars
 from .run import MetricsLog, load_rows, rank_env, init_process_group, stop_requested, run_command, fill, STOP_AND_REQUEUE
 from .stop import StopFlag, settle
 from .memory import GiB, get_shape, param_counts, activations_bytes, logits_bytes, kv_bytes_per_token, ModelShape
@@ -209,7 +209,7 @@ def load_policy(name_or_path:str, # a local HF directory or a built-in tiny mode
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
     if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
-        with _no_progress_bars(): model = AutoModelForCausalLM.from_pretrained(path, dtype=pdtype, attn_implementation=attn_implementation)
+        with no_progress_bars(): model = AutoModelForCausalLM.from_pretrained(path, dtype=pdtype, attn_implementation=attn_implementation)
     else:
         torch.manual_seed(seed)
         with torch.device(device):  # initialise where it will live (seconds on a GPU for 0.5B, not a minute on CPU)

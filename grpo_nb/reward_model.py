@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Callable, Literal
 import torch
 import torch.nn.functional as F
-from .config import ConfigError, ModelConfig, _merge, config_data, from_dict, parse_overrides, run_cli, trainer_of
+from .config import ConfigError, ModelConfig, merge, config_data, from_dict, parse_overrides, run_cli, trainer_of
 from .memory import GiB, ModelShape, get_shape, learner_memory, param_counts
 from .rewards import register
 from .checkpoint import find_resume, save_checkpoint_files, set_rng_state
 from .run import MetricsLog, STOP_AND_REQUEUE, fill, init_process_group, run_command, rank_env, stop_requested
 from .stop import StopFlag, settle
 from .models import resolve_model
-from .tiny import _no_progress_bars
+from .tiny import no_progress_bars
 
 # %% auto 0
 __all__ = ['REFUSALS', 'HH_TINY', 'RM_PRESETS', 'SEED_ROWS', 'GPU_PEAK_TFLOPS', 'RM_SBATCH', 'bt_loss', 'make_hh_pairs',
@@ -109,7 +109,7 @@ def load_reward_model(name_or_path:str, # HF directory or tiny model name
     if tok.pad_token_id is None: tok.pad_token = tok.eos_token
     level = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()  # "score.weight newly initialized" is the point
     try:
-        with _no_progress_bars(): model = AutoModelForSequenceClassification.from_pretrained(d, num_labels=1, dtype=dtype, attn_implementation=attn_implementation)
+        with no_progress_bars(): model = AutoModelForSequenceClassification.from_pretrained(d, num_labels=1, dtype=dtype, attn_implementation=attn_implementation)
     finally: hf_logging.set_verbosity(level)
     model.config.pad_token_id = tok.pad_token_id
     return model, tok
@@ -175,7 +175,7 @@ def load_rm_config(source:str|Path|dict|None=None, # YAML path, preset name (`ti
     if t != "reward-model":
         raise ConfigError("trainer", f"{source} is a config of the {t} trainer.", "give a reward-model config (`grpo_nb config --list`)")
     over = parse_overrides(overrides) if isinstance(overrides, list) else (overrides or {})
-    cfg = from_dict(RMConfig, _merge(data, over))
+    cfg = from_dict(RMConfig, merge(data, over))
     T = cfg.train
     for name in ("steps", "micro_batch_pairs", "gradient_accumulation_steps", "threads"):
         if getattr(T, name) < 1: raise ConfigError(f"train.{name}", f"must be at least 1 (got {getattr(T, name)}).", f"--train.{name}=1")
@@ -361,7 +361,7 @@ def _export(engine, tok, out:Path, rank:int):
     with deepspeed.zero.GatheredParameters(params, enabled=hasattr(params[0], "ds_id")):
         if rank == 0:
             sd = {k: v.detach().cpu().clone() for k, v in engine.module.state_dict().items()}
-            with _no_progress_bars(): engine.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
+            with no_progress_bars(): engine.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
             tok.save_pretrained(out)
 def save_rm_checkpoint(engine, # the DeepSpeed engine
                        root:Path, # <output_dir>/checkpoints

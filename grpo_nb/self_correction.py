@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Callable, Optional
 import torch
 import torch.distributed as dist
-from .config import ConfigError, _merge, config_data, from_dict, parse_overrides, run_cli, trainer_of
+from .config import ConfigError, merge, config_data, from_dict, parse_overrides, run_cli, trainer_of
 from .checkpoint import find_resume, latest_checkpoint, rng_state, save_checkpoint_files, set_rng_state
 from .loss import token_logprobs
 from .memory import GiB, ModelShape, activations_bytes, get_shape, logits_bytes, param_counts, shape_to_hf
 from .reward_model import classifier_shape
 from .rewards import REWARDS, RewardContext
 from .models import resolve_model
-from .tiny import _no_progress_bars, builtin_model
+from .tiny import no_progress_bars, builtin_model
 from .run import MetricsLog, STOP_AND_REQUEUE, fill, init_process_group, load_rows, rank_env, run_command, stop_requested
 from .stop import StopFlag, settle
 
@@ -130,7 +130,7 @@ def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset n
         try: over["placement"] = json.loads(over["placement"])
         except json.JSONDecodeError as e:
             raise ConfigError("placement", f"is not JSON ({e}).", "--placement='{\"*\": \"cpu\"}' or --placement.policy=cuda:0") from None
-    cfg = from_dict(SCConfig, _merge(data, over))
+    cfg = from_dict(SCConfig, merge(data, over))
     for k in ("steps", "episodes", "max_new_tokens", "guidance_every", "polyak_chunk", "keep_last", "logprob_chunk"):
         if getattr(cfg, k) < 1: raise ConfigError(k, f"must be at least 1 (got {getattr(cfg, k)}).", f"--{k}=1")
     for k in ("micro_batch", "checkpoint_every"):
@@ -189,7 +189,7 @@ def load_models(cfg:SCConfig, # the run
         raise ConfigError("dtype", f"bfloat16, but {torch.cuda.get_device_name()} has no bf16 (V100 and older).", "--dtype=float16 or --dtype=float32")
     level = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
     try:
-        with _no_progress_bars():
+        with no_progress_bars():
             pol = _role_model(cfg.policy, "policy", 0, "lm", dt, where["policy"])
             gui = _role_model(cfg.guidance, "guidance", 1, "lm", dt, where["guidance"])
             cri = _role_model(cfg.critic, "critic", 2, "score", dt, where["critic"])

@@ -13,9 +13,9 @@ from .config import ConfigError
 
 # %% auto 0
 __all__ = ['SPECIAL_TOKENS', 'ALPHABET', 'CHAT_TEMPLATE', 'TINY_MODELS', 'TINY_FORMAT', 'Op', 'BUILTIN_DATASETS',
-           'build_tokenizer', 'TinySpec', 'tiny_config', 'build_tiny_model', 'default_cache_dir', 'tiny_model_dir',
-           'builtin_model', 'resolve_model', 'arithmetic_split', 'make_arithmetic', 'load_builtin', 'greedy_accuracy',
-           'warm_start', 'spawn_call', 'vllm_generate']
+           'build_tokenizer', 'TinySpec', 'tiny_config', 'build_tiny_model', 'no_progress_bars', 'default_cache_dir',
+           'tiny_model_dir', 'builtin_model', 'resolve_model', 'arithmetic_split', 'make_arithmetic', 'load_builtin',
+           'greedy_accuracy', 'warm_start', 'spawn_call', 'vllm_generate']
 
 # %% ../nbs/14_tiny.ipynb 7
 SPECIAL_TOKENS:dict[str, str] = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "unk": "<unk>"}
@@ -104,11 +104,11 @@ def build_tiny_model(name:str="tiny-arith", # a key of `TINY_MODELS`
     cfg = tiny_config(name, vocab_size=len(tok))
     with _torch_seed(seed):
         model = Qwen2ForCausalLM(cfg).to(torch.float32)
-    with _no_progress_bars(): model.save_pretrained(out, safe_serialization=True)
+    with no_progress_bars(): model.save_pretrained(out, safe_serialization=True)
     return out
 
 @contextlib.contextmanager
-def _no_progress_bars():
+def no_progress_bars():
     "transformers' progress bars off for the block (they clutter logs and notebooks for 1 MB models)."
     from transformers.utils import logging as hf_logging
     was = hf_logging.is_progress_bar_enabled()
@@ -267,7 +267,7 @@ def warm_start(model_dir:str|Path, # starting policy (a HF directory)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_dir)
-    with _no_progress_bars(): model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with no_progress_bars(): model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng, history = random.Random(seed), []
     with _torch_seed(seed), _torch_threads(threads):
@@ -284,7 +284,7 @@ def warm_start(model_dir:str|Path, # starting policy (a HF directory)
             if eval_rows and ((eval_every and step % eval_every == 0) or step == steps):
                 rec["eval_accuracy"] = greedy_accuracy(model, tok, eval_rows)
             history.append(rec)
-    with _no_progress_bars(): model.save_pretrained(out_dir, safe_serialization=True)
+    with no_progress_bars(): model.save_pretrained(out_dir, safe_serialization=True)
     _save_tokenizer(tok, Path(out_dir))
     (Path(out_dir) / "warm_start.json").write_text(json.dumps({"steps": steps, "lr": lr, "batch_size": batch_size, "seed": seed,
                                                                "history": history}, indent=1))
