@@ -184,6 +184,7 @@ def barrier(world_size:int, # W (a torch.distributed group when > 1)
     "Wait for every rank (nothing to wait for with one)."
     if world_size > 1: torch.distributed.barrier()
 
+# %% ../nbs/02d_checkpoint.ipynb 34
 def save_checkpoint_files(root:str|Path, # the checkpoint directory
                           step:int, # steps completed
                           blobs:dict, # file name -> object for `torch.save`, written by rank 0
@@ -212,6 +213,7 @@ def save_checkpoint_files(root:str|Path, # the checkpoint directory
     barrier(world_size)
     return final
 
+# %% ../nbs/02d_checkpoint.ipynb 35
 def find_resume(resume:str, # "auto" (the newest intact checkpoint under `root`), "none"/"", or a checkpoint path
                 root:str|Path, # the checkpoint directory
                 rank:int=0, # this rank

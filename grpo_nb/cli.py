@@ -5,6 +5,7 @@
 # %% ../nbs/13_cli.ipynb 3
 from __future__ import annotations
 import importlib, sys
+from .config import ConfigError
 from .stop import catch_early, settle
 from . import __version__
 
@@ -69,7 +70,9 @@ def main(argv:list[str]|None=None) -> int:
     if fn is None:
         print(f"grpo_nb {name}: not available in this version of grpo_nb yet.", file=sys.stderr)
         return 2
-    return int(fn(rest) or 0)
+    try: return int(fn(rest) or 0)
+    except ConfigError as e:   # the one error path of every command: the field, what is wrong, the fix; nothing started
+        print(f"grpo_nb {name}: error: {e}", file=sys.stderr); return 2
 
 def console() -> None:
     "Console-script wrapper: exit with `main`'s code, a late SIGUSR1/SIGTERM ignored (`grpo_nb.stop.settle`)."

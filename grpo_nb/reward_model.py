@@ -363,6 +363,8 @@ def _export(engine, tok, out:Path, rank:int):
             sd = {k: v.detach().cpu().clone() for k, v in engine.module.state_dict().items()}
             with no_progress_bars(): engine.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
             tok.save_pretrained(out)
+
+# %% ../nbs/11_reward_model.ipynb 55
 def save_rm_checkpoint(engine, # the DeepSpeed engine
                        root:Path, # <output_dir>/checkpoints
                        step:int, # optimizer steps done
@@ -374,14 +376,14 @@ def save_rm_checkpoint(engine, # the DeepSpeed engine
     ds = lambda tmp: engine.save_checkpoint(str(tmp / "deepspeed"), tag="state", client_state={}, save_latest=False)
     return save_checkpoint_files(root, step, {}, {}, rank, world, keep_last, write=ds)
 
+# %% ../nbs/11_reward_model.ipynb 56
 def load_rm_checkpoint(engine, path:Path, rank:int) -> int:
     "Restore the engine and this rank's random state from a verified checkpoint; return its step."
     engine.load_checkpoint(str(path / "deepspeed"), tag="state")
     set_rng_state(torch.load(path / f"rng_rank{rank}.pt", weights_only=False))
     return json.loads((path / "state.json").read_text())["step"]
 
-
-# %% ../nbs/11_reward_model.ipynb 55
+# %% ../nbs/11_reward_model.ipynb 57
 def _start(cfg:RMConfig) -> tuple:
     "(device, RankEnv, engine, tokenizer): the process group, the model, and its DeepSpeed engine."
     import logging, warnings
@@ -402,7 +404,24 @@ def _start(cfg:RMConfig) -> tuple:
     return device, env, engine, tok
 
 
-# %% ../nbs/11_reward_model.ipynb 56
+# %% ../nbs/11_reward_model.ipynb 58
+def _summary(cfg:RMConfig, engine, device:str, world:int, start:int, step:int, stopped_by:str|None, path, t0:float,
+             train_rows:list, eval_rows:list, metrics:list) -> dict:
+    "What a reward-model run did: batch, steps, held-out accuracy, parameters per rank, memory, where the model is."
+    T = cfg.train
+    last_eval = next((r for r in reversed(metrics) if "eval_accuracy" in r), {})
+    return {"world": world, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "zero_stage": T.zero_stage,
+            "micro_batch_pairs": T.micro_batch_pairs, "gradient_accumulation_steps": T.gradient_accumulation_steps,
+            "effective_batch": effective_batch(world, T.micro_batch_pairs, T.gradient_accumulation_steps),
+            "start_step": start, "last_step": step, "steps": T.steps, "stopped_by": stopped_by,
+            "resumed_from": str(path) if path else None, "seconds": round(time.time() - t0, 2), "train_pairs": len(train_rows),
+            "eval_pairs": len(eval_rows), "eval_accuracy": last_eval.get("eval_accuracy"), "eval_by_kind": last_eval.get("eval_by_kind"),
+            "params_total": sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()),
+            "params_on_rank": sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in engine.module.parameters()),
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
+            "model_dir": str(Path(cfg.output_dir) / "model") if step == T.steps else None, "metrics": metrics}
+
+# %% ../nbs/11_reward_model.ipynb 59
 def train(cfg:RMConfig, # the run
          ) -> dict: # the summary (every rank returns it; rank 0 also writes it)
     "One rank of a ZeRO-3 reward-model run (under torchrun/deepspeed); SIGUSR1/SIGTERM: every rank checkpoints after its current step and stops."
@@ -434,23 +453,13 @@ def train(cfg:RMConfig, # the run
         if flag and saved != step: save_rm_checkpoint(engine, ckpt, step, rank, world)
     log.close()
     if step == T.steps: _export(engine, tok, out / "model", rank)
-    last_eval = next((r for r in reversed(metrics) if "eval_accuracy" in r), {})
-    summary = {"world": world, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "zero_stage": T.zero_stage,
-               "micro_batch_pairs": T.micro_batch_pairs, "gradient_accumulation_steps": T.gradient_accumulation_steps,
-               "effective_batch": effective_batch(world, T.micro_batch_pairs, T.gradient_accumulation_steps),
-               "start_step": start, "last_step": step, "steps": T.steps, "stopped_by": flag.reason if step < T.steps else None,
-               "resumed_from": str(path) if path else None, "seconds": round(time.time() - t0, 2), "train_pairs": len(train_rows),
-               "eval_pairs": len(eval_rows), "eval_accuracy": last_eval.get("eval_accuracy"), "eval_by_kind": last_eval.get("eval_by_kind"),
-               "params_total": sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()),
-               "params_on_rank": sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in engine.module.parameters()),
-               "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
-               "model_dir": str(out / "model") if step == T.steps else None, "metrics": metrics}
+    summary = _summary(cfg, engine, device, world, start, step, flag.reason if step < T.steps else None, path, t0, train_rows, eval_rows, metrics)
     if rank == 0: (out / "summary.json").write_text(json.dumps(summary, indent=1))
     dist.barrier(); dist.destroy_process_group()
     return summary
 
 
-# %% ../nbs/11_reward_model.ipynb 58
+# %% ../nbs/11_reward_model.ipynb 61
 def plan_text(cfg:RMConfig, # the run
               gpus:int, # data-parallel GPUs
               gpu_mem_gib:float=80.0, # memory of one GPU
@@ -490,10 +499,10 @@ def reward_model_cli(argv:list[str]|None=None) -> int:
     "`python -m grpo_nb.reward_model CONFIG [--plan] [--section.field=value ...]`: one rank of a reward-model run."
     return run_cli(reward_model_command, argv, "grpo_nb reward-model", fill={"presets": ", ".join(RM_PRESETS)})
 
-# %% ../nbs/11_reward_model.ipynb 59
+# %% ../nbs/11_reward_model.ipynb 62
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(reward_model_cli()))
 
-# %% ../nbs/11_reward_model.ipynb 62
+# %% ../nbs/11_reward_model.ipynb 65
 def spawned_rank(cfg:dict, # RMConfig as plain data (picklable)
                  port:int, # rendezvous port
                  rank:int=0, # this rank
@@ -504,7 +513,7 @@ def spawned_rank(cfg:dict, # RMConfig as plain data (picklable)
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))  # a spawned process: its own environment
     return train(load_rm_config(cfg))
 
-# %% ../nbs/11_reward_model.ipynb 66
+# %% ../nbs/11_reward_model.ipynb 69
 def reward_model_reward(model_dir:str|Path, # a trained reward model (HF directory, e.g. <output_dir>/model)
                         name:str="reward_model", # the name configs use in reward.functions
                         text_of:Callable[[str, object], str]|None=None, # (completion, answer) -> text to score; None: the completion
@@ -533,7 +542,7 @@ def reward_model_reward(model_dir:str|Path, # a trained reward model (HF directo
     scores.__doc__ = f"Score of the reward model in {model_dir} ({scale})."
     return register(name)(scores)
 
-# %% ../nbs/11_reward_model.ipynb 72
+# %% ../nbs/11_reward_model.ipynb 75
 @dataclass
 class RMSlurmSpec:
     "The queue values of the reward-model batch script."

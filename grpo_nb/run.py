@@ -18,116 +18,10 @@ from .tiny import load_builtin
 
 
 # %% auto 0
-__all__ = ['STOP_AND_REQUEUE', 'RankEnv', 'rank_env', 'init_process_group', 'stop_requested', 'run_command', 'fill', 'data_path',
-           'load_rows', 'MetricsLog', 'read_metrics']
+__all__ = ['STOP_AND_REQUEUE', 'data_path', 'load_rows', 'MetricsLog', 'read_metrics', 'RankEnv', 'rank_env',
+           'init_process_group', 'stop_requested', 'run_command', 'fill']
 
 # %% ../nbs/02c_run.ipynb 6
-@dataclass(frozen=True)
-class RankEnv:
-    "This process's place in a launcher-started job."
-    rank:int # global rank
-    world_size:int # W: processes in the job
-    local_rank:int # rank on this node (the GPU index on GPU nodes)
-
-def rank_env(environ:dict|None=None, # the environment (None: os.environ)
-            ) -> RankEnv:
-    "Rank, world size and local rank from RANK, WORLD_SIZE and LOCAL_RANK; one process without them."
-    e = os.environ if environ is None else environ
-    return RankEnv(int(e.get("RANK", 0)), int(e.get("WORLD_SIZE", 1)), int(e.get("LOCAL_RANK", 0)))
-
-
-# %% ../nbs/02c_run.ipynb 9
-def init_process_group(backend:str="auto", # "nccl", "gloo", or "auto" (nccl when `device` is a GPU, else gloo)
-                       device:torch.device|str="cpu", # this rank's device
-                       timeout_s:float=1800.0, # a collective waiting this long fails the job
-                       environ:dict|None=None, # the environment (None: os.environ)
-                      ) -> RankEnv:
-    "This process's `RankEnv`, after joining the job's process group when there is more than one process (once)."
-    env, device = rank_env(environ), torch.device(device)
-    if env.world_size > 1 and not torch.distributed.is_initialized():
-        backend = backend if backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-        torch.distributed.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
-                                             **({"device_id": device} if backend == "nccl" else {}))
-    return env
-
-
-# %% ../nbs/02c_run.ipynb 12
-def stop_requested(flag, # this rank's `grpo_nb.stop.StopFlag` (anything with a truth value)
-                   world_size:int=1, # W (a torch.distributed group when > 1)
-                   device:torch.device|str="cpu", # where the collective's tensor lives (the rank's GPU under NCCL)
-                  ) -> bool:
-    "True on every rank when any rank's flag is set (a collective: every rank calls it at the same step boundary)."
-    if world_size == 1: return bool(flag)
-    t = torch.tensor([float(bool(flag))], device=device)
-    torch.distributed.all_reduce(t)
-    return bool(t.item() > 0)
-
-
-# %% ../nbs/02c_run.ipynb 15
-def run_command(prog:str, # the command as users type it (`grpo_nb train`), for messages
-                body:Callable[[], int|None], # the command's work; returns its exit status (None: 0)
-                quiet:bool=False, # print no error message (every rank but 0)
-                resume_hint:str="--resume auto", # how this command resumes, for the failure message
-               ) -> int: # 0 done or stopped with a checkpoint; 2 configuration error; 1 failed; 130 interrupted
-    "Run a trainer's command with the signal handling and the exit statuses every trainer shares (its process entry point calls `settle` after it)."
-    catch_early()
-    try: return int(body() or 0)
-    except ConfigError as e:
-        if not quiet: print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        if not quiet: print(f"{prog}: interrupted; {resume_hint} continues from the last complete checkpoint.", file=sys.stderr)
-        return 130
-    except Exception as e:
-        traceback.print_exc()
-        print(f"{prog}: failed: {type(e).__name__}: {e}\nThe last complete checkpoint is kept; {resume_hint} continues from it.", file=sys.stderr)
-        return 1
-
-
-# %% ../nbs/02c_run.ipynb 18
-def fill(template:str, **values) -> str:
-    "Replace every `{{name}}` in `template` with `values[name]`; raise if a hole is left."
-    out = re.sub(r"\{\{(\w+)\}\}", lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
-    left = sorted(set(re.findall(r"\{\{(\w+)\}\}", out)))
-    if left: raise KeyError(f"template holes without a value: {left}")
-    return out
-
-
-# %% ../nbs/02c_run.ipynb 20
-STOP_AND_REQUEUE = r'''# >>> stop and requeue: the walltime signal (SIGUSR1) or SIGTERM checkpoints the run, exit 0, and the job requeues itself
-# (SIGNAL_CHILDREN=1: the signal goes to the trainer's children, e.g. torchrun's workers; torchrun itself would die of it)
-MAX_REQUEUES=${MAX_REQUEUES:-10}                      # times this job may requeue itself
-RESTARTS=${SLURM_RESTART_COUNT:-0}
-export GRPO_NB_READY_FILE="${TMPDIR:-/tmp}/grpo_nb_ready.${SLURM_JOB_ID:-0}.$$"; rm -f "$GRPO_NB_READY_FILE"
-STOP=0 TRAIN_PID=
-on_stop() {  # the trap: ask the trainer (and its children, e.g. torchrun's workers) to checkpoint at its next step and exit 0
-  STOP=1; log "got SIG$1: asking the trainer (pid ${TRAIN_PID:-none}) to checkpoint and stop"
-  [ -n "$TRAIN_PID" ] || return 0
-  local i=0
-  while [ ! -e "$GRPO_NB_READY_FILE" ] && kill -0 "$TRAIN_PID" 2>/dev/null && [ "$i" -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
-  if [ "${SIGNAL_CHILDREN:-0}" = 1 ]; then pkill -USR1 -P "$TRAIN_PID" || true; else kill -USR1 "$TRAIN_PID" 2>/dev/null || true; fi
-  return 0
-}
-trap 'on_stop USR1' USR1
-trap 'on_stop TERM' TERM
-run_and_requeue() {  # run_and_requeue CMD ...: CMD in the background behind wait (so the trap runs), then requeue after a clean stop
-  "$@" &
-  TRAIN_PID=$!
-  while :; do RC=0; wait "$TRAIN_PID" || RC=$?; kill -0 "$TRAIN_PID" 2>/dev/null || break; done  # a trap interrupts wait: wait again
-  rm -f "$GRPO_NB_READY_FILE"
-  log "the trainer exited with $RC"
-  if [ "$STOP" = 1 ] && [ "$RC" = 0 ]; then
-    if [ "$RESTARTS" -ge "$MAX_REQUEUES" ]; then log "not requeued: $RESTARTS restarts = MAX_REQUEUES"; exit 0; fi
-    log "requeueing job $SLURM_JOB_ID; it resumes from the checkpoint just written"
-    scontrol requeue "$SLURM_JOB_ID"
-  fi
-  exit "$RC"
-}
-# <<< stop and requeue'''
-"The shell functions of a batch script that forwards the walltime signal to its trainer and requeues the job after a clean stop."
-
-
-# %% ../nbs/02c_run.ipynb 24
 def data_path(path:str, # a data file as configured
              ) -> Path: # the path as given, else found relative to a parent directory or the repository
     "Where a data file is (so `data/...` works from `nbs/` and from the repository alike)."
@@ -180,7 +74,7 @@ def load_rows(path:str, # jsonl/json/parquet file, or `builtin:<name>` (see `grp
     if gaps: raise ConfigError(where, f"row {gaps} of {path} lacks {prompt_key!r} or {answer_key!r}.", "complete or drop that row")
     return [{**r, "prompt": r[prompt_key], "answer": r[answer_key]} for r in rows]
 
-# %% ../nbs/02c_run.ipynb 27
+# %% ../nbs/02c_run.ipynb 9
 class MetricsLog:
     "Per-step metrics to JSON lines, TensorBoard and (optionally) W&B; rolled back to the checkpoint on resume."
     def __init__(self, out_dir:str|Path, # the run's output directory
@@ -242,3 +136,109 @@ def read_metrics(out_dir:str|Path) -> list[dict]:
     "The records of `<out_dir>/metrics.jsonl`."
     p = Path(out_dir) / "metrics.jsonl"
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
+
+# %% ../nbs/02c_run.ipynb 12
+@dataclass(frozen=True)
+class RankEnv:
+    "This process's place in a launcher-started job."
+    rank:int # global rank
+    world_size:int # W: processes in the job
+    local_rank:int # rank on this node (the GPU index on GPU nodes)
+
+def rank_env(environ:dict|None=None, # the environment (None: os.environ)
+            ) -> RankEnv:
+    "Rank, world size and local rank from RANK, WORLD_SIZE and LOCAL_RANK; one process without them."
+    e = os.environ if environ is None else environ
+    return RankEnv(int(e.get("RANK", 0)), int(e.get("WORLD_SIZE", 1)), int(e.get("LOCAL_RANK", 0)))
+
+
+# %% ../nbs/02c_run.ipynb 15
+def init_process_group(backend:str="auto", # "nccl", "gloo", or "auto" (nccl when `device` is a GPU, else gloo)
+                       device:torch.device|str="cpu", # this rank's device
+                       timeout_s:float=1800.0, # a collective waiting this long fails the job
+                       environ:dict|None=None, # the environment (None: os.environ)
+                      ) -> RankEnv:
+    "This process's `RankEnv`, after joining the job's process group when there is more than one process (once)."
+    env, device = rank_env(environ), torch.device(device)
+    if env.world_size > 1 and not torch.distributed.is_initialized():
+        backend = backend if backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        torch.distributed.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+                                             **({"device_id": device} if backend == "nccl" else {}))
+    return env
+
+
+# %% ../nbs/02c_run.ipynb 18
+def stop_requested(flag, # this rank's `grpo_nb.stop.StopFlag` (anything with a truth value)
+                   world_size:int=1, # W (a torch.distributed group when > 1)
+                   device:torch.device|str="cpu", # where the collective's tensor lives (the rank's GPU under NCCL)
+                  ) -> bool:
+    "True on every rank when any rank's flag is set (a collective: every rank calls it at the same step boundary)."
+    if world_size == 1: return bool(flag)
+    t = torch.tensor([float(bool(flag))], device=device)
+    torch.distributed.all_reduce(t)
+    return bool(t.item() > 0)
+
+
+# %% ../nbs/02c_run.ipynb 21
+def run_command(prog:str, # the command as users type it (`grpo_nb train`), for messages
+                body:Callable[[], int|None], # the command's work; returns its exit status (None: 0)
+                quiet:bool=False, # print no error message (every rank but 0)
+                resume_hint:str="--resume auto", # how this command resumes, for the failure message
+               ) -> int: # 0 done or stopped with a checkpoint; 2 configuration error; 1 failed; 130 interrupted
+    "Run a trainer's command with the signal handling and the exit statuses every trainer shares (its process entry point calls `settle` after it)."
+    catch_early()
+    try: return int(body() or 0)
+    except ConfigError as e:
+        if not quiet: print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if not quiet: print(f"{prog}: interrupted; {resume_hint} continues from the last complete checkpoint.", file=sys.stderr)
+        return 130
+    except Exception as e:
+        traceback.print_exc()
+        print(f"{prog}: failed: {type(e).__name__}: {e}\nThe last complete checkpoint is kept; {resume_hint} continues from it.", file=sys.stderr)
+        return 1
+
+
+# %% ../nbs/02c_run.ipynb 24
+def fill(template:str, **values) -> str:
+    "Replace every `{{name}}` in `template` with `values[name]`; raise if a hole is left."
+    out = re.sub(r"\{\{(\w+)\}\}", lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
+    left = sorted(set(re.findall(r"\{\{(\w+)\}\}", out)))
+    if left: raise KeyError(f"template holes without a value: {left}")
+    return out
+
+
+# %% ../nbs/02c_run.ipynb 26
+STOP_AND_REQUEUE = r'''# >>> stop and requeue: the walltime signal (SIGUSR1) or SIGTERM checkpoints the run, exit 0, and the job requeues itself
+# (SIGNAL_CHILDREN=1: the signal goes to the trainer's children, e.g. torchrun's workers; torchrun itself would die of it)
+MAX_REQUEUES=${MAX_REQUEUES:-10}                      # times this job may requeue itself
+RESTARTS=${SLURM_RESTART_COUNT:-0}
+export GRPO_NB_READY_FILE="${TMPDIR:-/tmp}/grpo_nb_ready.${SLURM_JOB_ID:-0}.$$"; rm -f "$GRPO_NB_READY_FILE"
+STOP=0 TRAIN_PID=
+on_stop() {  # the trap: ask the trainer (and its children, e.g. torchrun's workers) to checkpoint at its next step and exit 0
+  STOP=1; log "got SIG$1: asking the trainer (pid ${TRAIN_PID:-none}) to checkpoint and stop"
+  [ -n "$TRAIN_PID" ] || return 0
+  local i=0
+  while [ ! -e "$GRPO_NB_READY_FILE" ] && kill -0 "$TRAIN_PID" 2>/dev/null && [ "$i" -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+  if [ "${SIGNAL_CHILDREN:-0}" = 1 ]; then pkill -USR1 -P "$TRAIN_PID" || true; else kill -USR1 "$TRAIN_PID" 2>/dev/null || true; fi
+  return 0
+}
+trap 'on_stop USR1' USR1
+trap 'on_stop TERM' TERM
+run_and_requeue() {  # run_and_requeue CMD ...: CMD in the background behind wait (so the trap runs), then requeue after a clean stop
+  "$@" &
+  TRAIN_PID=$!
+  while :; do RC=0; wait "$TRAIN_PID" || RC=$?; kill -0 "$TRAIN_PID" 2>/dev/null || break; done  # a trap interrupts wait: wait again
+  rm -f "$GRPO_NB_READY_FILE"
+  log "the trainer exited with $RC"
+  if [ "$STOP" = 1 ] && [ "$RC" = 0 ]; then
+    if [ "$RESTARTS" -ge "$MAX_REQUEUES" ]; then log "not requeued: $RESTARTS restarts = MAX_REQUEUES"; exit 0; fi
+    log "requeueing job $SLURM_JOB_ID; it resumes from the checkpoint just written"
+    scontrol requeue "$SLURM_JOB_ID"
+  fi
+  exit "$RC"
+}
+# <<< stop and requeue'''
+"The shell functions of a batch script that forwards the walltime signal to its trainer and requeues the job after a clean stop."
+

@@ -19,7 +19,7 @@ def _torchrun(out:Path, steps:int, port:int, *extra:str) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 def test_two_ranks_train_checkpoint_resume_and_export(tmp_path):
-    from grpo_nb.tiny import free_port
+    from grpo_nb.actors import free_port
     out = tmp_path / "run"
     first = _torchrun(out, 8, free_port())
     assert first["world"] == 2 and first["zero_stage"] == 3 and first["start_step"] == 0

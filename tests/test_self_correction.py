@@ -92,7 +92,8 @@ def test_two_ranks_sum_to_one_batch_and_stay_in_step(tmp_path):
     import torch.multiprocessing as tmp_mp
     from grpo_nb.self_correction import SCConfig, load_models, run_episodes, update
     from grpo_nb.checkpoint import read_latest, verify_checkpoint
-    from grpo_nb.tiny import free_port, make_arithmetic
+    from grpo_nb.actors import free_port
+    from grpo_nb.tiny import make_arithmetic
     tmp_mp.spawn(_dp_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     # the single-process gradients on all six episodes
     cfg = SCConfig(episodes=6)
