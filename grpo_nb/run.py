@@ -210,6 +210,7 @@ def fill(template:str, **values) -> str:
 
 
 # %% ../nbs/02c_run.ipynb 26
+# The shell functions of a batch script that forwards the walltime signal to its trainer and requeues the job after a clean stop.
 STOP_AND_REQUEUE = r'''# >>> stop and requeue: the walltime signal (SIGUSR1) or SIGTERM checkpoints the run, exit 0, and the job requeues itself
 # (SIGNAL_CHILDREN=1: the signal goes to the trainer's children, e.g. torchrun's workers; torchrun itself would die of it)
 MAX_REQUEUES=${MAX_REQUEUES:-10}                      # times this job may requeue itself
@@ -240,5 +241,3 @@ run_and_requeue() {  # run_and_requeue CMD ...: CMD in the background behind wai
   exit "$RC"
 }
 # <<< stop and requeue'''
-"The shell functions of a batch script that forwards the walltime signal to its trainer and requeues the job after a clean stop."
-
