@@ -30,12 +30,6 @@ def test_two_ranks_train_checkpoint_resume_and_export(tmp_path):
     assert evals[-1]["eval_accuracy"] > 0.6 > evals[0]["eval_accuracy"], evals     # learning signal on held-out pairs
     assert (out / "checkpoints" / "latest").read_text().split()[-1] == "8"
 
-    second = _torchrun(out, 10, free_port())                                           # resume=auto picks up step 8
-    assert second["start_step"] == 8
-    assert [m["step"] for m in second["metrics"]] == [9, 10]
-    assert (out / "checkpoints" / "latest").read_text().split()[-1] == "10"
-    assert second["eval_accuracy"] > 0.6
-
     from grpo_nb.reward_model import reward_model_reward, load_pairs, split_pairs, HH_TINY
     from grpo_nb.rewards import REWARDS, compute_rewards
     reward_model_reward(out / "model", name="rm_test", text_of=lambda c, a: a + c)
@@ -66,11 +60,12 @@ def test_two_ranks_train_checkpoint_resume_and_export(tmp_path):
     k = stopped["last_step"]
     assert stopped["stopped_by"] == "SIGUSR1" and 2 <= k < 1000 and stopped["model_dir"] is None
     assert (sig / "checkpoints" / "latest").read_text().split()[-1] == str(k)
-    resumed = _torchrun(sig, k + 2, free_port())
+    resumed = _torchrun(sig, k + 2, free_port())                                        # resume=auto picks up step k
+    assert resumed["start_step"] == k and resumed["model_dir"] and (sig / "checkpoints" / "latest").read_text().split()[-1] == str(k + 2)
     assert resumed["start_step"] == k and [m["step"] for m in resumed["metrics"]] == [k + 1, k + 2]
     lines = [json.loads(l) for l in (sig / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == list(range(0, k + 3))   # every step once, in order
-    ref = {m["step"]: m for m in first["metrics"] + second["metrics"]}
+    ref = {m["step"]: m for m in first["metrics"]}
     assert k + 1 in ref, f"stopped at step {k}: too late to compare the resumed steps with the reference"
     for r in lines[1:]:   # the same losses as the reference run (steps 1-8 never interrupted)
         if r["step"] in ref: assert r["loss"] == ref[r["step"]]["loss"], (r, ref[r["step"]])
