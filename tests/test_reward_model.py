@@ -86,6 +86,8 @@ def test_launch_script(tmp_path):
     assert r.returncode == 0, r.stderr
     text = p.read_text()
     assert "torchrun" in text and "-m grpo_nb.reward_model" in text and "--train.resume=auto" in text
+    # the walltime signal is trapped and passed on; a clean stop requeues the job, which resumes
+    assert "#SBATCH --signal=B:USR1@" in text and "trap 'on_stop USR1' USR1" in text and "run_and_requeue srun" in text and "scontrol requeue" in text
     committed = ROOT / "sbatch" / "reward_model.sbatch"
     if committed.exists(): assert committed.read_text() == text, "sbatch/ is stale: run tools/render_scripts.py"
 

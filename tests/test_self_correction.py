@@ -58,6 +58,9 @@ def test_launch_script(tmp_path):
     r = subprocess.run(["bash", "-n", str(p)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "python -m grpo_nb.self_correction" in p.read_text() and os.access(p, os.X_OK)
+    text = p.read_text()   # the walltime signal is trapped and passed on; a clean stop requeues the job, which resumes from its checkpoints
+    assert "#SBATCH --signal=B:USR1@" in text and "trap 'on_stop USR1' USR1" in text and "run_and_requeue python -m grpo_nb.self_correction" in text
+    assert '--checkpoint_dir="$OUT/checkpoints" --resume=auto' in text and "scontrol requeue" in text
 
 
 # ---- the trainer at scale: data parallelism, checkpoints, the GPU benchmark's script ------------------------------------
