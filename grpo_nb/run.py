@@ -4,12 +4,11 @@
 
 # %% ../nbs/02c_run.ipynb 3
 from __future__ import annotations
-import json, math, os, sys, traceback
+import json, math, os, re, sys, traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable
-import re
 import torch
 import grpo_nb
 from .config import ConfigError
