@@ -4,7 +4,7 @@
 
 # %% ../nbs/14_tiny.ipynb 3
 from __future__ import annotations
-import contextlib, hashlib, json, math, multiprocessing, os, queue, random, shutil, string
+import contextlib, hashlib, json, multiprocessing, os, queue, random, shutil, string
 import tempfile, time, traceback, zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
