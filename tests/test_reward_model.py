@@ -48,8 +48,8 @@ def test_two_ranks_train_checkpoint_resume_and_export(tmp_path):
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.time() + 180
-        while not ((sig / "metrics.jsonl").exists() and len((sig / "metrics.jsonl").read_text().splitlines()) >= 3):
-            assert p.poll() is None and time.time() < deadline, "the run ended or stalled before two steps"
+        while not ((sig / "metrics.jsonl").exists() and len((sig / "metrics.jsonl").read_text().splitlines()) >= 2):
+            assert p.poll() is None and time.time() < deadline, "the run ended or stalled before its first step"
             time.sleep(0.2)
         assert subprocess.run(["pkill", "-USR1", "-P", str(p.pid)]).returncode == 0   # the workers, as the batch script's trap does
         log = p.communicate(timeout=120)[0]
@@ -58,7 +58,7 @@ def test_two_ranks_train_checkpoint_resume_and_export(tmp_path):
     assert p.returncode == 0, log[-3000:]
     stopped = json.loads((sig / "summary.json").read_text())
     k = stopped["last_step"]
-    assert stopped["stopped_by"] == "SIGUSR1" and 2 <= k < 1000 and stopped["model_dir"] is None
+    assert stopped["stopped_by"] == "SIGUSR1" and 1 <= k < 1000 and stopped["model_dir"] is None
     assert (sig / "checkpoints" / "latest").read_text().split()[-1] == str(k)
     resumed = _torchrun(sig, k + 2, free_port())                                        # resume=auto picks up step k
     assert resumed["start_step"] == k and resumed["model_dir"] and (sig / "checkpoints" / "latest").read_text().split()[-1] == str(k + 2)

@@ -155,7 +155,7 @@ def test_sigusr1_checkpoints_exits_0_and_the_resumed_run_continues_exactly(tmp_p
     "The walltime signal mid-run: a checkpoint of the step it was on, exit 0, metrics.jsonl; the resumed run ends where the uninterrupted one does."
     import json, signal, sys, time
     from grpo_nb.self_correction import SCConfig, train
-    ref = train(SCConfig(steps=12, episodes=2))   # never interrupted
+    ref = train(SCConfig(steps=30, episodes=2))   # never interrupted (long enough for a late signal on a busy machine)
     ck, out = tmp_path / "ck", tmp_path / "out"
     cmd = [sys.executable, "-m", "grpo_nb.self_correction", "--episodes=2", f"--checkpoint_dir={ck}", f"--out={out}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -172,7 +172,7 @@ def test_sigusr1_checkpoints_exits_0_and_the_resumed_run_continues_exactly(tmp_p
     assert p.returncode == 0, log[-3000:]
     stopped = json.loads((out / "summary.json").read_text())
     k = stopped["last_step"]
-    assert stopped["stopped_by"] == "SIGUSR1" and 2 <= k <= 10, (stopped["stopped_by"], k)
+    assert stopped["stopped_by"] == "SIGUSR1" and 2 <= k <= 28, (stopped["stopped_by"], k)
     assert (ck / "latest").read_text().split()[-1] == str(k)
     r = subprocess.run([*cmd, f"--steps={k + 2}"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
