@@ -20,11 +20,12 @@ Every step's time is recorded; statistics use the steps after `warmup` (mean, me
     python bench/e2e_vs_trl.py --smoke                                                                   # CPU-sized, here
 """
 from __future__ import annotations
-import argparse, json, math, os, random, socket, statistics, subprocess, sys, tempfile, time, traceback
+import argparse, json, os, random, statistics, subprocess, sys, tempfile, time, traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from common import GPU_ENV, free_port, step_stats  # noqa: E402  (shared by the bench scripts)
 
 MODEL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
              vocab_size=151936, tie_word_embeddings=True)   # the Qwen2.5-0.5B shape
@@ -35,15 +36,10 @@ SHAPES = {"bench": dict(prompts=8, prompt_len=128, G=8, gen=256, steps=10, warmu
           "long": dict(prompts=8, prompt_len=128, G=8, gen=1024, steps=10, warmup=2),
           "smoke": dict(prompts=2, prompt_len=8, G=2, gen=8, steps=3, warmup=1)}
 GPUS = {("ours", "colocated"): 1, ("ours", "split"): 2, ("trl", "vllm-colocate"): 1, ("trl", "vllm-server"): 2, ("trl", "transformers"): 1}
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1",
-            "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+SAFE_ENV = {**GPU_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
 
-def stats(xs:list[float]) -> dict:
-    "Mean, median and p90 (nearest rank) of a list of step times."
-    if not xs: return {"mean": None, "median": None, "p90": None}
-    s = sorted(xs)
-    return {"mean": statistics.fmean(s), "median": statistics.median(s), "p90": s[min(len(s) - 1, math.ceil(0.9 * len(s)) - 1)]}
+stats = step_stats   # the name rollout_throughput and tp2_gpu import
 
 
 def build_model(model:dict, out:Path, weights:bool=True) -> Path:
@@ -74,10 +70,6 @@ def toy_reward(completion:str) -> float:
     "Cheap, deterministic and not constant: the share of tokens with an even id (TRL side; ours uses `arith`)."
     ids = [int(t[1:]) for t in completion.split() if t[1:].isdigit()]
     return sum(i % 2 == 0 for i in ids) / max(len(ids), 1)
-
-
-def free_port() -> int:
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- ours: the trainer users run

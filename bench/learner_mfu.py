@@ -27,12 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from common import GPU_ENV as COMMON_GPU_ENV  # noqa: E402  (shared by the bench scripts)
 PEAK = 989e12  # H100/H200 SXM dense bf16 FLOP/s
 FORMULA = "MFU = (6·N_body·T + 6·V·H·T_scored + 6·layers·H·Σs²) / step_s / (989e12 · gpus)"
-GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-           "TORCH_CUDA_ARCH_LIST": "9.0", "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "RAY_agent_register_timeout_ms": "120000"}  # the raylet's wait for its runtime-env agent (30 s by default)
+GPU_ENV = {**COMMON_GPU_ENV, "RAY_agent_register_timeout_ms": "120000"}  # the raylet's wait for its runtime-env agent (30 s by default)
 SMOKE_CFG = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
              "num_key_value_heads": 1, "vocab_size": 512, "tie_word_embeddings": True, "max_position_embeddings": 4096}
 

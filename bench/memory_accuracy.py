@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from common import GPU_ENV  # noqa: E402  (shared by the bench scripts)
 
 # name, model, learners (GPUs), zero, micro_batch, seq_len, grad_ckpt, logits
 GRID = [
@@ -53,8 +54,7 @@ SMOKE_KNOBS = dict(reduce_bucket_size=200_000, allreduce_bucket_size=200_000, st
                    sub_group_size=1_000_000_000)
 STEPS = 3
 CHUNK = 1024
-MULTI_GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-                 "PYTHONUNBUFFERED": "1", "TORCH_CUDA_ARCH_LIST": "9.0", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+MULTI_GPU_ENV = GPU_ENV
 
 
 def as_config(row) -> dict:

@@ -14,9 +14,9 @@ import argparse, json, os, shutil, subprocess, sys, tempfile, time
 from pathlib import Path
 
 ROOT = str(Path(__file__).resolve().parents[1])
+from common import GPU_ENV  # shared by the bench scripts
 sys.path.insert(0, ROOT)  # grpo_nb from this checkout, here and (through PYTHONPATH, below) in Ray's worker processes
-ENV = {"RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-       "NVSHMEM_DISABLE_NVLS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+ENV = GPU_ENV
 
 def gpu_identity() -> dict:
     "Run inside a probe actor: the physical GPU behind cuda:0, by torch and by nvidia-smi."

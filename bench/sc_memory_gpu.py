@@ -14,14 +14,14 @@ On this CPU machine: python bench/sc_memory_gpu.py --smoke --out /tmp/sc_memory_
 
 Each config runs in its own process with a time limit; the results file is rewritten after each one.
 """
-import argparse, json, multiprocessing as mp, os, sys, time, traceback
+import argparse, json, multiprocessing as mp, sys, time, traceback
 from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from e2e_vs_trl import stats as e2e_stats
+from common import step_stats  # shared by the bench scripts
 
 ON_GPU = {"*": "cuda:0", "reference": "cpu", "target_critic": "cpu"}   # trained roles on the GPU, frozen ones in CPU memory
 CONFIGS = [   # most important first
@@ -41,8 +41,8 @@ SMOKE = dict(policy="tiny-arith", guidance="tiny-arith", critic="tiny-1kv-tied",
              micro_batch=2, max_new_tokens=8, grad_ckpt=True, dtype="float32")
 
 def stats(xs:list) -> dict:
-    "Mean, median and p90 of the step times, as the end-to-end benchmark computes them (bench/e2e_vs_trl.py)."
-    return {f"step_s_{k}": v for k, v in e2e_stats(xs).items()} if xs else {}
+    "Mean, median and p90 of the step times, as every benchmark computes them (bench/common.py)."
+    return {f"step_s_{k}": v for k, v in step_stats(xs).items()} if xs else {}
 
 def one(name:str, kw:dict, q) -> None:
     "Run one config in this process and put its record on the queue."

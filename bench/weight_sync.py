@@ -31,12 +31,10 @@ that would start after that many seconds, so the whole run stays within a few mi
 import argparse, json, multiprocessing as mp, os, socket, statistics, sys, tempfile, threading, time, traceback
 from pathlib import Path
 
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-            "NCCL_CUMEM_ENABLE": "0", "PYTHONUNBUFFERED": "1", "TORCH_CUDA_ARCH_LIST": "9.0", "DS_BUILD_OPS": "0",
-            "TOKENIZERS_PARALLELISM": "false"}
-os.environ.update(SAFE_ENV)   # before torch/NCCL start: the engine process inherits it
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
+from common import GPU_ENV as SAFE_ENV  # noqa: E402  (shared by the bench scripts)
+os.environ.update(SAFE_ENV)   # before torch/NCCL start: the engine process inherits it
 
 import torch  # noqa: E402
 from grpo_nb.rollout import HFEngine, VllmEngine, gather, submit  # noqa: E402

@@ -77,13 +77,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0)); return s.getsockname()[1]
 
+
+# %% ../nbs/02a_actors.ipynb 15
+def _children() -> set:
+    import psutil
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
 def local_ray_node(num_cpus:int, # logical CPUs of the node
                    num_gpus:int=0, # logical GPUs of the node (CPU-only tests may ask for some)
-                   object_store_bytes:int=200 * 2**20, # the node's object store
-                   temp_dir:str|None=None, # the session root (None: Ray's default)
+                   object_store_bytes:int|None=200 * 2**20, # the node's object store (None: Ray's default)
+                   temp_dir:str|None=None, # the session root (None: Ray's default); attempt k uses <temp_dir>/k
+                   attempts:int=3, # starts to try before giving up
                   ): # a started `ray.cluster_utils.Cluster`; `ray.init(address=c.address)` joins it, `c.shutdown()` stops it
-    "A one-node Ray cluster that comes up on a saturated machine too (its agents' ports chosen here, a longer agent wait)."
-    import os
+    "A one-node Ray cluster that comes up on a saturated machine too: agent ports chosen once, a longer agent wait, retries; a `RuntimeError` naming the cause after the last try."
+    import os, psutil
     import ray._private.services as svc
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
@@ -93,15 +100,26 @@ def local_ray_node(num_cpus:int, # logical CPUs of the node
         if process_type == ray_constants.PROCESS_TYPE_RAYLET:
             command = [*command, f"--dashboard_agent_listen_port={ports['dashboard_agent_listen_port']}"]
         return start(command, process_type, *a, **kw)
+    had, last = os.environ.get("RAY_agent_register_timeout_ms"), None
     svc.start_ray_process = with_agent_port
-    had = os.environ.get("RAY_agent_register_timeout_ms")
     os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")   # read by the raylet when it starts
-    c = Cluster(initialize_head=False)
-    try: c.add_node(num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=object_store_bytes, include_dashboard=False,
-                    **({"temp_dir": str(temp_dir)} if temp_dir else {}), **ports)
-    except Exception:
-        c.shutdown(); raise
+    try:
+        for k in range(attempts):
+            before, c = _children(), Cluster(initialize_head=False)
+            try:
+                c.add_node(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **ports,
+                           **({"object_store_memory": object_store_bytes} if object_store_bytes else {}),
+                           **({"temp_dir": f"{temp_dir}/{k}"} if temp_dir else {}))
+                return c
+            except Exception as e:
+                last = e; c.shutdown()
+                for pid in _children() - before:   # what the failed start left running (GCS, raylet, agents)
+                    try: psutil.Process(pid).kill()
+                    except psutil.Error: pass
     finally:
         svc.start_ray_process = start
         if had is None: os.environ.pop("RAY_agent_register_timeout_ms", None)
-    return c
+    raise RuntimeError(f"Ray did not start on this machine in {attempts} tries (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs); "
+                       f"the last try failed with: {type(last).__name__}: {last}. Fix: retry when the machine is less busy, or start Ray "
+                       "yourself (`ray start --head`) and pass --cluster.ray_address=auto.")
+

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import hashlib, json, logging, os, random, re, shutil, uuid
 from pathlib import Path
+from typing import Callable
 import numpy as np
 import torch
 from torch import Tensor
@@ -15,7 +16,7 @@ _log = logging.getLogger("grpo_nb.checkpoint")
 # %% auto 0
 __all__ = ['MANIFEST', 'seed_everything', 'rng_state', 'set_rng_state', 'tree_digest', 'CheckpointError', 'checkpoint_name',
            'file_digest', 'checkpoint_files', 'commit_checkpoint', 'verify_checkpoint', 'list_checkpoints',
-           'latest_checkpoint', 'prune_checkpoints', 'write_latest', 'read_latest', 'save_checkpoint_files',
+           'latest_checkpoint', 'prune_checkpoints', 'write_latest', 'read_latest', 'barrier', 'save_checkpoint_files',
            'find_resume']
 
 # %% ../nbs/02d_checkpoint.ipynb 6
@@ -178,9 +179,12 @@ def read_latest(ckpt_dir:str|Path) -> int|None:
     return int(m.group(1)) if m else None
 
 # %% ../nbs/02d_checkpoint.ipynb 33
-def _barrier(world_size:int):
+def barrier(world_size:int, # W (a torch.distributed group when > 1)
+           ) -> None:
+    "Wait for every rank (nothing to wait for with one)."
     if world_size > 1: torch.distributed.barrier()
 
+# %% ../nbs/02d_checkpoint.ipynb 34
 def save_checkpoint_files(root:str|Path, # the checkpoint directory
                           step:int, # steps completed
                           blobs:dict, # file name -> object for `torch.save`, written by rank 0
@@ -189,14 +193,16 @@ def save_checkpoint_files(root:str|Path, # the checkpoint directory
                           world_size:int=1, # W (a torch.distributed group when > 1)
                           keep_last:int=2, # complete checkpoints kept
                           rank_blob:object=None, # this rank's own object (e.g. its RNG states), saved as `rng_rank<r>.pt`
+                          write:Callable[[Path], None]|None=None, # called on every rank with the temporary directory (e.g. a DeepSpeed engine's sharded save)
                          ) -> Path:
-    "Collective: each rank writes its own file, rank 0 the shared ones; atomic commit, `latest` and pruning by rank 0."
+    "Collective: each rank writes its own files, rank 0 the shared ones; atomic commit, `latest` and pruning by rank 0."
     root = Path(root); final = root / checkpoint_name(step); tmp = root / f".tmp-{final.name}"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
-    _barrier(world_size)
+    barrier(world_size)
     torch.save(rng_state() if rank_blob is None else rank_blob, tmp / f"rng_rank{rank}.pt")
-    _barrier(world_size)
+    if write is not None: write(tmp)
+    barrier(world_size)
     if rank == 0:
         for name, obj in blobs.items(): torch.save(obj, tmp / name)
         (tmp / "state.json").write_text(json.dumps({**state, "step": step, "world_size": world_size}, indent=1))
@@ -204,9 +210,10 @@ def save_checkpoint_files(root:str|Path, # the checkpoint directory
         commit_checkpoint(tmp, final, digests, meta={"step": step, "world_size": world_size})
         write_latest(root, step, final.name)
         prune_checkpoints(root, keep_last)
-    _barrier(world_size)
+    barrier(world_size)
     return final
 
+# %% ../nbs/02d_checkpoint.ipynb 35
 def find_resume(resume:str, # "auto" (the newest intact checkpoint under `root`), "none"/"", or a checkpoint path
                 root:str|Path, # the checkpoint directory
                 rank:int=0, # this rank

@@ -5,7 +5,8 @@
 # %% ../nbs/13_cli.ipynb 3
 from __future__ import annotations
 import importlib, sys
-from .stop import catch_early
+from .config import ConfigError
+from .stop import catch_early, settle
 from . import __version__
 
 # %% auto 0
@@ -69,10 +70,12 @@ def main(argv:list[str]|None=None) -> int:
     if fn is None:
         print(f"grpo_nb {name}: not available in this version of grpo_nb yet.", file=sys.stderr)
         return 2
-    return int(fn(rest) or 0)
+    try: return int(fn(rest) or 0)
+    except ConfigError as e:   # the one error path of every command: the field, what is wrong, the fix; nothing started
+        print(f"grpo_nb {name}: error: {e}", file=sys.stderr); return 2
 
 def console() -> None:
-    "Console-script wrapper: exit with `main`'s code."
-    sys.exit(main())
+    "Console-script wrapper: exit with `main`'s code, a late SIGUSR1/SIGTERM ignored (`grpo_nb.stop.settle`)."
+    sys.exit(settle(main()))
 
 if __name__ == "__main__" and "__file__" in globals(): console()   # `python -m grpo_nb.cli ...` (not when a notebook runs this cell)

@@ -14,10 +14,10 @@ from fastcore.docments import docments
 # %% auto 0
 __all__ = ['GPU_MIB', 'PRESETS', 'TRAINERS', 'TRANSLATORS', 'ConfigError', 'ModelConfig', 'DataConfig', 'RolloutConfig',
            'LearnerConfig', 'gpu_mem_gib_of', 'ClusterConfig', 'RewardConfig', 'LoggingConfig', 'CheckpointConfig',
-           'TrainConfig', 'field_docs', 'from_dict', 'parse_overrides', 'Derived', 'derive', 'validate_learner',
-           'validate_rollout', 'validate_cluster', 'validate_reward', 'validate', 'configs_dirs', 'shipped_presets',
-           'config_data', 'trainer_of', 'load_config', 'to_dict', 'to_yaml', 'cli_parser', 'run_cli', 'config_command',
-           'config_cli']
+           'TrainConfig', 'field_docs', 'from_dict', 'parse_overrides', 'merge', 'Derived', 'derive',
+           'validate_learner', 'validate_rollout', 'validate_cluster', 'validate_reward', 'validate', 'configs_dirs',
+           'shipped_presets', 'config_data', 'trainer_of', 'load_config', 'to_dict', 'to_yaml', 'cli_parser', 'run_cli',
+           'config_command', 'config_cli']
 
 # %% ../nbs/00_config.ipynb 6
 class ConfigError(ValueError):
@@ -290,11 +290,16 @@ def parse_overrides(argv:list[str]) -> dict:
         i += 1
     return out
 
-def _merge(base:dict, over:dict) -> dict:
+def merge(base:dict, # plain config data
+          over:dict, # data that wins: nested dicts merge key by key, anything else replaces
+         ) -> dict: # a new dict (neither argument changes)
+    "Deep merge of config data: `over` on top of `base`."
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+_merge = merge   # the name some modules still import
 
 # %% ../nbs/00_config.ipynb 34
 @dataclass(frozen=True)
@@ -481,7 +486,7 @@ def config_data(source:str|Path|dict, # a dict, a preset name (embedded or shipp
         base = str(data["extends"])
         if base in _seen or base == str(source):
             raise ConfigError(f"{source}: extends", f"{' -> '.join([*_seen, str(source), base])} is a cycle.", "remove one `extends`")
-        data = _merge(config_data(base, presets, (*_seen, str(source))), {k: v for k, v in data.items() if k != "extends"})
+        data = merge(config_data(base, presets, (*_seen, str(source))), {k: v for k, v in data.items() if k != "extends"})
     return data
 
 TRAINERS:dict[str, tuple[str, str]] = {
@@ -508,7 +513,7 @@ def load_config(source:str|Path|dict|None=None, overrides:list[str]|dict|None=No
         raise ConfigError("trainer", f"{source} is a config of the {t} trainer, not of GRPO on Ray.",
                           f"run it with `{TRAINERS[t][1]}`; `grpo_nb config {source}` prints it")
     if isinstance(overrides, (list, tuple)): overrides = parse_overrides(list(overrides))
-    return validate(from_dict(TrainConfig, _merge(data, overrides or {})))
+    return validate(from_dict(TrainConfig, merge(data, overrides or {})))
 
 def to_dict(cfg) -> dict:
     "Plain nested data of a config (what `load_config` reads back)."

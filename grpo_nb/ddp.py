@@ -4,11 +4,10 @@
 
 # %% ../nbs/10_ddp.ipynb 3
 from __future__ import annotations
-import dataclasses, json, os, random, re, signal, sys, time
+import dataclasses, json, os, random, re, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 import torch
@@ -16,20 +15,21 @@ from torch import nn, Tensor
 from .config import TrainConfig, ConfigError, load_config, parse_overrides, derive, from_dict, PRESETS, config_data, trainer_of, run_cli
 from .loss import group_advantages, policy_loss, loss_kwargs, token_logprobs, agg_counts
 from .learner import lr_factor
-from .checkpoint import (checkpoint_files, rng_state, set_rng_state, seed_everything, tree_digest, save_checkpoint_files,
-                                find_resume, _barrier)
+from .checkpoint import (set_rng_state, seed_everything, tree_digest, save_checkpoint_files,
+                                find_resume, barrier)
 from .rewards import compute_rewards, RewardContext
 from .sandbox import run_tests, Limits
-from .tiny import builtin_model, resolve_model, _no_progress_bars
-from .run import MetricsLog, load_rows
-from .stop import StopFlag
+from .models import resolve_model
+from .tiny import no_progress_bars
+from .run import MetricsLog, load_rows, rank_env, init_process_group, stop_requested, run_command, fill, STOP_AND_REQUEUE
+from .stop import StopFlag, settle
 from .memory import GiB, get_shape, param_counts, activations_bytes, logits_bytes, kv_bytes_per_token, ModelShape
 
 # %% auto 0
 __all__ = ['DDP_PRESETS', 'DDP_SBATCH', 'DDPOptions', 'load_run', 'BatchPlan', 'plan_batches', 'plan_table', 'prompt_indices',
-           'pass_at_1', 'LogProbPolicy', 'model_path', 'load_policy', 'sample_groups', 'train_on_samples',
-           'pick_precision', 'ddp_memory', 'ddp_plan', 'ddp_fit_error', 'save_checkpoint', 'load_checkpoint', 'DistEnv',
-           'dist_env', 'evaluate', 'train', 'ddp_command', 'main', 'ddp_sbatch', 'render_scripts']
+           'pass_at_1', 'LogProbPolicy', 'load_policy', 'sample_groups', 'train_on_samples', 'pick_precision',
+           'ddp_memory', 'ddp_plan', 'ddp_fit_error', 'save_checkpoint', 'load_checkpoint', 'DistEnv', 'dist_env',
+           'evaluate', 'train', 'ddp_command', 'main', 'ddp_sbatch', 'render_scripts']
 
 # %% ../nbs/10_ddp.ipynb 6
 @dataclass
@@ -196,15 +196,7 @@ class LogProbPolicy(nn.Module):
         return token_logprobs(h[:, :-1], w, input_ids[:, 1:], self.chunk, self.temperature)  # [B,T-1]
 
 # %% ../nbs/10_ddp.ipynb 29
-def model_path(name_or_path:str, # local HF directory, or a `grpo_nb.tiny` model name, optionally warm-started: `tiny-arith@60`
-              ) -> Path:
-    "The model's directory (`grpo_nb.tiny.resolve_model`, the one resolver of model names); a directory needs a config.json."
-    p = Path(resolve_model(name_or_path))
-    if builtin_model(name_or_path) is None and not (p / "config.json").exists():
-        raise ConfigError("model.name_or_path", f"{name_or_path!r} is a directory without config.json.", "--model.name_or_path=<a HF model directory>")
-    return p
-
-def load_policy(name_or_path:str, # see `model_path`
+def load_policy(name_or_path:str, # a local HF directory or a built-in tiny model, e.g. `tiny-arith@60` (`grpo_nb.models.resolve_model`)
                 dtype:str="auto", # model.dtype
                 device:str|torch.device="cpu", # where the model lives
                 seed:int=0, # init seed of a weightless directory
@@ -212,12 +204,12 @@ def load_policy(name_or_path:str, # see `model_path`
                ):
     "(model, tokenizer) of the policy, the tokenizer padding on the left."
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    path = model_path(name_or_path)
+    path = Path(resolve_model(name_or_path, need_config=True))
     pdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, torch.float32)
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
     if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
-        with _no_progress_bars(): model = AutoModelForCausalLM.from_pretrained(path, dtype=pdtype, attn_implementation=attn_implementation)
+        with no_progress_bars(): model = AutoModelForCausalLM.from_pretrained(path, dtype=pdtype, attn_implementation=attn_implementation)
     else:
         torch.manual_seed(seed)
         with torch.device(device):  # initialise where it will live (seconds on a GPU for 0.5B, not a minute on CPU)
@@ -434,9 +426,8 @@ class DistEnv:
 def dist_env(device:str="auto", # cluster.device
              environ:dict|None=None, # environment (default os.environ)
             ) -> DistEnv:
-    "Rank, world size and device from torchrun's variables (one rank without them)."
-    e = os.environ if environ is None else environ
-    rank, world, local = int(e.get("RANK", 0)), int(e.get("WORLD_SIZE", 1)), int(e.get("LOCAL_RANK", 0))
+    "Rank, world size (`grpo_nb.run.rank_env`) and device (one rank without a launcher)."
+    rank, world, local = dataclasses.astuple(rank_env(environ))
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if cuda and not torch.cuda.is_available():
         raise ConfigError("cluster.device", "cuda was asked for but no GPU is visible.", "--cluster.device=cpu")
@@ -450,17 +441,14 @@ def _setup(cfg:TrainConfig, opts:DDPOptions, env:DistEnv):
     "Process group, threads, seeds."
     if opts.threads_per_rank: torch.set_num_threads(opts.threads_per_rank)
     if env.device.type == "cuda": torch.cuda.set_device(env.device)
-    if env.world_size > 1 and not torch.distributed.is_initialized():
-        backend = opts.backend if opts.backend != "auto" else ("nccl" if env.device.type == "cuda" else "gloo")
-        torch.distributed.init_process_group(backend, timeout=timedelta(seconds=opts.collective_timeout_s),
-                                             **({"device_id": env.device} if backend == "nccl" else {}))
+    init_process_group(opts.backend, env.device, opts.collective_timeout_s)
     seed_everything(cfg.seed + env.rank)
 
 def _build(cfg:TrainConfig, env:DistEnv):
     "(lm, tok, policy, optimizer): the model on this rank's device, DDP-wrapped when W > 1, and its optimizer."
     L = cfg.learner
-    if env.rank == 0: model_path(cfg.model.name_or_path)  # builds (and caches) a tiny model once, before the others look
-    _barrier(env.world_size)
+    if env.rank == 0: resolve_model(cfg.model.name_or_path, need_config=True)  # builds (and caches) a tiny model once, before the others look
+    barrier(env.world_size)
     prec, wdtype, _ = pick_precision(env.device.type, cfg.model.dtype, env.device.type == "cuda" and torch.cuda.is_bf16_supported())
     lm, tok = load_policy(cfg.model.name_or_path, wdtype, env.device, cfg.seed, cfg.model.attn_implementation)
     lm.train()
@@ -518,6 +506,7 @@ def train(cfg:TrainConfig, # the validated run config
     _setup(cfg, opts, env)
     with StopFlag() as flag: return _train(cfg, opts, env, plan, flag)   # SIGUSR1/SIGTERM: stop at the next step (grpo_nb.stop)
 
+# %% ../nbs/10_ddp.ipynb 68
 def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan, flag:StopFlag) -> dict:
     R = cfg.rollout
     ckpt_root = Path(derive(cfg).checkpoint_dir)
@@ -545,8 +534,7 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan, flag:S
     total_opt = cfg.total_steps * plan.optimizer_steps * cfg.learner.epochs_per_batch
     last_saved, stopped = step, False
     while step < cfg.total_steps:
-        stop = _all_sum(torch.tensor([float(bool(flag))], device=env.device), env.world_size)
-        if float(stop) > 0: stopped = True; break
+        if stop_requested(flag, env.world_size, env.device): stopped = True; break
         if opts.fail_at_step and step + 1 == opts.fail_at_step and env.rank == env.world_size - 1:
             print(f"[grpo_nb.ddp] rank {env.rank}: simulated failure at step {step + 1}", flush=True); os._exit(17)
         t0 = time.perf_counter()
@@ -585,39 +573,35 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan, flag:S
     log.close()
     return summary
 
-# %% ../nbs/10_ddp.ipynb 69
+# %% ../nbs/10_ddp.ipynb 70
 def ddp_command(config:str="ddp-tiny", # YAML file or preset ({presets})
                 *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`), and the launcher's own options as --ddp.field=value
                 resume:str|None=None, # auto | none | a checkpoint path (same as --checkpoint.resume)
-               ) -> int: # 0 on success or a clean stop, 2 on a configuration error
+               ) -> int: # 0 on success or a clean stop, 2 on a configuration error, 1 failed (`grpo_nb.run.run_command`)
     "GRPO on one node with torchrun (DDP), no Ray."
-    rank = int(os.environ.get("RANK", 0))
-    try:
+    def body():
         cfg, opts = load_run(config, [*overrides, *([f"--checkpoint.resume={resume}"] if resume is not None else [])])
         env = dist_env(cfg.cluster.device)
         R = cfg.rollout
         plan_batches(R.prompts_per_step, R.num_samples_per_prompt, cfg.learner.micro_batch_size,
                      cfg.learner.gradient_accumulation_steps, env.world_size, opts.batch_scaling, cfg.learner.epochs_per_batch)
-    except ConfigError as e:
-        if rank == 0: print(f"python -m grpo_nb.ddp: error: {e}", file=sys.stderr)
-        return 2
-    try: summary = train(cfg, opts, env)
-    finally:
-        if torch.distributed.is_initialized(): torch.distributed.destroy_process_group()
-    if env.rank == 0:
-        print(f"[grpo_nb.ddp] {'stopped' if summary['stopped'] else 'finished'} at step {summary['step']}; "
-              f"weights identical on all {env.world_size} ranks: {summary['weights_identical']}", flush=True)
-    return 0
+        try: summary = train(cfg, opts, env)
+        finally:
+            if torch.distributed.is_initialized(): torch.distributed.destroy_process_group()
+        if env.rank == 0:
+            print(f"[grpo_nb.ddp] {'stopped' if summary['stopped'] else 'finished'} at step {summary['step']}; "
+                  f"weights identical on all {env.world_size} ranks: {summary['weights_identical']}", flush=True)
+    return run_command("python -m grpo_nb.ddp", body, quiet=rank_env().rank != 0)
 
 def main(argv:list[str]|None=None, # CONFIG [--section.field=value ...] [--resume auto] (None: sys.argv[1:])
         ) -> int:
     "The torchrun entry point: 0 on success or a clean stop, 2 on a configuration error."
     return run_cli(ddp_command, argv, "python -m grpo_nb.ddp", fill={"presets": ", ".join([*DDP_PRESETS, *PRESETS])})
 
-# %% ../nbs/10_ddp.ipynb 70
-if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())  # `python -m grpo_nb.ddp` (a notebook kernel has no __file__)
+# %% ../nbs/10_ddp.ipynb 71
+if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(main()))  # `python -m grpo_nb.ddp` (a notebook kernel has no __file__)
 
-# %% ../nbs/10_ddp.ipynb 76
+# %% ../nbs/10_ddp.ipynb 77
 DDP_SBATCH = r'''#!/bin/bash
 # ddp.sbatch: GRPO on ONE node with torchrun (one process per GPU, DDP), no Ray.
 # Generated by grpo_nb.ddp (nbs/10_ddp.ipynb): change the notebook and re-export; do not edit by hand.
@@ -649,33 +633,14 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 
 # Knobs (override at submission: MAX_REQUEUES=3 sbatch ...)
 GPUS=${GPUS:-${SLURM_GPUS_ON_NODE:-1}}               # processes = GPUs of this node
-MAX_REQUEUES=${MAX_REQUEUES:-10}                     # times this job may requeue itself
 RDZV_PORT=${RDZV_PORT:-$((29500 + SLURM_JOB_ID % 1000))}  # distinct per job on shared nodes
-RESTARTS=${SLURM_RESTART_COUNT:-0}
-
-STOP=0 TRAIN_PID=
-on_stop() {  # SIGUSR1 (walltime near) or SIGTERM: the workers checkpoint at the next step and exit 0
-  STOP=1; log "got SIG$1: asking the workers of torchrun (pid ${TRAIN_PID:-none}) to checkpoint and stop"
-  [ -n "$TRAIN_PID" ] && pkill -USR1 -P "$TRAIN_PID"   # the workers, not torchrun (it would kill them)
-  return 0
-}
-trap 'on_stop USR1' USR1
-trap 'on_stop TERM' TERM
+SIGNAL_CHILDREN=1                                    # the walltime signal goes to torchrun's workers, not to torchrun
+{{stop_and_requeue}}
 
 log "job $SLURM_JOB_ID (restart $RESTARTS) on $(hostname): $GPUS process(es), $*"
 # rendezvous on this node: c10d store at localhost:RDZV_PORT, keyed by the job (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*)
-torchrun --nnodes=1 --nproc_per_node="$GPUS" --rdzv-backend=c10d --rdzv-endpoint="localhost:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID" \
-  -m grpo_nb.ddp "$@" --resume auto &
-TRAIN_PID=$!
-while :; do wait "$TRAIN_PID"; RC=$?; kill -0 "$TRAIN_PID" 2>/dev/null || break; done  # a trap interrupts wait
-log "torchrun exited with $RC"
-
-if [ "$STOP" = 1 ] && [ "$RC" = 0 ]; then
-  if [ "$RESTARTS" -ge "$MAX_REQUEUES" ]; then log "not requeued: $RESTARTS restarts = MAX_REQUEUES"; exit 0; fi
-  log "requeueing job $SLURM_JOB_ID; it resumes from the checkpoint just written (--resume auto)"
-  scontrol requeue "$SLURM_JOB_ID"
-fi
-exit "$RC"
+run_and_requeue torchrun --nnodes=1 --nproc_per_node="$GPUS" --rdzv-backend=c10d --rdzv-endpoint="localhost:$RDZV_PORT" \
+  --rdzv-id="$SLURM_JOB_ID" -m grpo_nb.ddp "$@" --resume auto
 '''
 
 def ddp_sbatch(gpus:int=2, # GPUs of the node (one process each)
@@ -687,7 +652,7 @@ def ddp_sbatch(gpus:int=2, # GPUs of the node (one process each)
     req = f"--gres={gres}" if gres else f"--gpus-per-node={gpus}"
     doc = (f"--gres={gres} (change the type and count for your site)" if gres else
            f"--gpus-per-node={gpus}; override with sbatch --gpus-per-node=N, or render with ddp_sbatch(gres='gpu:TYPE:N')")
-    return DDP_SBATCH.replace("{{gpu_request_doc}}", doc).replace("{{gpu_request}}", req)
+    return fill(DDP_SBATCH, gpu_request_doc=doc, gpu_request=req, stop_and_requeue=STOP_AND_REQUEUE)
 
 def render_scripts(out_dir:str|Path="sbatch", # where the scripts go
                   ) -> list[Path]:

@@ -5,24 +5,27 @@
 # %% ../nbs/11_reward_model.ipynb 3
 from __future__ import annotations
 import json, math, os, random, sys, time, zlib
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal
 import torch
 import torch.nn.functional as F
-from .config import ConfigError, ModelConfig, _merge, config_data, from_dict, parse_overrides, run_cli, trainer_of
+from .config import ConfigError, ModelConfig, merge, config_data, from_dict, parse_overrides, run_cli, trainer_of
 from .memory import GiB, ModelShape, get_shape, learner_memory, param_counts
 from .rewards import register
-from .slurm import fill
-from .tiny import _no_progress_bars, TINY_MODELS, builtin_model, resolve_model
+from .checkpoint import find_resume, save_checkpoint_files, set_rng_state
+from .run import MetricsLog, STOP_AND_REQUEUE, fill, init_process_group, run_command, rank_env, stop_requested
+from .stop import StopFlag, settle
+from .models import resolve_model
+from .tiny import no_progress_bars
 
 # %% auto 0
 __all__ = ['REFUSALS', 'HH_TINY', 'RM_PRESETS', 'SEED_ROWS', 'GPU_PEAK_TFLOPS', 'RM_SBATCH', 'bt_loss', 'make_hh_pairs',
-           'load_pairs', 'split_pairs', 'encode_pairs', 'resolve_model_dir', 'load_reward_model', 'pair_scores',
-           'RMDataConfig', 'RMTrainConfig', 'RMConfig', 'load_rm_config', 'effective_batch', 'classifier_shape',
-           'classifier_memory', 'seed_table', 'seed_table_md', 'measured_rm_step', 'epoch_estimate', 'ds_config',
-           'step_rows', 'evaluate', 'train', 'plan_text', 'reward_model_command', 'reward_model_cli', 'spawned_rank',
-           'reward_model_reward', 'RMSlurmSpec', 'render_rm_sbatch', 'render_scripts']
+           'load_pairs', 'split_pairs', 'encode_pairs', 'load_reward_model', 'pair_scores', 'RMDataConfig',
+           'RMTrainConfig', 'RMConfig', 'load_rm_config', 'effective_batch', 'classifier_shape', 'classifier_memory',
+           'seed_table', 'seed_table_md', 'measured_rm_step', 'epoch_estimate', 'ds_config', 'step_rows', 'evaluate',
+           'save_rm_checkpoint', 'load_rm_checkpoint', 'train', 'plan_text', 'reward_model_command', 'reward_model_cli',
+           'spawned_rank', 'reward_model_reward', 'RMSlurmSpec', 'render_rm_sbatch', 'render_scripts']
 
 # %% ../nbs/11_reward_model.ipynb 7
 def bt_loss(chosen:torch.Tensor, # `(P,)` scores of the preferred answers
@@ -94,16 +97,6 @@ def encode_pairs(tok, # a transformers tokenizer with a pad token
             "attention_mask": torch.tensor([[1] * len(x) + [0] * (T - len(x)) for x in ids])}      # 2P, T
 
 # %% ../nbs/11_reward_model.ipynb 23
-def resolve_model_dir(name_or_path:str, # a HF directory, or a built-in tiny model name (`grpo_nb.tiny.TINY_MODELS`)
-                     ) -> Path:
-    "Directory of a model: the path itself, or the cached build of a tiny model."
-    if builtin_model(name_or_path): return Path(resolve_model(name_or_path))   # the one resolver of model names
-    p = Path(name_or_path)
-    if not (p / "config.json").exists():
-        raise FileNotFoundError(f"{name_or_path}: not a model directory (no config.json) nor a tiny model ({', '.join(TINY_MODELS)}); "
-                                "download the model first and pass its directory (HF_HUB_OFFLINE is set on clusters).")
-    return p
-
 def load_reward_model(name_or_path:str, # HF directory or tiny model name
                       dtype:torch.dtype=torch.float32, # weight dtype
                       attn_implementation:str="sdpa", # attention kernel
@@ -111,12 +104,12 @@ def load_reward_model(name_or_path:str, # HF directory or tiny model name
     "(model, tokenizer): a one-label sequence classifier on the causal LM, with the pad token set."
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
-    d = resolve_model_dir(name_or_path)
+    d = resolve_model(name_or_path, need_config=True)
     tok = AutoTokenizer.from_pretrained(d)
     if tok.pad_token_id is None: tok.pad_token = tok.eos_token
     level = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()  # "score.weight newly initialized" is the point
     try:
-        with _no_progress_bars(): model = AutoModelForSequenceClassification.from_pretrained(d, num_labels=1, dtype=dtype, attn_implementation=attn_implementation)
+        with no_progress_bars(): model = AutoModelForSequenceClassification.from_pretrained(d, num_labels=1, dtype=dtype, attn_implementation=attn_implementation)
     finally: hf_logging.set_verbosity(level)
     model.config.pad_token_id = tok.pad_token_id
     return model, tok
@@ -182,7 +175,7 @@ def load_rm_config(source:str|Path|dict|None=None, # YAML path, preset name (`ti
     if t != "reward-model":
         raise ConfigError("trainer", f"{source} is a config of the {t} trainer.", "give a reward-model config (`grpo_nb config --list`)")
     over = parse_overrides(overrides) if isinstance(overrides, list) else (overrides or {})
-    cfg = from_dict(RMConfig, _merge(data, over))
+    cfg = from_dict(RMConfig, merge(data, over))
     T = cfg.train
     for name in ("steps", "micro_batch_pairs", "gradient_accumulation_steps", "threads"):
         if getattr(T, name) < 1: raise ConfigError(f"train.{name}", f"must be at least 1 (got {getattr(T, name)}).", f"--train.{name}=1")
@@ -368,72 +361,105 @@ def _export(engine, tok, out:Path, rank:int):
     with deepspeed.zero.GatheredParameters(params, enabled=hasattr(params[0], "ds_id")):
         if rank == 0:
             sd = {k: v.detach().cpu().clone() for k, v in engine.module.state_dict().items()}
-            with _no_progress_bars(): engine.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
+            with no_progress_bars(): engine.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
             tok.save_pretrained(out)
 
 # %% ../nbs/11_reward_model.ipynb 55
-def train(cfg:RMConfig, # the run
-         ) -> dict: # the summary (every rank returns it; rank 0 also writes it)
-    "One rank of a ZeRO-3 reward-model run (launched by torchrun/deepspeed; env RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."
+def save_rm_checkpoint(engine, # the DeepSpeed engine
+                       root:Path, # <output_dir>/checkpoints
+                       step:int, # optimizer steps done
+                       rank:int, # this rank
+                       world:int, # ranks
+                       keep_last:int=2, # complete checkpoints kept
+                      ) -> Path:
+    "Collective: DeepSpeed's sharded state and each rank's random state, committed atomically with `latest` (`grpo_nb.checkpoint`)."
+    ds = lambda tmp: engine.save_checkpoint(str(tmp / "deepspeed"), tag="state", client_state={}, save_latest=False)
+    return save_checkpoint_files(root, step, {}, {}, rank, world, keep_last, write=ds)
+
+# %% ../nbs/11_reward_model.ipynb 56
+def load_rm_checkpoint(engine, path:Path, rank:int) -> int:
+    "Restore the engine and this rank's random state from a verified checkpoint; return its step."
+    engine.load_checkpoint(str(path / "deepspeed"), tag="state")
+    set_rng_state(torch.load(path / f"rng_rank{rank}.pt", weights_only=False))
+    return json.loads((path / "state.json").read_text())["step"]
+
+# %% ../nbs/11_reward_model.ipynb 57
+def _start(cfg:RMConfig) -> tuple:
+    "(device, RankEnv, engine, tokenizer): the process group, the model, and its DeepSpeed engine."
     import logging, warnings
-    import deepspeed, torch.distributed as dist
-    device, T = _device(cfg), cfg.train
-    rank, world, local = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+    import deepspeed
+    device, T, env = _device(cfg), cfg.train, rank_env()
     if device == "cpu": torch.set_num_threads(T.threads)
-    else: torch.cuda.set_device(local)
+    else: torch.cuda.set_device(env.local_rank)
     warnings.filterwarnings("ignore", category=FutureWarning)
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    init_process_group("auto", torch.device(device, env.local_rank) if device == "cuda" else "cpu")
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no 30-50 s JIT build of the shm all-reduce on CPU
-    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo", auto_mpi_discovery=False)
-    out = Path(cfg.output_dir); ckpt = out / "checkpoints"
-    train_rows, eval_rows = _data(cfg)
-    if eval_rows and T.eval_pairs: eval_rows = eval_rows[:T.eval_pairs]
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo", auto_mpi_discovery=False)  # adopts the group
     torch.manual_seed(T.seed)  # the new score head: the same on every rank
     model, tok = load_reward_model(cfg.model.name_or_path, torch.bfloat16 if device == "cuda" else torch.float32, cfg.model.attn_implementation)
     model.train()
     if cfg.model.gradient_checkpointing: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(cfg, device))
-    start = 0
-    if T.resume != "none" and (ckpt / "latest").exists():
-        _, client = engine.load_checkpoint(str(ckpt))
-        start = int(client["step"])
-    metrics, t0 = [], time.time()
-    if rank == 0: out.mkdir(parents=True, exist_ok=True)
-    def log(rec):
-        metrics.append(rec)
-        if rank == 0:
-            with (out / "metrics.jsonl").open("a") as f: f.write(json.dumps(rec) + "\n")
-    ev = lambda: evaluate(engine, tok, eval_rows, rank, world, T.micro_batch_pairs, cfg.data.max_len, device)
-    if start == 0 and eval_rows: log({"step": 0, **{f"eval_{k}": v for k, v in ev().items()}})
-    if device == "cuda": torch.cuda.reset_peak_memory_stats()
-    for step in range(start, T.steps):
-        parts = []
-        for mb in step_rows(train_rows, step, rank, world, T.micro_batch_pairs, T.gradient_accumulation_steps, T.seed):
-            b = {k: v.to(device) for k, v in encode_pairs(tok, mb, cfg.data.max_len).items()}
-            loss, m = bt_loss(*pair_scores(engine, b))
-            engine.backward(loss); engine.step(); parts.append(m)
-        rec = {"step": step + 1, **{k: sum(p[k] for p in parts) / len(parts) for k in parts[0]}, "seconds": round(time.time() - t0, 2)}
-        if eval_rows and ((T.eval_every and (step + 1) % T.eval_every == 0) or step + 1 == T.steps):
-            rec.update({f"eval_{k}": v for k, v in ev().items()})
-        log(rec)
-        if (T.save_every and (step + 1) % T.save_every == 0) or step + 1 == T.steps:
-            engine.save_checkpoint(str(ckpt), tag=f"step{step + 1}", client_state={"step": step + 1})
-    _export(engine, tok, out / "model", rank)
+    return device, env, engine, tok
+
+
+# %% ../nbs/11_reward_model.ipynb 58
+def _summary(cfg:RMConfig, engine, device:str, world:int, start:int, step:int, stopped_by:str|None, path, t0:float,
+             train_rows:list, eval_rows:list, metrics:list) -> dict:
+    "What a reward-model run did: batch, steps, held-out accuracy, parameters per rank, memory, where the model is."
+    T = cfg.train
     last_eval = next((r for r in reversed(metrics) if "eval_accuracy" in r), {})
-    summary = {"world": world, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "zero_stage": T.zero_stage,
-               "micro_batch_pairs": T.micro_batch_pairs, "gradient_accumulation_steps": T.gradient_accumulation_steps,
-               "effective_batch": effective_batch(world, T.micro_batch_pairs, T.gradient_accumulation_steps),
-               "start_step": start, "steps": T.steps, "seconds": round(time.time() - t0, 2), "train_pairs": len(train_rows),
-               "eval_pairs": len(eval_rows), "eval_accuracy": last_eval.get("eval_accuracy"), "eval_by_kind": last_eval.get("eval_by_kind"),
-               "params_total": sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()),
-               "params_on_rank": sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in engine.module.parameters()),
-               "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
-               "model_dir": str(out / "model"), "metrics": metrics}
+    return {"world": world, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "zero_stage": T.zero_stage,
+            "micro_batch_pairs": T.micro_batch_pairs, "gradient_accumulation_steps": T.gradient_accumulation_steps,
+            "effective_batch": effective_batch(world, T.micro_batch_pairs, T.gradient_accumulation_steps),
+            "start_step": start, "last_step": step, "steps": T.steps, "stopped_by": stopped_by,
+            "resumed_from": str(path) if path else None, "seconds": round(time.time() - t0, 2), "train_pairs": len(train_rows),
+            "eval_pairs": len(eval_rows), "eval_accuracy": last_eval.get("eval_accuracy"), "eval_by_kind": last_eval.get("eval_by_kind"),
+            "params_total": sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()),
+            "params_on_rank": sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in engine.module.parameters()),
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
+            "model_dir": str(Path(cfg.output_dir) / "model") if step == T.steps else None, "metrics": metrics}
+
+# %% ../nbs/11_reward_model.ipynb 59
+def train(cfg:RMConfig, # the run
+         ) -> dict: # the summary (every rank returns it; rank 0 also writes it)
+    "One rank of a ZeRO-3 reward-model run (under torchrun/deepspeed); SIGUSR1/SIGTERM: every rank checkpoints after its current step and stops."
+    import torch.distributed as dist
+    device, env, engine, tok = _start(cfg)
+    T, rank, world = cfg.train, env.rank, env.world_size
+    out = Path(cfg.output_dir); ckpt = out / "checkpoints"
+    train_rows, eval_rows = _data(cfg)
+    if eval_rows and T.eval_pairs: eval_rows = eval_rows[:T.eval_pairs]
+    path = find_resume(T.resume, ckpt, rank, world)
+    start = load_rm_checkpoint(engine, path, rank) if path else 0
+    log, metrics, t0 = MetricsLog(out, tensorboard=False, resume_step=start, enabled=rank == 0), [], time.time()
+    def emit(rec): metrics.append(rec); log.log(rec)
+    ev = lambda: {f"eval_{k}": v for k, v in evaluate(engine, tok, eval_rows, rank, world, T.micro_batch_pairs, cfg.data.max_len, device).items()}
+    if start == 0 and eval_rows: emit({"step": 0, **ev()})
+    if device == "cuda": torch.cuda.reset_peak_memory_stats()
+    step, saved = start, start
+    with StopFlag() as flag:
+        while step < T.steps and not stop_requested(flag, world, device):
+            parts = []
+            for mb in step_rows(train_rows, step, rank, world, T.micro_batch_pairs, T.gradient_accumulation_steps, T.seed):
+                loss, m = bt_loss(*pair_scores(engine, {k: v.to(device) for k, v in encode_pairs(tok, mb, cfg.data.max_len).items()}))
+                engine.backward(loss); engine.step(); parts.append(m)
+            step += 1
+            rec = {"step": step, **{k: sum(p[k] for p in parts) / len(parts) for k in parts[0]}, "seconds": round(time.time() - t0, 2)}
+            if eval_rows and ((T.eval_every and step % T.eval_every == 0) or step == T.steps): rec.update(ev())
+            emit(rec)
+            if (T.save_every and step % T.save_every == 0) or step == T.steps: save_rm_checkpoint(engine, ckpt, step, rank, world); saved = step
+        if flag and saved != step: save_rm_checkpoint(engine, ckpt, step, rank, world)
+    log.close()
+    if step == T.steps: _export(engine, tok, out / "model", rank)
+    summary = _summary(cfg, engine, device, world, start, step, flag.reason if step < T.steps else None, path, t0, train_rows, eval_rows, metrics)
     if rank == 0: (out / "summary.json").write_text(json.dumps(summary, indent=1))
     dist.barrier(); dist.destroy_process_group()
     return summary
 
-# %% ../nbs/11_reward_model.ipynb 57
+
+# %% ../nbs/11_reward_model.ipynb 61
 def plan_text(cfg:RMConfig, # the run
               gpus:int, # data-parallel GPUs
               gpu_mem_gib:float=80.0, # memory of one GPU
@@ -442,8 +468,8 @@ def plan_text(cfg:RMConfig, # the run
     T = cfg.train
     lines = [f"effective batch = {gpus} GPUs × {T.micro_batch_pairs} pairs × {T.gradient_accumulation_steps} accumulation = "
              f"{effective_batch(gpus, T.micro_batch_pairs, T.gradient_accumulation_steps)} pairs per step"]
-    try: shape = get_shape(resolve_model_dir(cfg.model.name_or_path))
-    except (FileNotFoundError, ValueError):
+    try: shape = get_shape(resolve_model(cfg.model.name_or_path, need_config=True))
+    except (ConfigError, ValueError):
         try: shape = get_shape(cfg.model.name_or_path)
         except ValueError as e: return "\n".join(lines + [f"memory: no prediction ({e})"])
     m = classifier_memory(shape, gpus, T.micro_batch_pairs, cfg.data.max_len, cfg.model.gradient_checkpointing, T.zero_stage)
@@ -457,26 +483,26 @@ def reward_model_command(config:str, # YAML file or preset ({presets})
                          plan:bool=False, # print the effective batch and predicted memory per GPU, then exit
                          gpus:int=0, # with --plan: GPUs to plan for (default: WORLD_SIZE or 1)
                          gpu_mem_gib:float=80.0, # with --plan: memory of one GPU
-                        ) -> int: # 0 ok, 2 on a config error
-    "Train a pairwise reward model with DeepSpeed ZeRO-3 (run under torchrun)."
-    try: cfg = load_rm_config(config, list(overrides))
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"grpo_nb reward-model: error: {e}", file=sys.stderr); return 2
-    if plan:
-        print(plan_text(cfg, gpus or int(os.environ.get("WORLD_SIZE", 1)), gpu_mem_gib)); return 0
-    s = train(cfg)
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"reward model: {s['steps']} steps on {s['world']} rank(s), held-out accuracy {s['eval_accuracy']}, model in {s['model_dir']}")
-    return 0
+                        ) -> int: # 0 ok or stopped cleanly, 2 on a config error, 1 failed
+    "Train a pairwise reward model with DeepSpeed ZeRO-3 (run under torchrun); 0 also after a clean stop on SIGUSR1/SIGTERM."
+    def body():
+        cfg = load_rm_config(config, list(overrides))
+        if plan:
+            print(plan_text(cfg, gpus or rank_env().world_size, gpu_mem_gib)); return 0
+        s = train(cfg)
+        if rank_env().rank == 0:
+            done = f"model in {s['model_dir']}" if s["model_dir"] else f"stopped by {s['stopped_by']} after step {s['last_step']} (checkpointed; resume=auto continues)"
+            print(f"reward model: step {s['last_step']} of {s['steps']} on {s['world']} rank(s), held-out accuracy {s['eval_accuracy']}, {done}")
+    return run_command("grpo_nb reward-model", body, quiet=rank_env().rank != 0, resume_hint="--train.resume=auto")
 
 def reward_model_cli(argv:list[str]|None=None) -> int:
     "`python -m grpo_nb.reward_model CONFIG [--plan] [--section.field=value ...]`: one rank of a reward-model run."
     return run_cli(reward_model_command, argv, "grpo_nb reward-model", fill={"presets": ", ".join(RM_PRESETS)})
 
-# %% ../nbs/11_reward_model.ipynb 58
-if __name__ == "__main__" and "__file__" in globals(): sys.exit(reward_model_cli())
+# %% ../nbs/11_reward_model.ipynb 62
+if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(reward_model_cli()))
 
-# %% ../nbs/11_reward_model.ipynb 61
+# %% ../nbs/11_reward_model.ipynb 65
 def spawned_rank(cfg:dict, # RMConfig as plain data (picklable)
                  port:int, # rendezvous port
                  rank:int=0, # this rank
@@ -487,7 +513,7 @@ def spawned_rank(cfg:dict, # RMConfig as plain data (picklable)
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))  # a spawned process: its own environment
     return train(load_rm_config(cfg))
 
-# %% ../nbs/11_reward_model.ipynb 65
+# %% ../nbs/11_reward_model.ipynb 69
 def reward_model_reward(model_dir:str|Path, # a trained reward model (HF directory, e.g. <output_dir>/model)
                         name:str="reward_model", # the name configs use in reward.functions
                         text_of:Callable[[str, object], str]|None=None, # (completion, answer) -> text to score; None: the completion
@@ -516,7 +542,7 @@ def reward_model_reward(model_dir:str|Path, # a trained reward model (HF directo
     scores.__doc__ = f"Score of the reward model in {model_dir} ({scale})."
     return register(name)(scores)
 
-# %% ../nbs/11_reward_model.ipynb 71
+# %% ../nbs/11_reward_model.ipynb 75
 @dataclass
 class RMSlurmSpec:
     "The queue values of the reward-model batch script."
@@ -546,7 +572,11 @@ RM_SBATCH = r'''#!/bin/bash
 #SBATCH --mem=0
 #SBATCH --time={{time}}
 #SBATCH --output={{log_dir}}/%x-%j.out{{partition}}
+#SBATCH --signal=B:USR1@300
+#SBATCH --requeue
+#SBATCH --open-mode=append
 set -euo pipefail
+log() { echo "[reward_model $(date +%T)] $*"; }
 CONFIG=${1:?usage: sbatch reward_model.sbatch CONFIG [--section.field=value ...]}; shift
 if [ -n "{{venv}}" ]; then source "{{venv}}/bin/activate"; fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false NCCL_DEBUG=${NCCL_DEBUG:-WARN}
@@ -554,10 +584,13 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 NNODES=${SLURM_NNODES:-1}
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 HEAD_IP=$(srun --nodes=1 --ntasks=1 -w "$HEAD" hostname --ip-address | awk '{print $1}')
-echo "[reward_model] job $SLURM_JOB_ID: $NNODES node(s) x {{gpus}} GPUs, rendezvous $HEAD_IP:{{rdzv_port}}"
+{{stop_and_requeue}}
+log "job $SLURM_JOB_ID (restart $RESTARTS): $NNODES node(s) x {{gpus}} GPUs, rendezvous $HEAD_IP:{{rdzv_port}}"
 python -m grpo_nb.reward_model "$CONFIG" "$@" --plan --gpus $((NNODES * {{gpus}})) --gpu-mem-gib {{gpu_mem_gib}}
-srun --nodes="$NNODES" --ntasks="$NNODES" --ntasks-per-node=1 \
-  torchrun --nnodes="$NNODES" --nproc_per_node={{gpus}} --rdzv_id="$SLURM_JOB_ID" \
+# The walltime signal goes to srun, which passes it to every process of the step (proctrack/cgroup): torchrun
+# starts with SIGUSR1 ignored, so it lives on; its workers checkpoint after their current step and exit 0.
+run_and_requeue srun --nodes="$NNODES" --ntasks="$NNODES" --ntasks-per-node=1 \
+  bash -c 'trap "" USR1; exec "$@"' torchrun torchrun --nnodes="$NNODES" --nproc_per_node={{gpus}} --rdzv_id="$SLURM_JOB_ID" \
            --rdzv_backend=c10d --rdzv_endpoint="$HEAD_IP:{{rdzv_port}}" \
   -m grpo_nb.reward_model "$CONFIG" "$@" --train.resume=auto
 '''
@@ -566,7 +599,7 @@ def render_rm_sbatch(spec:RMSlurmSpec=RMSlurmSpec()) -> str:
     "The reward-model batch script of `spec`, as text."
     return fill(RM_SBATCH, job_name=spec.job_name, nodes=spec.nodes, gpus=spec.gpus_per_node, cpus=spec.cpus_per_node,
                 time=spec.time, log_dir=spec.log_dir, venv=spec.venv, rdzv_port=spec.rdzv_port, gpu_mem_gib=f"{spec.gpu_mem_gib:g}",
-                partition=f"\n#SBATCH --partition={spec.partition}" if spec.partition else "")
+                partition=f"\n#SBATCH --partition={spec.partition}" if spec.partition else "", stop_and_requeue=STOP_AND_REQUEUE)
 
 def render_scripts(out_dir:str|Path="sbatch") -> list[Path]:
     "Write `reward_model.sbatch` into `out_dir`; return its path in a list."

@@ -4,22 +4,22 @@
 
 # %% ../nbs/12_self_correction.ipynb 3
 from __future__ import annotations
-import copy, hashlib, json, math, os, shlex, sys, time
+import copy, hashlib, json, math, shlex, sys, time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from .config import ConfigError, _merge, config_data, from_dict, parse_overrides, run_cli, trainer_of
+from .config import ConfigError, merge, config_data, from_dict, parse_overrides, run_cli, trainer_of
 from .checkpoint import find_resume, latest_checkpoint, rng_state, save_checkpoint_files, set_rng_state
 from .loss import token_logprobs
 from .memory import GiB, ModelShape, activations_bytes, get_shape, logits_bytes, param_counts, shape_to_hf
 from .reward_model import classifier_shape
 from .rewards import REWARDS, RewardContext
-from .slurm import fill
-from .tiny import TINY_MODELS, _no_progress_bars, make_arithmetic, resolve_model, tiny_model_dir
-from .run import load_rows
+from .models import resolve_model
+from .tiny import no_progress_bars, builtin_model
+from .run import MetricsLog, STOP_AND_REQUEUE, fill, init_process_group, load_rows, rank_env, run_command, stop_requested
+from .stop import StopFlag, settle
 
 # %% auto 0
 __all__ = ['ROLES', 'TRAINED', 'SEED_PLACEMENT', 'SAVED', 'SC_SBATCH', 'resolve_placement', 'polyak_update_', 'SCConfig',
@@ -130,7 +130,7 @@ def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset n
         try: over["placement"] = json.loads(over["placement"])
         except json.JSONDecodeError as e:
             raise ConfigError("placement", f"is not JSON ({e}).", "--placement='{\"*\": \"cpu\"}' or --placement.policy=cuda:0") from None
-    cfg = from_dict(SCConfig, _merge(data, over))
+    cfg = from_dict(SCConfig, merge(data, over))
     for k in ("steps", "episodes", "max_new_tokens", "guidance_every", "polyak_chunk", "keep_last", "logprob_chunk"):
         if getattr(cfg, k) < 1: raise ConfigError(k, f"must be at least 1 (got {getattr(cfg, k)}).", f"--{k}=1")
     for k in ("micro_batch", "checkpoint_every"):
@@ -171,7 +171,7 @@ def _role_model(name:str, # see `SCConfig.policy`
         except ValueError as e: raise ConfigError(where, str(e), "random:<built-in shape>, e.g. random:Llama-3.2-3B") from None
         torch.manual_seed(seed)
         with torch.device(device): return cls.from_config(cfg, dtype=dtype)   # built where it runs: no host copy
-    path = tiny_model_dir(name, seed=seed) if name in TINY_MODELS else Path(resolve_model(name))
+    path = resolve_model(name, where, seed, need_config=True)
     torch.manual_seed(seed)   # the classifier head is new: its init follows the seed
     return cls.from_pretrained(path, dtype=dtype, **kw).to(device)
 
@@ -189,13 +189,13 @@ def load_models(cfg:SCConfig, # the run
         raise ConfigError("dtype", f"bfloat16, but {torch.cuda.get_device_name()} has no bf16 (V100 and older).", "--dtype=float16 or --dtype=float32")
     level = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
     try:
-        with _no_progress_bars():
+        with no_progress_bars():
             pol = _role_model(cfg.policy, "policy", 0, "lm", dt, where["policy"])
             gui = _role_model(cfg.guidance, "guidance", 1, "lm", dt, where["guidance"])
             cri = _role_model(cfg.critic, "critic", 2, "score", dt, where["critic"])
     finally: hf_logging.set_verbosity(level)
     tok_src = cfg.policy if not cfg.policy.startswith("random:") else "tiny-arith"   # random shapes: the tiny character tokenizer
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir(tok_src) if tok_src in TINY_MODELS else resolve_model(tok_src))
+    tok = AutoTokenizer.from_pretrained(resolve_model(tok_src, "policy"))
     cri.config.pad_token_id = tok.pad_token_id
     models = {"policy": pol, "guidance": gui, "reference": copy.deepcopy(pol).to(where["reference"]), "critic": cri,
               "target_critic": copy.deepcopy(cri).to(where["target_critic"])}
@@ -493,49 +493,58 @@ def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
     return state
 
 # %% ../nbs/12_self_correction.ipynb 55
-def _world() -> tuple[int, int, int]:
-    "(rank, world size, local rank) from the torchrun environment."
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
+    "(RankEnv, models, tokenizer, placement, optimizers, sampling generator, rows): the process group and everything a run holds."
+    env = rank_env()
+    if env.world_size > 1:
+        cuda = all(d != "cpu" for r, d in resolve_placement(cfg.placement, 1 << 16).items() if r in ("policy", "guidance", "critic"))
+        init_process_group("nccl" if cuda else "gloo", f"cuda:{env.local_rank}" if cuda else "cpu")
+    if cfg.episodes < env.world_size: raise ConfigError("episodes", f"{cfg.episodes} episodes cannot be shared by {env.world_size} ranks.", f"--episodes={env.world_size} or more")
+    torch.manual_seed(cfg.seed)
+    models, tok, where = load_models(cfg, gpus, env.local_rank)
+    opts = make_optimizers(models, cfg)
+    gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * env.rank)
+    rows = load_rows(cfg.data, cfg.prompt_key, cfg.answer_key, "data", ("prompt_key", "answer_key"))
+    if not rows: raise ConfigError("data", f"{cfg.data} has no rows.", "--data=<a file with problems> or --data=builtin:arithmetic")
+    if cfg.checkpoint_dir and cfg.resume == "none" and (old := latest_checkpoint(cfg.checkpoint_dir)):
+        raise ConfigError("resume", f"none, but {old} holds a checkpoint of an earlier run, which this run would overwrite.",
+                          "--resume=auto to continue it, or a new --checkpoint_dir")
+    return env, models, tok, where, opts, gen, rows
 
+# %% ../nbs/12_self_correction.ipynb 56
 def train(cfg:SCConfig, # the run
           gpus:int|None=None, # visible GPUs (None: ask torch)
           on_step:Callable|None=None, # called as on_step(step, models) after each update (tests snapshot here)
           digests:bool=True, # record every model's parameter digest after each step (a pass over all weights)
-         ) -> dict: # {placement, metrics, digests: role -> [digest before, after step 1, ...], params, resumed_from}
-    "Load and place the five models, run `cfg.steps` updates of two-turn episodes (on every rank under torchrun), checkpoint and resume."
-    rank, world, local = _world()
-    if world > 1 and not dist.is_initialized():
-        cuda = all(d != "cpu" for r, d in resolve_placement(cfg.placement, 1 << 16).items() if r in ("policy", "guidance", "critic"))
-        dist.init_process_group("nccl" if cuda else "gloo")
-    if cfg.episodes < world: raise ConfigError("episodes", f"{cfg.episodes} episodes cannot be shared by {world} ranks.", f"--episodes={world} or more")
-    torch.manual_seed(cfg.seed)
-    models, tok, where = load_models(cfg, gpus, local)
-    opts = make_optimizers(models, cfg)
-    gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * rank)
-    rows = load_rows(cfg.data, cfg.prompt_key, cfg.answer_key, "data", ("prompt_key", "answer_key"))
-    if not rows: raise ConfigError("data", f"{cfg.data} has no rows.", "--data=<a file with problems> or --data=builtin:arithmetic")
-    ref_digest = param_digest(models["reference"])
-    state = {"metrics": [], "digests": {r: [param_digest(m)] for r, m in models.items()} if digests else {}, "reference_digest": ref_digest}
-    if cfg.checkpoint_dir and cfg.resume == "none" and (old := latest_checkpoint(cfg.checkpoint_dir)):
-        raise ConfigError("resume", f"none, but {old} holds a checkpoint of an earlier run, which this run would overwrite.",
-                          "--resume=auto to continue it, or a new --checkpoint_dir")
+          out_dir:str|Path|None=None, # rank 0 writes `metrics.jsonl` here (`grpo_nb.run.MetricsLog`); None: no file
+         ) -> dict: # {placement, metrics, digests: role -> [digest before, after step 1, ...], params, resumed_from, last_step, stopped_by}
+    "Load and place the five models, run `cfg.steps` updates of two-turn episodes (on every rank under torchrun), checkpoint, resume, stop on SIGUSR1/SIGTERM."
+    env, models, tok, where, opts, gen, rows = _setup(cfg, gpus)
+    rank, world = env.rank, env.world_size
+    state = {"metrics": [], "digests": {r: [param_digest(m)] for r, m in models.items()} if digests else {}, "reference_digest": param_digest(models["reference"])}
     path = find_resume(cfg.resume, cfg.checkpoint_dir, rank, world) if cfg.checkpoint_dir else None
     if path: state = load_sc_checkpoint(path, models, opts, gen, rank)
-    start = len(state["metrics"])
-    for step in range(start + 1, cfg.steps + 1):
-        t0 = time.time()
-        batch = [rows[k % len(rows)] for k in range((step - 1) * cfg.episodes, step * cfg.episodes)]   # in order, cycled
-        ep = run_episodes(models, tok, batch[rank::world], cfg.max_new_tokens, gen, cfg.kv_cache, cfg.reward)
-        state["metrics"].append({**update(models, opts, tok, ep, step, cfg, total=cfg.episodes), "step_s": round(time.time() - t0, 3)})
-        if digests:
-            for r, m in models.items(): state["digests"].setdefault(r, []).append(param_digest(m))
-        if cfg.checkpoint_dir and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
-            save_sc_checkpoint(cfg, step, models, opts, gen, state, rank, world)
-        if on_step: on_step(step, models)
+    step = saved = len(state["metrics"])
+    log = MetricsLog(out_dir or ".", tensorboard=False, resume_step=step, enabled=rank == 0 and out_dir is not None)
+    with StopFlag() as flag:
+        while step < cfg.steps and not stop_requested(flag, world, where["policy"]):
+            t0, step = time.time(), step + 1
+            batch = [rows[k % len(rows)] for k in range((step - 1) * cfg.episodes, step * cfg.episodes)]   # in order, cycled
+            ep = run_episodes(models, tok, batch[rank::world], cfg.max_new_tokens, gen, cfg.kv_cache, cfg.reward)
+            state["metrics"].append({**update(models, opts, tok, ep, step, cfg, total=cfg.episodes), "step_s": round(time.time() - t0, 3)})
+            log.log(state["metrics"][-1])
+            if digests:
+                for r, m in models.items(): state["digests"].setdefault(r, []).append(param_digest(m))
+            if cfg.checkpoint_dir and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
+                save_sc_checkpoint(cfg, step, models, opts, gen, state, rank, world); saved = step
+            if on_step: on_step(step, models)
+        if flag and cfg.checkpoint_dir and saved != step: save_sc_checkpoint(cfg, step, models, opts, gen, state, rank, world)
+    log.close()
     return {"placement": where, "metrics": state["metrics"], "digests": state["digests"], "resumed_from": str(path) if path else None,
+            "last_step": step, "stopped_by": flag.reason if step < cfg.steps else None,
             "params": {r: sum(p.numel() for p in m.parameters()) for r, m in models.items()}}
 
-# %% ../nbs/12_self_correction.ipynb 61
+# %% ../nbs/12_self_correction.ipynb 62
 def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_shape`)
                    trained:bool, # policy, guidance, critic
                    score:bool=False, # a one-label head instead of the LM head
@@ -565,7 +574,7 @@ def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_s
     host = (4 + 8 + 4) * P if optimizer_offload else 0                                         # masters, moments, fp32 gradient copies
     return {**phases, "resident": w * P + opt, "bytes": max(phases.values()), "host_bytes": host}
 
-# %% ../nbs/12_self_correction.ipynb 63
+# %% ../nbs/12_self_correction.ipynb 64
 def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                       critic:str="Llama-3.2-1B", # critic and target critic base
                       placement:dict=SEED_PLACEMENT, # role -> device
@@ -591,18 +600,18 @@ def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                      "bytes": m["bytes"], "resident": m["resident"], "host_bytes": m["host_bytes"], "phases": {k: m[k] for k in ("sample", "backward", "step")}})
     return rows
 
-# %% ../nbs/12_self_correction.ipynb 65
+# %% ../nbs/12_self_correction.ipynb 66
 def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in names, HF dirs, or `random:<shape>`)
               seq_len:int|None=None, # tokens per episode (None: a 64-token problem + 3 × max_new_tokens)
               world:int=1, # data-parallel ranks (each samples episodes / world)
              ) -> list[dict]:
     "`five_model_memory` for a config, as `train` would run it."
-    shape = lambda n: n[7:] if n.startswith("random:") else str(tiny_model_dir(n)) if n in TINY_MODELS else n
+    shape = lambda n: n[7:] if n.startswith("random:") else resolve_model(n) if builtin_model(n) else n   # a built-in shape name, or a model
     return five_model_memory(shape(cfg.policy), shape(cfg.critic), cfg.placement, cfg.micro_batch or math.ceil(cfg.episodes / world),
                              seq_len or 64 + 3 * cfg.max_new_tokens, math.ceil(cfg.episodes / world), cfg.grad_ckpt,
                              cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance))
 
-# %% ../nbs/12_self_correction.ipynb 67
+# %% ../nbs/12_self_correction.ipynb 68
 def device_totals(rows:list[dict]) -> dict[str, int]:
     "Peak bytes per device of `five_model_memory` rows: what every role there holds, plus the largest working set (roles run one at a time)."
     resident, work = {}, {}
@@ -613,7 +622,7 @@ def device_totals(rows:list[dict]) -> dict[str, int]:
         if r["host_bytes"]: resident["cpu"] = resident.get("cpu", 0) + r["host_bytes"]; work.setdefault("cpu", 0)
     return {d: resident[d] + work[d] for d in resident}
 
-# %% ../nbs/12_self_correction.ipynb 73
+# %% ../nbs/12_self_correction.ipynb 74
 def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     "The committed GPU measurements against the prediction, or a note that none are committed."
     p = Path(path)
@@ -636,35 +645,33 @@ def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     note = "" if worst is None else f"\n\nLargest gap between prediction and measurement: {100 * worst:.0f}% ({'within' if worst <= 0.1 else 'outside'} the 10% the planner aims for)."
     return "\n".join([head] + [l for r in recs for l in lines(r)]) + note
 
-# %% ../nbs/12_self_correction.ipynb 76
+# %% ../nbs/12_self_correction.ipynb 77
 def self_correction_command(config:str|None=None, # a YAML file or preset with `trainer: self-correction` (default: the fields' defaults)
                             *overrides:str, # fields as --field=value
-                            out:str="runs/self_correction", # directory for summary.json
-                           ) -> int: # 0 ok (rank 0 wrote the summary), 2 on a configuration error
-    "Two-turn self-correction with guidance, reference and target critic."
-    try:
+                            out:str="runs/self_correction", # directory for summary.json and metrics.jsonl
+                           ) -> int: # 0 ok or stopped cleanly (rank 0 wrote the summary), 2 on a configuration error, 1 failed
+    "Two-turn self-correction with guidance, reference and target critic; 0 also after a clean stop on SIGUSR1/SIGTERM."
+    def body():
         cfg = load_sc_config(config, list(overrides))
-        resolve_placement(cfg.placement)
-    except (ConfigError, ValueError) as e:
-        print(f"grpo_nb self-correction: error: {e}", file=sys.stderr); return 2
-    try: res = train(cfg)
-    except ConfigError as e:
-        print(f"grpo_nb self-correction: error: {e}", file=sys.stderr); return 2
-    if _world()[0] != 0: return 0   # rank 0 writes the summary
-    out = Path(out); out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"config": asdict(cfg), **res}, indent=1))
-    print(f"self-correction: {cfg.steps} updates, final turn-2 reward {res['metrics'][-1]['reward2']:.3f}; {out / 'summary.json'}")
-    return 0
+        try: resolve_placement(cfg.placement)
+        except ValueError as e: raise ConfigError("placement", str(e)) from None
+        res = train(cfg, out_dir=out)
+        if rank_env().rank != 0: return 0   # rank 0 writes the summary
+        (Path(out) / "summary.json").write_text(json.dumps({"config": asdict(cfg), **res}, indent=1))
+        done = f"stopped by {res['stopped_by']} after" if res["stopped_by"] else "finished"
+        last = f", final turn-2 reward {res['metrics'][-1]['reward2']:.3f}" if res["metrics"] else ""
+        print(f"self-correction: {done} update {res['last_step']} of {cfg.steps}{last}; {Path(out) / 'summary.json'}")
+    return run_command("grpo_nb self-correction", body, quiet=rank_env().rank != 0, resume_hint="--resume=auto")
 
 def self_correction_cli(argv:list[str]|None=None) -> int:
     "`python -m grpo_nb.self_correction [CONFIG] [--field=value ...] [--out DIR]`: a self-correction run."
     return run_cli(self_correction_command, argv, "grpo_nb self-correction",
                    epilog="Fields: " + ", ".join(f"--{f}" for f in SCConfig.__dataclass_fields__))
 
-# %% ../nbs/12_self_correction.ipynb 77
-if __name__ == "__main__" and "__file__" in globals(): sys.exit(self_correction_cli())
+# %% ../nbs/12_self_correction.ipynb 78
+if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(self_correction_cli()))
 
-# %% ../nbs/12_self_correction.ipynb 80
+# %% ../nbs/12_self_correction.ipynb 81
 SC_SBATCH = r'''#!/bin/bash
 # self_correction.sbatch: two-turn self-correction (policy, guidance, reference, critic, target critic) on one node.
 # Generated by grpo_nb.self_correction (nbs/12_self_correction.ipynb); do not edit by hand.
@@ -683,18 +690,24 @@ SC_SBATCH = r'''#!/bin/bash
 #SBATCH --mem=0
 #SBATCH --time={{time}}
 #SBATCH --output=logs/%x-%j.out
+#SBATCH --signal=B:USR1@300
+#SBATCH --requeue
+#SBATCH --open-mode=append
 set -euo pipefail
+log() { echo "[self_correction $(date +%T)] $*"; }
 if [ -f .venv/bin/activate ]; then source .venv/bin/activate; fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-OUT=${OUT:-runs/self_correction-$SLURM_JOB_ID}
-echo "[self_correction] job $SLURM_JOB_ID on $(hostname): GPUs ${CUDA_VISIBLE_DEVICES:-none}, output $OUT"
-python -m grpo_nb.self_correction --placement={{placement}} --dtype=bfloat16 --out="$OUT" "$@"
+OUT=${OUT:-runs/self_correction-$SLURM_JOB_ID}   # a requeued job keeps its id: the same directory, resumed from its checkpoints
+{{stop_and_requeue}}
+log "job $SLURM_JOB_ID (restart $RESTARTS) on $(hostname): GPUs ${CUDA_VISIBLE_DEVICES:-none}, output $OUT"
+run_and_requeue python -m grpo_nb.self_correction --placement={{placement}} --dtype=bfloat16 --out="$OUT" \
+  --checkpoint_dir="$OUT/checkpoints" --resume=auto "$@"
 '''
 
 def render_scripts(out_dir:str|Path="sbatch") -> list[Path]:
     "Write `self_correction.sbatch` into `out_dir`; return its path in a list."
     spec = json.dumps(SEED_PLACEMENT, separators=(",", ":"))
-    text = fill(SC_SBATCH, placement=shlex.quote(spec), placement_doc=spec, gpus=1 + max(int(d[5:]) for d in SEED_PLACEMENT.values() if d != "cpu"), time="24:00:00")
+    text = fill(SC_SBATCH, placement=shlex.quote(spec), placement_doc=spec, gpus=1 + max(int(d[5:]) for d in SEED_PLACEMENT.values() if d != "cpu"), time="24:00:00", stop_and_requeue=STOP_AND_REQUEUE)
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     p = out / "self_correction.sbatch"
     if not p.exists() or p.read_text() != text: p.write_text(text)

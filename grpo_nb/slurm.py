@@ -4,19 +4,20 @@
 
 # %% ../nbs/09_slurm.ipynb 3
 from __future__ import annotations
-import json, math, re, shlex, subprocess, sys, time
+import json, math, shlex, subprocess, sys, time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 from fastcore.docments import docments
 from .config import TrainConfig, ConfigError, load_config, run_cli
 from .chain import FUNCTIONS_CHAIN
+from .run import fill
 from .preflight import job_env_cli   # scripts written by earlier versions call grpo_nb.slurm's job_env_cli
 
 # %% auto 0
 __all__ = ['LAUNCHER_TO_SLURM', 'Network', 'NETWORK_ENV', 'FUNCTIONS_HEAD', 'FUNCTIONS_STOP', 'BLOCK_START', 'BLOCK_RUN',
            'BLOCK_RAY', 'BLOCK_CODE', 'BLOCK_TRAIN', 'BLOCK_END', 'NODE_SETUP', 'LADDER', 'markdown_table', 'SlurmSpec',
-           'signal_margin_s', 'spec_from_config', 'fill', 'sbatch_header', 'env_vars', 'env_block', 'knobs_block',
+           'signal_margin_s', 'spec_from_config', 'sbatch_header', 'env_vars', 'env_block', 'knobs_block',
            'render_sbatch', 'bash_syntax_errors', 'render_node_setup', 'ray_hosts', 'missing_hosts', 'wait_for_ray',
            'wait_ray_command', 'wait_ray_cli', 'render_scripts', 'sbatch_command', 'sbatch_cli']
 
@@ -99,15 +100,7 @@ def spec_from_config(cfg:TrainConfig, **kw) -> SlurmSpec:
     shape = dict(nodes=C.nodes, gpus_per_node=C.gpus_per_node if C.device != "cpu" else 0, cpus_per_node=C.cpus_per_node)
     return SlurmSpec(**{**shape, **kw})
 
-# %% ../nbs/09_slurm.ipynb 18
-def fill(template:str, **values) -> str:
-    "Replace every `{{name}}` in `template` with `values[name]`; raise if a hole is left."
-    out = re.sub(r"\{\{(\w+)\}\}", lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
-    left = sorted(set(re.findall(r"\{\{(\w+)\}\}", out)))
-    if left: raise KeyError(f"template holes without a value: {left}")
-    return out
-
-# %% ../nbs/09_slurm.ipynb 21
+# %% ../nbs/09_slurm.ipynb 20
 def sbatch_header(spec:SlurmSpec) -> list[str]:
     "The `#SBATCH` lines of `spec`."
     opts = [f"--job-name={spec.job_name}", f"--nodes={spec.nodes}", "--ntasks-per-node=1"]
@@ -120,7 +113,7 @@ def sbatch_header(spec:SlurmSpec) -> list[str]:
     opts += [f"--signal=B:USR1@{spec.signal_s}", f"--output={spec.log_dir}/%x-%j.out", *spec.extra_sbatch]
     return [f"#SBATCH {o}" for o in opts]
 
-# %% ../nbs/09_slurm.ipynb 25
+# %% ../nbs/09_slurm.ipynb 24
 NETWORK_ENV:dict[str, dict[str, tuple[str, str]]] = {
     "common": {
         "NCCL_CUMEM_ENABLE": ("0", "vLLM weight broadcast over NCCL hangs without it (open-instruct sets it too)"),
@@ -156,7 +149,7 @@ def env_vars(spec:SlurmSpec) -> dict[str, tuple[str, str]]:
     out.update({k: (v, "set by this script's SlurmSpec.env") for k, v in spec.env.items()})
     return out
 
-# %% ../nbs/09_slurm.ipynb 29
+# %% ../nbs/09_slurm.ipynb 28
 def env_block(spec:SlurmSpec) -> list[str]:
     "Shell lines that load the software environment and export the variables."
     out = ["# ---- 2. Software and variables (srun steps and Ray workers inherit them) ----"]
@@ -172,7 +165,7 @@ def env_block(spec:SlurmSpec) -> list[str]:
     out += [f"{l:<{w}}  # {why}" for l, why in lines]
     return out
 
-# %% ../nbs/09_slurm.ipynb 33
+# %% ../nbs/09_slurm.ipynb 32
 def knobs_block(spec:SlurmSpec) -> list[str]:
     "Variables with defaults that a submission's environment can override."
     knobs = [
@@ -194,7 +187,7 @@ def knobs_block(spec:SlurmSpec) -> list[str]:
     out.append("export RAY_PORT RAY_NODE_PORT_BASE RAY_WAIT_S RAY_TMPDIR_BASE NODE_IP_CMD   # read by ray_node_setup.sh")
     return out
 
-# %% ../nbs/09_slurm.ipynb 37
+# %% ../nbs/09_slurm.ipynb 36
 FUNCTIONS_HEAD = r'''log() { echo "[grpo.sbatch $(date +%T)] $*"; }
 job_field() {  # job_field NAME: one field of `scontrol show job -o $SLURM_JOB_ID` (read once into JOB_INFO)
   sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<"$JOB_INFO"
@@ -215,7 +208,7 @@ on_stop() {  # the trap: SIGUSR1 (walltime near) or SIGTERM (scancel, walltime):
   return 0
 }'''
 
-# %% ../nbs/09_slurm.ipynb 40
+# %% ../nbs/09_slurm.ipynb 39
 FUNCTIONS_STOP = r'''stop_ray() {  # the head leaves first; every worker sees it go, stops its Ray and exits 0
   if [ -n "${CODE_PID:-}" ]; then kill -TERM "$CODE_PID" 2>/dev/null; fi
   [ "${#RAY_PIDS[@]}" -gt 0 ] || return 0
@@ -233,7 +226,7 @@ FUNCTIONS_STOP = r'''stop_ray() {  # the head leaves first; every worker sees it
   RAY_PIDS=()
 }'''
 
-# %% ../nbs/09_slurm.ipynb 42
+# %% ../nbs/09_slurm.ipynb 41
 BLOCK_START = r'''STOP_REQUESTED=0 TRAIN_PID= RAY_PIDS=() HOSTS=() CODE_PID=
 trap 'on_stop USR1' USR1
 trap 'on_stop TERM' TERM
@@ -253,7 +246,7 @@ OVERRIDES=(${BAKED[@]+"${BAKED[@]}"} "$@")   # (this form also works under `set 
 [ -f "$SCRIPT_DIR/ray_node_setup.sh" ] || { log "no ray_node_setup.sh next to $SCRIPT: keep the two files together"; exit 2; }
 log "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $SCRIPT $CONFIG ${OVERRIDES[*]}"'''
 
-# %% ../nbs/09_slurm.ipynb 44
+# %% ../nbs/09_slurm.ipynb 43
 BLOCK_RUN = r'''# ---- 4. The run, as grpo_nb reads CONFIG: OUTPUT_DIR CKPT_DIR TOTAL_STEPS CODE_REWARDS ----
 RUN_ENV=$(python -c 'import sys; from grpo_nb.preflight import job_env_cli; sys.exit(job_env_cli())' --baked "${#BAKED[@]}" "$CONFIG" "${OVERRIDES[@]}") \
   || { log "cannot run CONFIG=$CONFIG with this job (message above)"; exit 2; }
@@ -263,7 +256,7 @@ LEDGER=$OUTPUT_DIR/slurm_chain.log
 chain_ledger_start
 log "chain: job $((GRPO_CHAIN_INDEX + 1)) (ledger: $JOBS_IN_CHAIN) of at most MAX_JOB_CHAINS=$MAX_JOB_CHAINS; checkpoints in $CKPT_DIR"'''
 
-# %% ../nbs/09_slurm.ipynb 46
+# %% ../nbs/09_slurm.ipynb 45
 BLOCK_RAY = r'''# ---- 5. Ray: the head on this node (the first of the job), then a worker on every other node ----
 mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD=${HOSTS[0]}
@@ -300,7 +293,7 @@ while kill -0 "$WAIT_PID" 2>/dev/null; do   # a node whose Ray step has ended wi
 done
 wait "$WAIT_PID" || { log "the Ray cluster did not form: stopping (no chain)"; stop_ray; exit 1; }'''
 
-# %% ../nbs/09_slurm.ipynb 48
+# %% ../nbs/09_slurm.ipynb 47
 BLOCK_CODE = r'''# ---- 6. The code-execution reward service on the head node, when a reward function runs code ----
 CODE_URL=
 if [ "$CODE_REWARDS" = 1 ]; then
@@ -316,7 +309,7 @@ if [ "$CODE_REWARDS" = 1 ]; then
   log "code-execution service at $CODE_URL (log: $LOG_DIR/code-server-$SLURM_JOB_ID.log)"
 fi'''
 
-# %% ../nbs/09_slurm.ipynb 50
+# %% ../nbs/09_slurm.ipynb 49
 BLOCK_TRAIN = r'''# ---- 7. Train here, in the background behind `wait`, so that the trap can forward the signal ----
 EXTRA=(--cluster.ray_address=auto ${CODE_URL:+--reward.code_service_url=$CODE_URL})
 START_STEP=$(latest_step) TRAIN_RC=0
@@ -335,14 +328,14 @@ fi
 END_STEP=$(latest_step)
 log "trainer exit $TRAIN_RC; checkpoint step $START_STEP -> $END_STEP"'''
 
-# %% ../nbs/09_slurm.ipynb 52
+# %% ../nbs/09_slurm.ipynb 51
 BLOCK_END = r'''# ---- 8. The next job of the chain, then Ray down; exit with the trainer's status ----
 chain_next "$TRAIN_RC" "$START_STEP" "$END_STEP"
 stop_ray
 log "done"
 exit "$TRAIN_RC"'''
 
-# %% ../nbs/09_slurm.ipynb 54
+# %% ../nbs/09_slurm.ipynb 53
 def render_sbatch(spec:SlurmSpec, name:str="grpo.sbatch") -> str:
     "The batch script of `spec`, as text."
     intro = [f"#!/bin/bash", f"# {name}: {spec.description}",
@@ -358,13 +351,13 @@ def render_sbatch(spec:SlurmSpec, name:str="grpo.sbatch") -> str:
     return fill(text, default_config=shlex.quote(spec.config) if spec.config else "",
                 default_overrides=ov, code_server_cmd=spec.code_server_cmd)
 
-# %% ../nbs/09_slurm.ipynb 57
+# %% ../nbs/09_slurm.ipynb 56
 def bash_syntax_errors(text:str) -> str:
     "What `bash -n` says about a script ('' when the syntax is fine)."
     p = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
     return p.stderr.strip()
 
-# %% ../nbs/09_slurm.ipynb 61
+# %% ../nbs/09_slurm.ipynb 60
 NODE_SETUP = r'''#!/bin/bash
 # ray_node_setup.sh: Ray on one node of a SLURM job, kept alive until the job is done with it.
 # Generated by grpo_nb.slurm (nbs/09_slurm.ipynb); do not edit by hand.
@@ -429,7 +422,7 @@ def render_node_setup(spec:SlurmSpec) -> str:
     "The per-node Ray bootstrap script, as text."
     return fill(NODE_SETUP, ray_port=spec.ray_port, ray_node_port_base=spec.ray_node_port_base)
 
-# %% ../nbs/09_slurm.ipynb 64
+# %% ../nbs/09_slurm.ipynb 63
 def ray_hosts(nodes:list[dict]) -> dict[str, float]:
     "SLURM host -> GPUs, for the live nodes of `ray.nodes()` that carry a `slurm_node_<host>` resource."
     out = {}
@@ -445,7 +438,7 @@ def missing_hosts(expected:list[str], seen:dict[str, float], gpus_per_node:int) 
     out = [f"{h} (no Ray node)" for h in expected if h not in seen]
     return out + [f"{h} ({seen[h]:g} of {gpus_per_node} GPUs)" for h in expected if h in seen and seen[h] < gpus_per_node]
 
-# %% ../nbs/09_slurm.ipynb 66
+# %% ../nbs/09_slurm.ipynb 65
 def _port_open(address:str, timeout:float=2.0) -> bool:
     import socket
     host, port = address.rsplit(":", 1)
@@ -478,7 +471,7 @@ def wait_for_ray(address:str, hosts:list[str], gpus_per_node:int, timeout:float=
             f"reach {address} (firewall, or the head's address is on the wrong interface: set NODE_IP_CMD), RAY_AUTH_MODE "
             f"differs between nodes, or a node's Ray ports are taken (change RAY_NODE_PORT_BASE).")
 
-# %% ../nbs/09_slurm.ipynb 70
+# %% ../nbs/09_slurm.ipynb 69
 def wait_ray_command(hosts:list[str], # SLURM hosts that must join (scontrol show hostnames)
                      *, address:str, # head GCS address host:port
                      gpus_per_node:int=0, # GPUs each host must bring
@@ -494,7 +487,7 @@ def wait_ray_cli(argv:list[str]|None=None) -> int:
     "`wait_ray_cli --address A --gpus-per-node G --timeout S HOST...` (what the scripts run): the exit code of `wait_ray_command`."
     return run_cli(wait_ray_command, argv, "wait_ray")
 
-# %% ../nbs/09_slurm.ipynb 74
+# %% ../nbs/09_slurm.ipynb 73
 LADDER:dict[str, SlurmSpec] = {
     "grpo.sbatch": SlurmSpec(),
     "debug_tiny.sbatch": SlurmSpec(
@@ -524,7 +517,7 @@ def render_scripts(out_dir:str|Path="sbatch") -> list[Path]:
         p.chmod(0o755); paths.append(p)
     return paths
 
-# %% ../nbs/09_slurm.ipynb 81
+# %% ../nbs/09_slurm.ipynb 80
 _SBATCH_OPTIONS = ["nodes", "gpus_per_node", "cpus_per_node", "time", "partition", "account", "qos", "signal_s",
                    "max_job_chains", "log_dir", "venv", "job_name", "mem", "train_cmd", "network", "nccl_debug"]
 

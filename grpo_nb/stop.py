@@ -8,7 +8,7 @@ import os, signal, threading
 from pathlib import Path
 
 # %% auto 0
-__all__ = ['SIGNALS', 'catch_early', 'early_signals', 'StopFlag']
+__all__ = ['SIGNALS', 'catch_early', 'early_signals', 'StopFlag', 'settle']
 
 # %% ../nbs/02b_stop.ipynb 5
 SIGNALS = ("SIGUSR1", "SIGTERM")
@@ -46,3 +46,12 @@ class StopFlag:
     def __exit__(self, *exc):
         for sig, h in self._old.items(): signal.signal(sig, h)
         self._old = {}
+
+# %% ../nbs/02b_stop.ipynb 12
+def settle(status:int=0, # the exit status the run earned, passed through
+          ) -> int: # `status`, so that an entry point ends with `sys.exit(settle(main()))`
+    "The run is over (its last checkpoint is written): ignore SIGUSR1/SIGTERM from now on (main thread only), so a late signal cannot turn exit 0 into 138."
+    if threading.current_thread() is threading.main_thread():
+        for name in SIGNALS: signal.signal(getattr(signal, name), signal.SIG_IGN)
+    return status
+

@@ -4,17 +4,18 @@
 
 # %% ../nbs/08_trainer.ipynb 3
 from __future__ import annotations
-import contextlib, copy, dataclasses, json, math, os, random, signal, sys, time
-from dataclasses import dataclass, field
+import contextlib, copy, dataclasses, json, math, os, random, sys, time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 from fastcore.basics import patch
 from .config import ConfigError, TrainConfig, derive, load_config, run_cli, to_dict, to_yaml, validate
 from .stop import StopFlag, catch_early
-from .run import MetricsLog, load_rows, read_metrics
+from .actors import local_ray_node
+from .run import MetricsLog, load_rows, read_metrics, run_command
 from .learner import TrainBatch, LearnerGroup
-from .checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, read_latest, write_latest
-from .tiny import resolve_model
+from .checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, write_latest
+from .models import resolve_model
 from .colocate import check_sleep_mode
 from .loss import group_advantages, zero_variance_groups
 from .placement import create_placement_groups, placed_actor_options, Layout
@@ -149,39 +150,21 @@ def preflight_run(cfg:TrainConfig, # a validated config
 _ENGINE_ENV = {"RAY_AUTH_MODE": "disabled", "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1", "DS_BUILD_OPS": "0",
                "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
 
-def _children() -> set:
-    import psutil
-    return {p.pid for p in psutil.Process().children(recursive=True)}
-
-def _kill(pids:set):
-    "SIGKILL these processes (ours: children of this process)."
-    import psutil
-    for pid in pids:
-        with contextlib.suppress(psutil.Error): psutil.Process(pid).kill()
-
 def start_ray(cfg:TrainConfig, # the run's config
               layout, # `grpo_nb.placement.Layout` of the run
               temp_dir:str|None=None, # Ray's session directory root (local clusters)
-             ) -> None:
-    "Connect to (or start) the Ray cluster of this run."
+             ): # the local cluster this process started (`Run.close` stops it), or None when joining one
+    "Connect to (or start) the Ray cluster of this run; a local start survives a busy machine (`grpo_nb.actors.local_ray_node`)."
     import ray
     addr = cfg.cluster.ray_address
-    if addr == "local":
-        for k, v in _ENGINE_ENV.items(): os.environ.setdefault(k, v)   # this process and the actors it starts
-        cpus = layout.learner_world_size * layout.cpus_per_learner + layout.num_engines * layout.tp * layout.cpus_per_engine_worker
-        gpus = cfg.cluster.gpus_per_node if layout.device == "cuda" else 0
-        for attempt in range(5):   # a saturated machine can miss the raylet's 15 s start-up window: retry
-            before = _children()
-            try:
-                ray.init(address="local", num_cpus=max(2, math.ceil(cpus)), num_gpus=gpus, include_dashboard=False, log_to_driver=False,
-                         object_store_memory=256 * 2**20 if layout.device == "cpu" else None,
-                         _temp_dir=None if temp_dir is None else f"{temp_dir}/{attempt}", configure_logging=False)
-                return
-            except Exception as e:
-                ray.shutdown()
-                _kill(_children() - before)   # a failed start leaves its GCS, monitor and dashboard running
-                if "timed out during startup" not in str(e) or attempt == 4: raise
-    else: ray.init(address=addr, log_to_driver=False)
+    if addr != "local":
+        ray.init(address=addr, log_to_driver=False); return None
+    for k, v in _ENGINE_ENV.items(): os.environ.setdefault(k, v)   # this process and the actors it starts
+    cpus = layout.learner_world_size * layout.cpus_per_learner + layout.num_engines * layout.tp * layout.cpus_per_engine_worker
+    gpus = cfg.cluster.gpus_per_node if layout.device == "cuda" else 0
+    c = local_ray_node(max(2, math.ceil(cpus)), gpus, 256 * 2**20 if layout.device == "cpu" else None, temp_dir)
+    ray.init(address=c.address, log_to_driver=False, configure_logging=False)
+    return c
 
 def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
     R, M = cfg.rollout, cfg.model
@@ -312,7 +295,7 @@ class Run:
                 ):
         self.cfg, self.d = cfg, derive(cfg)
         self.stop, self.on_step = stop or StopFlag(), on_step
-        self.actors = self.log = self.bar = None
+        self.actors = self.log = self.bar = self.cluster = None
         self.out, self.ckpt = Path(cfg.logging.output_dir), Path(self.d.checkpoint_dir)
         self.step = 0                 # steps completed
         self.resume_record = None     # the resumed checkpoint's own step record (see MetricsLog)
@@ -371,7 +354,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
         except WeightSyncError as e: raise ConfigError("rollout.weight_load", *str(e).split(" Fix: ", 1)) from None
         check_tensor_parallel(self.cfg.model.name_or_path, self.cfg.rollout.tensor_parallel_size, C.gpus_per_node)
     check_fits(self.cfg, self.layout.device)   # a layout the planner says cannot fit is refused before any GPU work
-    start_ray(self.cfg, self.layout, ray_temp_dir)
+    self.cluster = start_ray(self.cfg, self.layout, ray_temp_dir)
     self.actors = start_actors(self.cfg, self.layout)
     self.consumed = 0
     if resume_from:
@@ -543,6 +526,7 @@ def close(self:Run):
     stop_actors(self.actors); self.actors = None
     import ray
     if ray.is_initialized(): ray.shutdown()
+    if self.cluster is not None: self.cluster.shutdown(); self.cluster = None   # the local cluster this run started
 
 # %% ../nbs/08_trainer.ipynb 50
 def train(cfg:TrainConfig, # the run's config (validated again here)
@@ -588,19 +572,10 @@ def train_command(config:str, # YAML file or preset name (default, demo)
                   resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
                  ) -> int: # 0 finished or stopped with a checkpoint, 2 configuration error (nothing started), 1 failed (`--resume auto` continues), 130 interrupted
     "Run GRPO training from a YAML config or preset (or resume it); print the run's summary as JSON."
-    try:
+    def body():
         cfg = load_config(config, [*overrides, *([f"--checkpoint.resume={resume}"] if resume is not None else [])])
-        summary = train(cfg)
-    except ConfigError as e:
-        print(f"grpo_nb train: error: {e}", file=sys.stderr); return 2
-    except KeyboardInterrupt:
-        print("grpo_nb train: interrupted; resume with --resume auto from the last complete checkpoint.", file=sys.stderr); return 130
-    except Exception as e:
-        import traceback; traceback.print_exc()
-        print(f"grpo_nb train: failed: {type(e).__name__}: {e}\nThe last complete checkpoint is kept; `--resume auto` continues from it.", file=sys.stderr)
-        return 1
-    print(json.dumps(summary, indent=1, default=str))
-    return 0
+        print(json.dumps(train(cfg), indent=1, default=str))
+    return run_command("grpo_nb train", body)
 
 def train_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."

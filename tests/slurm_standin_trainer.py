@@ -22,6 +22,7 @@ import argparse, json, os, signal, sys, time
 from pathlib import Path
 
 from grpo_nb.config import load_config, derive
+from grpo_nb.stop import settle
 
 STOP = []
 
@@ -106,4 +107,4 @@ def main(argv=None):
     return 0
 
 
-if __name__ == "__main__": sys.exit(main())
+if __name__ == "__main__": sys.exit(settle(main()))   # as grpo_nb's entry points: a signal after the last checkpoint is a clean stop

@@ -66,8 +66,8 @@ def test_kill_and_resume_continues_exactly(reference, tmp_path):
     assert summary["weights_sha256"] == ref_summary["weights_sha256"]  # bit-identical to the run that never stopped
 
 
-def test_sigusr1_checkpoints_and_exits_cleanly(tmp_path):
-    "What ddp.sbatch's trap does before the walltime: SIGUSR1 to the workers -> all ranks checkpoint at the next step, exit 0."
+def test_sigusr1_checkpoints_exits_cleanly_and_resumes_exactly(reference, tmp_path):
+    "What ddp.sbatch's trap does before the walltime: SIGUSR1 to the workers -> all ranks checkpoint at the next step, exit 0; the resumed run continues exactly."
     import signal, time
     out = tmp_path / "sig"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
@@ -76,8 +76,8 @@ def test_sigusr1_checkpoints_and_exits_cleanly(tmp_path):
     p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.time() + 240
-        while not ((out / "metrics.jsonl").exists() and len(records(out)) >= 2):
-            assert p.poll() is None and time.time() < deadline, "the run ended or stalled before two steps"
+        while not ((out / "metrics.jsonl").exists() and len(records(out)) >= 1):
+            assert p.poll() is None and time.time() < deadline, "the run ended or stalled before its first step"
             time.sleep(0.5)
         assert subprocess.run(["pkill", "-USR1", "-P", str(p.pid)]).returncode == 0  # the workers (torchrun's children), as the trap does
         log = p.communicate(timeout=120)[0]
@@ -87,6 +87,15 @@ def test_sigusr1_checkpoints_and_exits_cleanly(tmp_path):
     summary, steps = json.loads((out / "summary.json").read_text()), [r["step"] for r in records(out)]
     assert summary["stopped"] and summary["weights_identical"] and steps == list(range(1, summary["step"] + 1))
     assert (out / "checkpoints" / "latest").read_text().split()[-1] == str(summary["step"]) and summary["step"] < 1000
+    k = summary["step"]
+    assert k < STEPS, f"stopped at step {k}: too late to compare the resumed steps with the {STEPS}-step reference"
+    resumed = torchrun(out, "--resume", "auto", "--eval_every=0")   # the constant learning rate does not depend on total_steps
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    recs, ref = records(out), records(reference)
+    assert [r["step"] for r in recs] == list(range(1, STEPS + 1))   # nothing repeated, nothing skipped
+    for a, b in zip(recs[k:], ref[k:]):   # the steps after the signal: the same as the run that never stopped
+        for key in ("position", "reward_mean", "tokens", "loss", "grad_norm"): assert a[key] == b[key], (key, a[key], b[key])
+    assert json.loads((out / "summary.json").read_text())["weights_sha256"] == json.loads((reference / "summary.json").read_text())["weights_sha256"]
 
 
 def test_bad_override_fails_with_the_fix(monkeypatch, capsys):

@@ -97,3 +97,47 @@ def scenario_bootstrap(out:Path):
 
 if __name__ == "__main__":
     {"bootstrap": scenario_bootstrap}[sys.argv[1]](Path(sys.argv[2]))
+
+
+BUSY_START = r'''
+import json, sys, time
+import ray
+from grpo_nb.config import load_config
+from grpo_nb.placement import Layout
+from grpo_nb.trainer import start_ray
+cfg = load_config("demo")
+layout = Layout.from_config(cfg, cfg.cluster.cpus_per_learner, cfg.cluster.cpus_per_engine_worker)
+t0 = time.monotonic()
+c = start_ray(cfg, layout, sys.argv[1])
+res = {"start_s": time.monotonic() - t0, "cpus": ray.cluster_resources().get("CPU")}
+ray.shutdown(); c.shutdown()
+print(json.dumps(res))
+'''
+
+def test_the_trainers_ray_start_on_a_machine_with_every_core_busy(ray_tmp):
+    "The GRPO trainer's local Ray start while another process keeps every core busy: it comes up, and it leaves nothing behind."
+    load = subprocess.Popen([sys.executable, "-c", "import multiprocessing as m, os\n"
+                             "def spin():\n    while True: pass\n"
+                             "ps = [m.Process(target=spin, daemon=True) for _ in range(os.cpu_count())]\n[p.start() for p in ps]; [p.join() for p in ps]"],
+                            start_new_session=True)
+    try:
+        time.sleep(1)   # the cores are busy before Ray starts
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        p = subprocess.run([sys.executable, "-c", BUSY_START, str(Path(ray_tmp) / "ray")], env=env, capture_output=True, text=True, timeout=400)
+    finally:
+        os.killpg(load.pid, signal.SIGKILL); load.wait()
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["cpus"] >= 2, r
+    time.sleep(1)
+    assert not processes_mentioning(ray_tmp)
+
+
+def test_a_failed_ray_start_names_the_cause(monkeypatch):
+    "After its last try, the start says what failed, the load it saw and the fix."
+    import ray.cluster_utils
+    from grpo_nb.actors import local_ray_node
+    def fail(self, **kw): raise RuntimeError("The current node timed out during startup.")
+    monkeypatch.setattr(ray.cluster_utils.Cluster, "add_node", fail)
+    with pytest.raises(RuntimeError, match=r"did not start on this machine in 2 tries \(load average .*timed out during startup.*--cluster.ray_address=auto"):
+        local_ray_node(2, attempts=2)

@@ -58,6 +58,9 @@ def test_launch_script(tmp_path):
     r = subprocess.run(["bash", "-n", str(p)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "python -m grpo_nb.self_correction" in p.read_text() and os.access(p, os.X_OK)
+    text = p.read_text()   # the walltime signal is trapped and passed on; a clean stop requeues the job, which resumes from its checkpoints
+    assert "#SBATCH --signal=B:USR1@" in text and "trap 'on_stop USR1' USR1" in text and "run_and_requeue python -m grpo_nb.self_correction" in text
+    assert '--checkpoint_dir="$OUT/checkpoints" --resume=auto' in text and "scontrol requeue" in text
 
 
 # ---- the trainer at scale: data parallelism, checkpoints, the GPU benchmark's script ------------------------------------
@@ -92,7 +95,8 @@ def test_two_ranks_sum_to_one_batch_and_stay_in_step(tmp_path):
     import torch.multiprocessing as tmp_mp
     from grpo_nb.self_correction import SCConfig, load_models, run_episodes, update
     from grpo_nb.checkpoint import read_latest, verify_checkpoint
-    from grpo_nb.tiny import free_port, make_arithmetic
+    from grpo_nb.actors import free_port
+    from grpo_nb.tiny import make_arithmetic
     tmp_mp.spawn(_dp_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     # the single-process gradients on all six episodes
     cfg = SCConfig(episodes=6)
@@ -145,3 +149,55 @@ def test_own_problems_and_reward(tmp_path):
     assert [m["step"] for m in res["metrics"]] == [1, 2]                     # 4 episodes from 3 rows: cycled
     with pytest.raises(ConfigError, match="--prompt_key=<field>"): train(SCConfig(steps=1, episodes=2, data=str(f)), digests=False)
     with pytest.raises(ConfigError, match="--reward=math"): load_sc_config(None, ["--reward=nope"])
+
+
+def test_sigusr1_checkpoints_exits_0_and_the_resumed_run_continues_exactly(tmp_path):
+    "The walltime signal mid-run: a checkpoint of the step it was on, exit 0, metrics.jsonl; the resumed run ends where the uninterrupted one does."
+    import json, signal, sys, time
+    from grpo_nb.self_correction import SCConfig, train
+    ref = train(SCConfig(steps=30, episodes=2))   # never interrupted (long enough for a late signal on a busy machine)
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    cmd = [sys.executable, "-m", "grpo_nb.self_correction", "--episodes=2", f"--checkpoint_dir={ck}", f"--out={out}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([*cmd, "--steps=1000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while not ((out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines()) >= 2):
+            assert p.poll() is None and time.time() < deadline, "the run ended or stalled before two steps"
+            time.sleep(0.1)
+        p.send_signal(signal.SIGUSR1)
+        log = p.communicate(timeout=120)[0]
+    finally:
+        if p.poll() is None: p.kill()
+    assert p.returncode == 0, log[-3000:]
+    stopped = json.loads((out / "summary.json").read_text())
+    k = stopped["last_step"]
+    assert stopped["stopped_by"] == "SIGUSR1" and 2 <= k <= 28, (stopped["stopped_by"], k)
+    assert (ck / "latest").read_text().split()[-1] == str(k)
+    r = subprocess.run([*cmd, f"--steps={k + 2}"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    resumed = json.loads((out / "summary.json").read_text())
+    assert Path(resumed["resumed_from"]).name == f"step_{k:08d}" and resumed["stopped_by"] is None
+    assert resumed["digests"] == {role: d[:k + 3] for role, d in ref["digests"].items()}   # every model, after every step
+    assert [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()] == list(range(1, k + 3))
+
+
+def test_signals_after_the_last_checkpoint_are_a_clean_stop(tmp_path):
+    "The walltime signal arriving again and again while the process shuts down after its last checkpoint: exit 0, never death by SIGUSR1."
+    import signal, sys, time
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "grpo_nb.self_correction", "--steps=1", "--episodes=2", f"--checkpoint_dir={tmp_path / 'ck'}", f"--out={out}"]
+    p = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (out / "summary.json").exists():   # written after the last checkpoint
+            assert p.poll() is None and time.time() < deadline, "the run ended or stalled before its summary"
+            time.sleep(0.02)
+        while p.poll() is None:
+            try: p.send_signal(signal.SIGUSR1)
+            except ProcessLookupError: break
+            time.sleep(0.002)
+        log = p.communicate(timeout=60)[0]
+    finally:
+        if p.poll() is None: p.kill()
+    assert p.returncode == 0, (p.returncode, log[-2000:])
