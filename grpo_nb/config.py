@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, get_args, get_origin, get_type_hints
 import yaml
 from fastcore.docments import docments
+from .plugins import PluginError, find_plugin
 
 # %% auto 0
 __all__ = ['GPU_MIB', 'PRESETS', 'TRAINERS', 'TRANSLATORS', 'ConfigError', 'ModelConfig', 'DataConfig', 'RolloutConfig',
@@ -48,6 +49,7 @@ class DataConfig:
     max_prompt_tokens:int=512 # longer prompts are dropped (and counted) at load time
     shuffle_seed:int=0 # seed of the epoch-wise shuffle; the data position is checkpointed
     eval_limit:int=256 # evaluate on at most this many held-out prompts (0: all of them)
+    plugins:list[str]=field(default_factory=list) # modules or `.py` files imported on the driver and every Ray worker before the data is read (`grpo_nb.plugins`)
 
 # %% ../nbs/00_config.ipynb 11
 @dataclass
@@ -142,7 +144,8 @@ class ClusterConfig:
 @dataclass
 class RewardConfig:
     "Which verifiable rewards score a completion, and how code is run."
-    functions:dict[str,float]=field(default_factory=lambda: {"math": 1.0}) # reward name -> weight (names from `grpo_nb.rewards`)
+    functions:dict[str,float]=field(default_factory=lambda: {"math": 1.0}) # reward name -> weight (names from `grpo_nb.rewards`, or registered by a plug-in)
+    plugins:list[str]=field(default_factory=list) # your reward functions: modules or `.py` files that `@register` them, imported on the driver and every Ray worker (`grpo_nb.plugins`)
     code_service_url:str="" # code-execution service (http://host:port); empty: run tests in-process in the sandbox
     code_timeout_s:float=10.0 # wall-clock limit per program
     allow_unisolated:bool=False # run code without a network namespace when none can be made (unsafe)
@@ -243,8 +246,11 @@ def _coerce(value, t, where:str):
         if isinstance(value, (dict, list)): raise ConfigError(where, f"expected a string (got {value!r}).")
         return "" if value is None else str(value)
     if origin is list:
+        if isinstance(value, str) and "," in value: value = [v.strip() for v in value.strip("[]").split(",")]   # --x=2,2
         if not isinstance(value, (list, tuple)): value = [value]
-        return [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+        try: return [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+        except ConfigError as e:
+            raise ConfigError(where, f"item {e.where.removeprefix(where)} {e.problem}", f"--{where}=[{','.join([{int: '1', float: '0.5'}.get(args[0], 'x')] * 2)}] (or 1,1: a list, one {_type_name(args[0])} an item)") from None
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(where, f"expected a mapping (got {value!r}).", f"--{where}=" + "{name: value}")
@@ -401,6 +407,13 @@ def validate_reward(W:RewardConfig) -> None:
     for name, w in W.functions.items():
         _check(w == w and abs(w) != float("inf"), f"reward.functions.{name}", f"weight must be a finite number (got {w}).")
     _check(bool(W.functions), "reward.functions", "at least one reward function is needed.", "--reward.functions={math: 1.0}")
+    _find_plugins(W.plugins, "reward.plugins")
+
+def _find_plugins(specs:list[str], where:str):
+    "Every plug-in can be found (none is run: that is `grpo_nb.plugins.load_plugins`'s, in the commands that own a registry)."
+    try:
+        for s in specs: find_plugin(s, where)
+    except PluginError as e: raise ConfigError(e.where, e.problem, e.fix) from None
 
 def validate(cfg:TrainConfig) -> TrainConfig:
     "Raise `ConfigError` naming the field and the fix for the first bad value in `cfg`; return `cfg` if all is well."
@@ -411,6 +424,12 @@ def validate(cfg:TrainConfig) -> TrainConfig:
     validate_learner(L); validate_rollout(R); validate_cluster(C); validate_reward(cfg.reward)
     # between sections
     if R.placement == "colocated": _check_colocated(cfg)
+    _find_plugins(D.plugins, "data.plugins")
+    need = D.max_prompt_tokens + R.max_new_tokens   # the longest sequence a step can hold: the longest kept prompt + its completion
+    _check(L.pack_length == 0 or L.pack_length >= need, "learner.pack_length",
+           f"packs of {L.pack_length} tokens cannot hold a sequence of up to {need} tokens (data.max_prompt_tokens {D.max_prompt_tokens} + "
+           f"rollout.max_new_tokens {R.max_new_tokens}); the packer would stop at the first such sequence.",
+           f"--learner.pack_length={need}, or lower --data.max_prompt_tokens / --rollout.max_new_tokens to fit {L.pack_length}")
     if C.device != "cpu":
         _check(R.tensor_parallel_size <= C.gpus_per_node, "rollout.tensor_parallel_size",
                f"TP={R.tensor_parallel_size} spans nodes of {C.gpus_per_node} GPUs; tensor parallelism must stay inside a node.",
@@ -425,7 +444,7 @@ def validate(cfg:TrainConfig) -> TrainConfig:
            "without a sequence in a mini-batch.", f"--learner.num_mini_batches={max(1, d.sequences_per_step // d.learner_world_size)}")
     return cfg
 
-# %% ../nbs/00_config.ipynb 43
+# %% ../nbs/00_config.ipynb 45
 PRESETS:dict[str, dict] = {
     "default": {},
     "demo": {  # a tiny policy learning arithmetic on a 2-core CPU with a real vLLM engine, DeepSpeed and Ray
@@ -518,7 +537,7 @@ def to_yaml(cfg) -> str:
     "The config as YAML, every section in declaration order."
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
-# %% ../nbs/00_config.ipynb 48
+# %% ../nbs/00_config.ipynb 50
 def _arg_kwargs(anno, # a parameter's annotation
                 default, # its default
                ) -> dict:
@@ -534,7 +553,7 @@ def _fill(text:str|None, fill:dict|None) -> str|None:
     for k, v in (fill or {}).items(): text = text.replace("{" + k + "}", str(v)) if text else text
     return text
 
-# %% ../nbs/00_config.ipynb 49
+# %% ../nbs/00_config.ipynb 51
 def cli_parser(func, # the command: positional parameters are positional arguments, keyword-only ones --flags
                prog:str, # the command as its usage line shows it
                epilog:str="", # text after the overrides' and the exit codes' docments
@@ -563,7 +582,7 @@ def cli_parser(func, # the command: positional parameters are positional argumen
     if var: p.usage = p.format_usage().removeprefix("usage: ").rstrip().replace("%", "%%") + f" [{var} ...]"
     return p
 
-# %% ../nbs/00_config.ipynb 57
+# %% ../nbs/00_config.ipynb 59
 def run_cli(func, # the command (see `cli_parser`)
             argv:list[str]|None, # its command line (None: sys.argv[1:])
             prog:str, # the command as its usage line shows it
@@ -592,7 +611,7 @@ def run_cli(func, # the command (see `cli_parser`)
     except SystemExit as e: return int(e.code or 0)
     return int(func(*lead, *[kw.pop(n, params[n].default) for n in pos[len(lead):]], *rest, **kw) or 0)
 
-# %% ../nbs/00_config.ipynb 60
+# %% ../nbs/00_config.ipynb 62
 TRANSLATORS:dict[str, str] = {"--from-open-instruct": "grpo_nb.open_instruct:translate_cli"}
 "Flags of `grpo_nb config` that hand the rest of the command line to a translator (`module:function`, imported when used, as the `grpo_nb` commands are: the translators build on this module)."
 

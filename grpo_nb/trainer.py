@@ -18,7 +18,8 @@ from .tiny import resolve_model
 from .colocate import check_sleep_mode
 from .loss import group_advantages, zero_variance_groups
 from .placement import create_placement_groups, placed_actor_options, Layout
-from .rewards import check_functions, compute_rewards, RewardContext
+from .rewards import REWARDS, compute_rewards, RewardContext
+from .plugins import PluginError, check_registered, import_plugins, load_plugins, worker_hook
 from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend, wait_ready
 from .weight_sync import connect_weight_sync, sync_weights, WeightSyncError, verify_weight_sync, vllm_load_mode
 
@@ -124,8 +125,10 @@ def preflight_run(cfg:TrainConfig, # a validated config
     for where, path in (("data.train_path", cfg.data.train_path), ("data.eval_path", cfg.data.eval_path)):
         if path and not path.startswith("builtin:") and not Path(path).exists():
             raise ConfigError(where, f"no such file {path!r}.", f"--{where}=<a .jsonl or .parquet file>" + (" or --data.eval_path=''" if where == "data.eval_path" else ""))
-    try: check_functions(cfg.reward.functions)
-    except ValueError as e: raise ConfigError("reward.functions", str(e).split(": ", 1)[-1]) from None
+    try:   # the plug-ins run here first, on the driver, before any registry is read (Ray workers: `start_ray`)
+        import_plugins(cfg.data.plugins, "data.plugins")
+        check_registered(cfg.reward.functions, REWARDS, added=load_plugins(cfg.reward.plugins, REWARDS))
+    except PluginError as e: raise ConfigError(e.where, e.problem, e.fix) from None
     if cfg.logging.wandb != "off":
         try: import wandb  # noqa: F401
         except ImportError: raise ConfigError("logging.wandb", "needs the `wandb` package, which is not installed.", "pip install wandb, or --logging.wandb=off") from None
@@ -173,13 +176,18 @@ def start_ray(cfg:TrainConfig, # the run's config
             try:
                 ray.init(address="local", num_cpus=max(2, math.ceil(cpus)), num_gpus=gpus, include_dashboard=False, log_to_driver=False,
                          object_store_memory=256 * 2**20 if layout.device == "cpu" else None,
-                         _temp_dir=None if temp_dir is None else f"{temp_dir}/{attempt}", configure_logging=False)
+                         _temp_dir=None if temp_dir is None else f"{temp_dir}/{attempt}", configure_logging=False, runtime_env=_plugin_env(cfg))
                 return
             except Exception as e:
                 ray.shutdown()
                 _kill(_children() - before)   # a failed start leaves its GCS, monitor and dashboard running
                 if "timed out during startup" not in str(e) or attempt == 4: raise
-    else: ray.init(address=addr, log_to_driver=False)
+    else: ray.init(address=addr, log_to_driver=False, runtime_env=_plugin_env(cfg))
+
+def _plugin_env(cfg:TrainConfig) -> dict|None:
+    "Ray's runtime_env that imports the config's plug-ins in every worker process before it runs anything."
+    specs = [*cfg.data.plugins, *cfg.reward.plugins]
+    return {"worker_process_setup_hook": worker_hook(specs)} if specs else None
 
 def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
     R, M = cfg.rollout, cfg.model
