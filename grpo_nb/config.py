@@ -136,6 +136,7 @@ class ClusterConfig:
     learners_per_node:list[int]=field(default_factory=lambda: [4]) # learner GPUs on each node that holds learners
     gpu:str="" # a GPU name from `GPU_MIB` (e.g. "GH200-96GB"): sets gpu_mem_gib to the total nvidia-smi reports; empty: gpu_mem_gib as given
     gpu_mem_gib:float=80.0 # memory of one GPU in GiB (2^30 bytes), for the planner
+    host_mem_gib:float=0.0 # memory of one node in GiB, for the planner's check of offloaded learner states (0: not checked; `grpo_nb preflight` reads it from sinfo)
     ray_address:str="local" # "local" starts Ray here, "auto" joins the cluster the sbatch script started, or host:port
     cpus_per_learner:float=1.0 # CPUs Ray reserves for each learner process (placement bundles)
     cpus_per_engine_worker:float=1.0 # CPUs Ray reserves for each engine TP worker (placement bundles)

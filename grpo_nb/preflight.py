@@ -7,14 +7,17 @@ from __future__ import annotations
 import json, os, re, shlex, shutil, subprocess, sys
 from pathlib import Path
 from .config import TrainConfig, ConfigError, load_config, derive, run_cli
+from .plugins import PluginError, check_registered, import_plugins, load_plugins
+from .rewards import REWARDS
+from .run import data_path, load_rows
 from .memory import plan_config, colocated_plan, GiB
-from .placement import Layout, PlacementError
+from .placement import Layout, idle_advice, PlacementError
 from .tiny import builtin_model
 
 # %% auto 0
-__all__ = ['Check', 'check_model', 'check_writable', 'parse_sinfo', 'check_nodes', 'check_memory', 'check_layout', 'preflight',
-           'preflight_command', 'preflight_cli', 'uses_code_rewards', 'job_env', 'check_baked', 'job_env_command',
-           'job_env_cli']
+__all__ = ['Check', 'check_model', 'check_writable', 'parse_sinfo', 'check_nodes', 'check_memory', 'check_layout', 'check_data',
+           'check_plugins', 'preflight', 'preflight_command', 'preflight_cli', 'uses_code_rewards', 'job_env',
+           'check_baked', 'job_env_command', 'job_env_cli']
 
 # %% ../nbs/09b_preflight.ipynb 6
 Check = tuple[str, str]  # (PASS | WARN | FAIL | SKIP, detail)
@@ -101,7 +104,8 @@ def check_memory(cfg:TrainConfig) -> Check:
         detail = f"learner + engine on one GPU: peak {cm.peak_bytes / GiB:.1f} GiB ({cm.phase} phase) of {cfg.cluster.gpu_mem_gib:.1f} GiB"
         return ("PASS", detail) if cm.fits else ("FAIL", f"{detail}; lower rollout.gpu_memory_utilization, or place engines apart (rollout.placement=split)")
     detail = f"learner peak {plan.learner.peak_bytes / GiB:.1f} GiB of {cfg.cluster.gpu_mem_gib:.1f} GiB"
-    if plan.fits: return "PASS", detail
+    if not (plan.gpus_fit and plan.host_fit): return "FAIL", "; ".join([detail, *plan.notes])
+    if plan.fits: return "PASS", "; ".join([detail, *[n for n in plan.notes if n.startswith("host")]])
     return "FAIL", f"{detail}; fixes: {'; '.join(plan.advice) or 'see grpo_nb plan'}"
 
 def check_layout(cfg:TrainConfig) -> Check:
@@ -115,20 +119,49 @@ def check_layout(cfg:TrainConfig) -> Check:
     if rc: return "FAIL", (err or out).strip()[:300]
     try: lay = json.loads(out)
     except ValueError: return "PASS", "layout feasible"
+    if lay.get("idle_gpus"): return "WARN", idle_advice(Layout.from_config(cfg))
     return "PASS", f"learner world {lay.get('learner_world_size')}, sync world {lay.get('sync_world_size')}, idle GPUs {lay.get('idle_gpus')}"
 
-# %% ../nbs/09b_preflight.ipynb 18
+# %% ../nbs/09b_preflight.ipynb 21
+def check_data(cfg:TrainConfig) -> Check:
+    "Whether the data files exist, are readable and hold rows with the configured fields (read through `grpo_nb.run.load_rows`)."
+    D, counts, first = cfg.data, [], None
+    try:
+        import_plugins(D.plugins, "data.plugins")
+        for where, path in (("data.train_path", D.train_path), ("data.eval_path", D.eval_path)):
+            if not path: continue
+            p = data_path(path)
+            if not path.startswith("builtin:") and p.exists() and not os.access(p, os.R_OK):
+                return "FAIL", f"{where}: cannot read {p}: fix its permissions"
+            rows = load_rows(path, D.prompt_key, D.answer_key, where)
+            if not rows: return "FAIL", f"{where}: {path} holds no rows"
+            counts.append(f"{where.split('.')[1].removesuffix('_path')} {len(rows)} rows"); first = first or rows[0]
+    except (ConfigError, PluginError) as e: return "FAIL", str(e)
+    return "PASS", f"{', '.join(counts)}; first prompt {str(first['prompt'])[:60]!r}, answer {str(first['answer'])[:30]!r}"
+
+def check_plugins(cfg:TrainConfig) -> Check:
+    "Import `reward.plugins` against `grpo_nb.rewards.REWARDS`, and check every name of `reward.functions` is registered."
+    try:
+        added = load_plugins(cfg.reward.plugins, REWARDS)
+        check_registered(cfg.reward.functions, REWARDS, added=added)
+    except PluginError as e: return "FAIL", str(e)
+    if not cfg.reward.plugins: return "PASS", f"built-in rewards {sorted(cfg.reward.functions)}"
+    return "PASS", f"{len(cfg.reward.plugins)} plug-in(s) imported; rewards {sorted(cfg.reward.functions)} registered" + (f" (new: {added})" if added else "")
+
+# %% ../nbs/09b_preflight.ipynb 23
 def preflight(cfg:TrainConfig, nodes:int|None=None, partition:str="", log_dir:str="logs", sinfo:str|None=None) -> list[tuple[str, str, str]]:
     "Every check of `cfg` before submission: rows (check, status, detail)."
     C, d = cfg.cluster, derive(cfg)
     gpus = C.gpus_per_node if C.device != "cpu" else 0
-    rows = [("model", *check_model(cfg.model.name_or_path)), ("memory plan", *check_memory(cfg)), ("layout", *check_layout(cfg)),
-            ("nodes (sinfo)", *check_nodes(nodes or C.nodes, gpus, partition, sinfo))]
+    rows = [("nodes", "FAIL", f"the config places work on {C.nodes} node(s) but you will ask for {nodes}: the job would stop at its start-up check. "
+                              f"Fix: --cluster.nodes={nodes} (grpo_nb sbatch --nodes {nodes} sets it), or --nodes {C.nodes}")] if nodes and nodes != C.nodes else []
+    rows += [("model", *check_model(cfg.model.name_or_path)), ("data", *check_data(cfg)), ("rewards", *check_plugins(cfg)),
+             ("memory plan", *check_memory(cfg)), ("layout", *check_layout(cfg)), ("nodes (sinfo)", *check_nodes(nodes or C.nodes, gpus, partition, sinfo))]
     for what, path in [("output dir", cfg.logging.output_dir), ("checkpoint dir", d.checkpoint_dir), ("log dir", log_dir)]:
         rows.append((what, *check_writable(path, what)))
     return rows
 
-# %% ../nbs/09b_preflight.ipynb 20
+# %% ../nbs/09b_preflight.ipynb 25
 def preflight_command(config:str, # YAML config or preset name
                       *overrides:str, # config fields as --section.field=value, as you will pass them at submission
                       nodes:int|None=None, # nodes you will ask for (default: cluster.nodes)
@@ -149,7 +182,7 @@ def preflight_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb preflight CONFIG [--nodes N] [--partition P] [--log-dir D] [overrides]`: check before you submit; exit 1 on a failure."
     return run_cli(preflight_command, argv, "grpo_nb preflight")
 
-# %% ../nbs/09b_preflight.ipynb 24
+# %% ../nbs/09b_preflight.ipynb 29
 def uses_code_rewards(cfg:TrainConfig) -> bool:
     "Whether a reward function of `cfg` runs code (needs the code-execution service; names containing 'code')."
     return any("code" in name for name, w in cfg.reward.functions.items() if w) and not cfg.reward.code_service_url
@@ -171,7 +204,7 @@ def job_env(cfg:TrainConfig, environ:dict) -> dict[str, str]:
     return {"OUTPUT_DIR": str(Path(cfg.logging.output_dir).resolve()), "CKPT_DIR": str(Path(d.checkpoint_dir).resolve()),
             "TOTAL_STEPS": str(cfg.total_steps), "CODE_REWARDS": "1" if uses_code_rewards(cfg) else "0"}
 
-# %% ../nbs/09b_preflight.ipynb 28
+# %% ../nbs/09b_preflight.ipynb 33
 def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and the submission's
                 submitted:TrainConfig, # CONFIG with the submission's overrides only
                 baked:list[str], # the overrides baked into the script
@@ -186,7 +219,7 @@ def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and 
                               f"but {config} as submitted says {mine}: refusing before Ray starts, so that no other run's checkpoints are read or moved.",
                               f"regenerate the script for this config (grpo_nb sbatch {config} ...), or pass the directory you mean at submission")
 
-# %% ../nbs/09b_preflight.ipynb 30
+# %% ../nbs/09b_preflight.ipynb 35
 def job_env_command(config:str, # CONFIG as submitted to the script
                     *overrides:str, # the script's baked overrides first, then the submission's (--section.field=value)
                     baked:int=0, # how many of the overrides the script baked in (they must not move the submitted config's directories)

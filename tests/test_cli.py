@@ -169,3 +169,40 @@ def test_train_refuses_a_direct_weight_load_on_cpu_before_ray(tmp_path, monkeypa
     rc, out, err = run(["train", "demo", "--rollout.backend=vllm", "--rollout.weight_load=direct", f"--logging.output_dir={tmp_path / 'run'}"])
     assert rc == 2 and "rollout.weight_load" in err and "Fix: --rollout.weight_load=auto" in err, (out, err)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_sbatch_nodes_set_the_config_once(tmp_path, monkeypatch):
+    "`sbatch --nodes N` bakes --cluster.nodes=N where the config leaves the count open, refuses where it says otherwise, and its check: line carries --nodes N."
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(["sbatch", "default", "--nodes", "2", "-o", "two.sbatch", "--log-dir", "logs"])
+    assert rc == 0, err
+    assert "check:  grpo_nb preflight default --nodes 2 --log-dir logs --cluster.nodes=2" in out, out
+    assert "BAKED=(--cluster.nodes=2 " in (tmp_path / "two.sbatch").read_text()
+    rc, out, err = run(["sbatch", "default", "--nodes", "2", "-o", "x.sbatch", "--cluster.nodes=1"])
+    assert rc == 2 and "--nodes asks SLURM for 2" in err and "Fix: --cluster.nodes=2" in err, err
+    rc, out, err = run(["sbatch", "seed003-debug-1node", "--nodes", "2", "-o", "y.sbatch"])   # the preset says 1 node
+    assert rc == 2 and "places work on 1 node(s)" in err, err
+    rc, out, err = run(["preflight", "default", "--nodes", "2", "--log-dir", "logs", f"--logging.output_dir={tmp_path / 'run'}"])
+    assert rc == 1 and "nodes           FAIL" in out and "--cluster.nodes=2" in out, out
+
+
+def test_idle_gpus_are_named_with_the_fix():
+    rc, out, err = run(["layout", "--config", "default", "--nodes", "2"])
+    assert rc == 0 and "11 of 16 GPUs would sit idle" in err and "--rollout.num_engines=12" in err, err
+    rc, out, err = run(["plan", "--config", "default", "--model.name_or_path=Qwen2.5-7B", "--cluster.nodes=2"])
+    assert rc == 0 and "11 of 16 would sit idle" in out, out
+
+
+def test_plan_of_a_whole_node_leaves_room_for_the_engines():
+    rc, out, err = run(["plan", "--model", "Qwen2.5-7B", "--learner-gpus", "8", "--gpus-per-node", "8", "--json"])
+    j = json.loads(out)
+    assert rc == 0 and not j["fits"] and not j["gpus_fit"] and "--learner-gpus 7" in j["notes"][0], j["notes"]
+    rc, out, err = run(["plan", "--model", "Qwen2.5-7B", "--learner-gpus", "7", "--gpus-per-node", "8", "--json"])
+    assert json.loads(out)["fits"]
+
+
+def test_offloaded_states_are_checked_against_host_memory():
+    rc, out, err = run(["plan", "--config", "default", "--model.name_or_path=Qwen2.5-7B", "--learner.offload=optimizer",
+                        "--cluster.host_mem_gib=64", "--json"])
+    j = json.loads(out)
+    assert rc == 0 and not j["host_fit"] and "host memory" in j["notes"][-1], j["notes"]

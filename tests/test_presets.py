@@ -1,6 +1,6 @@
 """Every preset shipped in configs/ (one per run the seed documents describe) resolves, plans, lays out and
 preflights here, with no GPU: `grpo_nb config`, `grpo_nb plan --config`, `grpo_nb layout --config` and
-`grpo_nb preflight` (offline: only the model check, which needs the weights, and the sinfo check, which needs a
+`grpo_nb preflight` (offline: only the model and data checks, which need the weights and the data files, and the sinfo check, which needs a
 SLURM controller, may fail). Also the bad inputs: an unknown preset lists the ones that exist; a cycle of
 `extends`; a config of another trainer given to the GRPO trainer."""
 import contextlib, io, json
@@ -46,8 +46,9 @@ def test_grpo_presets_plan_layout_preflight(name):
     assert rc == 0, (out, err)
     rc, out, err = run(preflight_cli, [name])
     rows = {l[:16].strip(): l[16:22].strip() for l in out.splitlines() if l[:16].strip() and l[16:22].strip() in ("PASS", "FAIL", "WARN", "SKIP")}
-    assert rows["config"] == rows["memory plan"] == rows["layout"] == "PASS", out
-    assert all(v != "FAIL" for k, v in rows.items() if k not in ("model", "nodes (sinfo)")), out
+    assert rows["config"] == rows["memory plan"] == "PASS" and rows["layout"] in ("PASS", "WARN"), out
+    if rows["layout"] == "WARN": assert "would sit idle" in out and "Fill them: --" in out, out   # the seeds' own layouts may leave GPUs idle
+    assert all(v != "FAIL" for k, v in rows.items() if k not in ("model", "data", "nodes (sinfo)")), out   # weights and data live on the cluster
 
 
 def test_seed_runs_train_one_optimizer_step_per_rollout():
