@@ -1,6 +1,7 @@
 """A user's reward in a file outside the package, named in the config (`reward.plugins`), through `grpo_nb` as users run it:
 
-- `grpo_nb config` refuses a plug-in path that does not exist, naming the fix;
+- `grpo_nb config` refuses a plug-in path that does not exist, a reward name nothing registered and a plug-in that
+  replaces a built-in, each naming the fix;
 - `grpo_nb train` refuses, before Ray starts, a reward name nothing registered and a plug-in that replaces a built-in;
 - `grpo_nb train` on CPU with the plug-in's reward: the driver and the Ray worker processes import the plug-in (each
   writes its pid on import), and the run logs the plug-in reward's metric.
@@ -38,12 +39,15 @@ def plugin(tmp_path):
     return tmp_path
 
 
-def test_config_refuses_a_missing_plugin_file(plugin):
+def test_config_refuses_a_missing_plugin_a_missing_name_and_a_clash(plugin):
     r = _grpo(plugin, "config", "demo", "--reward.plugins=my_reward.py")
     assert r.returncode == 2 and "reward.plugins: no file 'my_reward.py'" in r.stderr and "my_rewards.py" in r.stderr, r.stderr
-    r = _grpo(plugin, "config", "demo", "--reward.plugins=my_rewards.py", "--reward.functions={digits_match: 1.0}")
-    assert r.returncode == 0, r.stderr
-    assert not list((plugin / "marks").iterdir())   # found, not run
+    r = _grpo(plugin, "config", "demo", "--reward.plugins=my_rewards.py", "--reward.functions={digit_match: 1.0}")
+    assert r.returncode == 2 and "did you mean 'digits_match'" in r.stderr and "Fix:" in r.stderr, r.stderr
+    r = _grpo(plugin, "config", "demo", "--reward.plugins=clash.py")
+    assert r.returncode == 2 and "'math', a name already taken by grpo_nb.rewards" in r.stderr, r.stderr
+    r = _grpo(plugin, "config", "demo", "--reward.plugins=my_rewards.py", "--reward.functions={digits_match: 1.0}", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["config"]["reward"]["plugins"] == ["my_rewards.py"], r.stderr
 
 
 @pytest.mark.parametrize("args,says", [
