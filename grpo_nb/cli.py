@@ -14,7 +14,7 @@ __all__ = ['COMMANDS', 'STOPPABLE', 'main', 'console']
 # %% ../nbs/13_cli.ipynb 5
 COMMANDS:dict[str, tuple[str, str]] = {
     "config":    ("grpo_nb.preflight:config_cli", "print the resolved configuration and its derived values"),
-    "plan":      ("grpo_nb.memory:plan_cli",       "per-GPU memory of learners and engines, with a verdict and the fix"),
+    "plan":      ("grpo_nb.plans:plan_cli",        "per-GPU memory of learners and engines, with a verdict and the fix"),
     "layout":    ("grpo_nb.placement:layout_cli",  "place learners and engines on nodes and GPUs, or say why not"),
     "train":     ("grpo_nb.trainer:train_cli",     "run GRPO training from a config (resumes with --resume auto)"),
     "demo":      ("grpo_nb.trainer:demo_cli", "the tiny CPU GRPO run of `make demo`"),

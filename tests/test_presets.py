@@ -93,3 +93,22 @@ def test_seed001_ddp_on_v100s():
     assert pick_precision("cuda", "bfloat16", bf16_ok=False)[2]                              # replaced, with a warning
     with pytest.raises(ConfigError, match="logging.wandb"): load_run("seed001-ddp-2xv100", ["--logging.wandb=online"])
     assert "#SBATCH --gres=gpu:volta:2" in ddp_sbatch(gres="gpu:volta:2")
+
+
+@pytest.mark.parametrize("name", BY_TRAINER["ddp"] + BY_TRAINER["reward-model"] + BY_TRAINER["self-correction"])
+def test_other_trainers_presets_are_planned_by_their_own_memory_models(name):
+    "`grpo_nb plan --config` plans the torchrun, reward-model and self-correction presets instead of refusing them."
+    from grpo_nb.cli import main
+    gpus = {"ddp": 2, "reward-model": int(name.split("-")[-1].removesuffix("gpu")) if name.endswith("gpu") else 1}.get(trainer_of(config_data(PRESETS[name]))[0], 1)
+    rc, out, err = run(main, ["plan", "--config", name, "--gpus", str(gpus), "--gpu-mem-gib", "80", "--host-mem-gib", "512", "--json"])
+    assert rc == 0, err
+    p = json.loads(out)
+    assert p["trainer"] == trainer_of(config_data(PRESETS[name]))[0] and p["fits"], p
+
+
+def test_self_correction_without_offload_does_not_fit_the_runs_gpus():
+    from grpo_nb.cli import main
+    rc, out, err = run(main, ["plan", "--config", "seed004-score-2gpu", "--optimizer_offload=false", "--gpu-mem-gib", "44.5"])
+    assert rc == 0 and "DOES NOT FIT" in out and "--optimizer_offload=true" in out, out
+    rc, out, err = run(main, ["plan", "--config", "seed004-score-2gpu", "--gpu-mem-gib", "44.5", "--host-mem-gib", "64"])
+    assert "cpu" in out and "DOES NOT FIT" in out, out   # the offloaded states need more than a 64 GiB node
