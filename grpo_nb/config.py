@@ -559,7 +559,7 @@ def cli_parser(func, # the command: positional parameters are positional argumen
                prog:str, # the command as its usage line shows it
                epilog:str="", # text after the overrides' and the exit codes' docments
                fill:dict|None=None, # values of `{name}` fields in the docments and the docstring
-               sep:str="-", # between a flag's words: "-" gives --learner-gpus, "_" gives --start_below
+               sep:str="-", # deprecated, kept for old callers: flags are always spelled with dashes (--learner-gpus); `run_cli` still reads --learner_gpus and says so
                skip:tuple=(), # parameters left out of the parser
                short:dict|None=None, # one-letter aliases of flags: {"output": "o"} makes -o the same as --output
               ) -> argparse.ArgumentParser:
@@ -577,13 +577,26 @@ def cli_parser(func, # the command: positional parameters are positional argumen
         if q.kind is q.KEYWORD_ONLY:
             flags = [f"-{short[n]}"] if n in (short or {}) else []
             if n.endswith("_") and kw.get("action") in (None, "append"): kw["metavar"] = n.rstrip("_").upper()   # --time TIME, not TIME_
-            p.add_argument(*flags, "--" + n.rstrip("_").replace("_", sep), dest=n, help=doc, **kw,
+            p.add_argument(*flags, "--" + n.rstrip("_").replace("_", "-"), dest=n, help=doc, **kw,
                            **({"required": True} if q.default is q.empty else {"default": default}))
         else: p.add_argument(n, help=doc, **kw, **({} if q.default is q.empty else {"nargs": "?", "default": default}))
     if var: p.usage = p.format_usage().removeprefix("usage: ").rstrip().replace("%", "%%") + f" [{var} ...]"
     return p
 
 # %% ../nbs/00_config.ipynb 59
+def _dashed(argv:list[str], func, prog:str) -> list[str]:
+    "`argv` with the old underscore spelling of `func`'s flags (--start_below) rewritten to dashes (--start-below), each announced once as deprecated."
+    old = {"--" + n.rstrip("_"): "--" + n.rstrip("_").replace("_", "-") for n, q in inspect.signature(func).parameters.items()
+           if q.kind is q.KEYWORD_ONLY and "_" in n.rstrip("_")}
+    out, said = [], set()
+    for a in argv:
+        flag, eq, val = a.partition("=")
+        if flag in old:
+            if flag not in said: print(f"{prog}: {flag} is deprecated; write {old[flag]}", file=sys.stderr); said.add(flag)
+            a = old[flag] + eq + val
+        out.append(a)
+    return out
+
 def run_cli(func, # the command (see `cli_parser`)
             argv:list[str]|None, # its command line (None: sys.argv[1:])
             prog:str, # the command as its usage line shows it
@@ -593,7 +606,7 @@ def run_cli(func, # the command (see `cli_parser`)
             short:dict|None=None, # as in `cli_parser`
            ) -> int: # what `func` returns; 0 after --help, 2 after a usage error
     "Parse `argv` for `func` and call it."
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _dashed(sys.argv[1:] if argv is None else list(argv), func, prog)
     params = inspect.signature(func).parameters
     pos = [n for n, q in params.items() if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
     var, lead = any(q.kind is q.VAR_POSITIONAL for q in params.values()), []
@@ -612,7 +625,7 @@ def run_cli(func, # the command (see `cli_parser`)
     except SystemExit as e: return int(e.code or 0)
     return int(func(*lead, *[kw.pop(n, params[n].default) for n in pos[len(lead):]], *rest, **kw) or 0)
 
-# %% ../nbs/00_config.ipynb 62
+# %% ../nbs/00_config.ipynb 64
 TRANSLATORS:dict[str, str] = {"--from-open-instruct": "grpo_nb.open_instruct:translate_cli"}
 "Flags of `grpo_nb config` that hand the rest of the command line to a translator (`module:function`, imported when used, as the `grpo_nb` commands are: the translators build on this module)."
 
