@@ -215,3 +215,26 @@ def test_underscore_flags_still_work_and_are_announced_deprecated():
     assert rc == 0 and json.loads(out)["settings"]["learners"] == 8 and "--learner_gpus is deprecated" in err
     rc, out, err = run(["config", "demo", "--learner.micro_batch_size=16", "--json"])   # config fields keep their underscores
     assert rc == 0 and "deprecated" not in err
+
+
+def test_every_help_describes_without_importing_the_engines():
+    "`grpo_nb CMD --help` builds the real help without importing torch, Ray, DeepSpeed, vLLM or transformers (in a fresh process)."
+    import subprocess, sys
+    code = ("import contextlib, io, sys; from grpo_nb.cli import main, COMMANDS\n"
+            "for name in COMMANDS:\n"
+            "    out = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(out): rc = main([name, '--help'])\n"
+            "    heavy = [m for m in ('torch', 'ray', 'deepspeed', 'vllm', 'transformers') if m in sys.modules]\n"
+            "    print(name, rc, 'usage:' in out.getvalue(), ','.join(heavy) or '-')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    rows = [l.split() for l in r.stdout.splitlines()]
+    assert len(rows) == len(COMMANDS), r.stdout + r.stderr
+    for name, rc, usage, heavy in rows: assert (rc, usage, heavy) == ("0", "True", "-"), (name, rc, usage, heavy)
+
+
+def test_a_described_command_still_runs_for_real_afterwards(capsys):
+    "The placeholders of a --help are forgotten: the same process then imports the trainer for real."
+    import sys
+    assert main(["train", "--help"]) == 0
+    from grpo_nb.trainer import train_command
+    assert "torch" in sys.modules and type(sys.modules["torch"]).__name__ == "module" and hasattr(sys.modules["torch"], "tensor")
