@@ -238,3 +238,20 @@ def test_a_described_command_still_runs_for_real_afterwards(capsys):
     assert main(["train", "--help"]) == 0
     from grpo_nb.trainer import train_command
     assert "torch" in sys.modules and type(sys.modules["torch"]).__name__ == "module" and hasattr(sys.modules["torch"], "tensor")
+
+
+def test_the_gpu_install_line_installs_everything_grpo_nb_imports():
+    "`pip install -r requirements/gpu.txt && pip install -e . --no-deps` on a GPU node: every third-party package a module of grpo_nb imports at its top is listed (torch comes from the site)."
+    import ast, pathlib, re, sys
+    root = pathlib.Path(__file__).resolve().parents[1]
+    listed = {re.split(r"[\[<>=~ ;#]", l.strip())[0].lower().replace("-", "_") for l in (root / "requirements" / "gpu.txt").read_text().splitlines()
+              if l.strip() and not l.startswith("#")}
+    dist = {"yaml": "pyyaml", "math_verify": "math_verify"}   # import name -> distribution name where they differ
+    top = set()
+    for p in (root / "grpo_nb").glob("*.py"):
+        for n in ast.parse(p.read_text()).body:   # module-level imports: what `import grpo_nb.X` needs
+            if isinstance(n, ast.Import): top |= {a.name.split(".")[0] for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module: top.add(n.module.split(".")[0])
+    third = {m for m in top if m not in sys.stdlib_module_names and m not in ("grpo_nb", "torch")}
+    missing = sorted(m for m in third if dist.get(m, m).lower() not in listed)
+    assert not missing, f"requirements/gpu.txt lacks {missing}"
