@@ -88,7 +88,7 @@ RULES:list[Rule] = [
     _R("code_api_url", "reward.code_service_url", str, "the batch script can start the sandboxed service itself"),
     _R("code_max_execution_time", "reward.code_timeout_s", float),
     _NO("vllm_enable_prefix_caching", "prefix caching is always on (and reset after each weight sync)"),
-    _NO("push_to_hub", "no hub upload; the HF export is in <output_dir>/export"),
+    _NO("push_to_hub", "no hub upload; the HF export is <output_dir>/policy (checkpoint.export_hf)"),
     _NO("try_launch_beaker_eval_jobs_on_weka", "Beaker-only"),
     _NO("hf_entity", "hub-only"), _NO("hf_repo_id", "hub-only"), _NO("hf_repo_revision", "hub-only"),
     _NO("gs_bucket_path", "Google Cloud-only"), _NO("oe_eval_tasks", "Beaker evaluation jobs"),
