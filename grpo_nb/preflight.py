@@ -4,7 +4,7 @@
 
 # %% ../nbs/09b_preflight.ipynb 3
 from __future__ import annotations
-import json, os, re, shlex, shutil, subprocess, sys
+import copy, json, os, re, shlex, shutil, subprocess, sys
 from pathlib import Path
 from .config import TrainConfig, ConfigError, load_config, derive, run_cli, config_cli as _config_cli
 from .plugins import PluginError, check_registered, import_plugins, load_plugins
@@ -15,9 +15,9 @@ from .placement import Layout, idle_advice, PlacementError
 from .tiny import builtin_model
 
 # %% auto 0
-__all__ = ['Check', 'check_model', 'check_writable', 'parse_sinfo', 'check_nodes', 'check_memory', 'check_layout', 'check_data',
-           'check_plugins', 'config_cli', 'preflight', 'preflight_command', 'preflight_cli', 'uses_code_rewards',
-           'job_env', 'check_baked', 'job_env_command', 'job_env_cli']
+__all__ = ['Check', 'check_model', 'check_writable', 'parse_sinfo', 'check_nodes', 'node_memory_gib', 'check_memory',
+           'check_layout', 'check_data', 'check_plugins', 'config_cli', 'preflight', 'preflight_command',
+           'preflight_cli', 'uses_code_rewards', 'job_env', 'check_baked', 'job_env_command', 'job_env_cli']
 
 # %% ../nbs/09b_preflight.ipynb 6
 Check = tuple[str, str]  # (PASS | WARN | FAIL | SKIP, detail)
@@ -82,6 +82,19 @@ def check_nodes(nodes:int, gpus_per_node:int, partition:str="", sinfo:str|None=N
     return "PASS", f"{len(fit)} usable node(s) with >= {gpus_per_node} GPUs, {len(idle)} idle"
 
 # %% ../nbs/09b_preflight.ipynb 15
+def node_memory_gib(partition:str="", # partition to ask about ("": the default)
+                    sinfo:str|None=None, # `sinfo -h -N -o '%N %m'` output (None: run sinfo)
+                   ) -> float: # GiB of the smallest node; 0 when unknown
+    "The memory of the partition's smallest node, from sinfo."
+    if sinfo is None:
+        if not shutil.which("sinfo"): return 0.0
+        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %m", *(["-p", partition] if partition else [])], capture_output=True, text=True, timeout=30)
+        if r.returncode: return 0.0
+        sinfo = r.stdout
+    mb = [int(p[1].rstrip("+")) for p in (l.split() for l in sinfo.splitlines()) if len(p) >= 2 and p[1].rstrip("+").isdigit()]
+    return min(mb) / 1024 if mb else 0.0
+
+# %% ../nbs/09b_preflight.ipynb 18
 def _run_cli(module:str, func:str, argv:list[str]) -> tuple[int|None, str, str]:
     "Call `module.func(argv)` capturing its output; (None, '', why) when the module or function is absent."
     import contextlib, importlib, io
@@ -122,7 +135,7 @@ def check_layout(cfg:TrainConfig) -> Check:
     if lay.get("idle_gpus"): return "WARN", idle_advice(Layout.from_config(cfg))
     return "PASS", f"learner world {lay.get('learner_world_size')}, sync world {lay.get('sync_world_size')}, idle GPUs {lay.get('idle_gpus')}"
 
-# %% ../nbs/09b_preflight.ipynb 21
+# %% ../nbs/09b_preflight.ipynb 24
 def check_data(cfg:TrainConfig) -> Check:
     "Whether the data files exist, are readable and hold rows with the configured fields (read through `grpo_nb.run.load_rows`)."
     D, counts, first = cfg.data, [], None
@@ -148,7 +161,7 @@ def check_plugins(cfg:TrainConfig) -> Check:
     if not cfg.reward.plugins: return "PASS", f"built-in rewards {sorted(cfg.reward.functions)}"
     return "PASS", f"{len(cfg.reward.plugins)} plug-in(s) imported; rewards {sorted(cfg.reward.functions)} registered" + (f" (new: {added})" if added else "")
 
-# %% ../nbs/09b_preflight.ipynb 24
+# %% ../nbs/09b_preflight.ipynb 27
 def config_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb config`: the reward names and plug-ins of a GRPO config checked against the registry, then `grpo_nb.config.config_cli`."
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -160,9 +173,11 @@ def config_cli(argv:list[str]|None=None) -> int:
             print(f"grpo_nb config: error: {bad[1]}", file=sys.stderr); return 2
     return _config_cli(argv)
 
-# %% ../nbs/09b_preflight.ipynb 26
+# %% ../nbs/09b_preflight.ipynb 29
 def preflight(cfg:TrainConfig, nodes:int|None=None, partition:str="", log_dir:str="logs", sinfo:str|None=None) -> list[tuple[str, str, str]]:
     "Every check of `cfg` before submission: rows (check, status, detail)."
+    if cfg.learner.offload != "none" and not cfg.cluster.host_mem_gib and cfg.cluster.device != "cpu":   # offloaded states against the nodes' memory
+        cfg = copy.deepcopy(cfg); cfg.cluster.host_mem_gib = node_memory_gib(partition) if sinfo is None else 0.0
     C, d = cfg.cluster, derive(cfg)
     gpus = C.gpus_per_node if C.device != "cpu" else 0
     rows = [("nodes", "FAIL", f"the config places work on {C.nodes} node(s) but you will ask for {nodes}: the job would stop at its start-up check. "
@@ -173,7 +188,7 @@ def preflight(cfg:TrainConfig, nodes:int|None=None, partition:str="", log_dir:st
         rows.append((what, *check_writable(path, what)))
     return rows
 
-# %% ../nbs/09b_preflight.ipynb 28
+# %% ../nbs/09b_preflight.ipynb 31
 def preflight_command(config:str, # YAML config or preset name
                       *overrides:str, # config fields as --section.field=value, as you will pass them at submission
                       nodes:int|None=None, # nodes you will ask for (default: cluster.nodes)
@@ -194,7 +209,7 @@ def preflight_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb preflight CONFIG [--nodes N] [--partition P] [--log-dir D] [overrides]`: check before you submit; exit 1 on a failure."
     return run_cli(preflight_command, argv, "grpo_nb preflight")
 
-# %% ../nbs/09b_preflight.ipynb 32
+# %% ../nbs/09b_preflight.ipynb 35
 def uses_code_rewards(cfg:TrainConfig) -> bool:
     "Whether a reward function of `cfg` runs code (needs the code-execution service; names containing 'code')."
     return any("code" in name for name, w in cfg.reward.functions.items() if w) and not cfg.reward.code_service_url
@@ -216,7 +231,7 @@ def job_env(cfg:TrainConfig, environ:dict) -> dict[str, str]:
     return {"OUTPUT_DIR": str(Path(cfg.logging.output_dir).resolve()), "CKPT_DIR": str(Path(d.checkpoint_dir).resolve()),
             "TOTAL_STEPS": str(cfg.total_steps), "CODE_REWARDS": "1" if uses_code_rewards(cfg) else "0"}
 
-# %% ../nbs/09b_preflight.ipynb 36
+# %% ../nbs/09b_preflight.ipynb 39
 def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and the submission's
                 submitted:TrainConfig, # CONFIG with the submission's overrides only
                 baked:list[str], # the overrides baked into the script
@@ -231,7 +246,7 @@ def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and 
                               f"but {config} as submitted says {mine}: refusing before Ray starts, so that no other run's checkpoints are read or moved.",
                               f"regenerate the script for this config (grpo_nb sbatch {config} ...), or pass the directory you mean at submission")
 
-# %% ../nbs/09b_preflight.ipynb 38
+# %% ../nbs/09b_preflight.ipynb 41
 def job_env_command(config:str, # CONFIG as submitted to the script
                     *overrides:str, # the script's baked overrides first, then the submission's (--section.field=value)
                     baked:int=0, # how many of the overrides the script baked in (they must not move the submitted config's directories)

@@ -255,3 +255,18 @@ def test_the_gpu_install_line_installs_everything_grpo_nb_imports():
     third = {m for m in top if m not in sys.stdlib_module_names and m not in ("grpo_nb", "torch")}
     missing = sorted(m for m in third if dist.get(m, m).lower() not in listed)
     assert not missing, f"requirements/gpu.txt lacks {missing}"
+
+
+def test_preflight_checks_offloaded_states_against_the_nodes_memory(tmp_path, monkeypatch):
+    "With learner.offload and no cluster.host_mem_gib, preflight asks sinfo for the nodes' memory (here a stand-in sinfo: 64 GiB nodes)."
+    import os, stat
+    fake = tmp_path / "bin" / "sinfo"; fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\ncase "$*" in *"%m"*) printf "n1 65536\\nn2 65536\\n";; *) printf "n1 gpu:8 idle\\nn2 gpu:8 idle\\n";; esac\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    args = ["preflight", "default", "--model.name_or_path=Qwen2.5-7B", "--learner.offload=optimizer", "--rollout.num_engines=4",
+            f"--logging.output_dir={tmp_path / 'run'}", "--log-dir", str(tmp_path / "logs")]
+    rc, out, err = run(args)
+    assert rc == 1 and "memory plan     FAIL" in out and "host memory" in out and "of its 64 GiB" in out, out
+    rc, out, err = run([*args, "--cluster.host_mem_gib=512"])
+    assert "memory plan     PASS" in out and "host memory" in out, out
