@@ -92,7 +92,9 @@ def describing():
     try: yield
     finally:
         sys.meta_path.remove(finder)
-        for k in set(sys.modules) - before: del sys.modules[k]
+        for k in set(sys.modules) - before:
+            mod, (parent, _, child) = sys.modules.pop(k), k.rpartition(".")
+            if parent in sys.modules and getattr(sys.modules[parent], child, None) is mod: delattr(sys.modules[parent], child)   # `from grpo_nb import trainer` must import it anew
 
 # %% ../nbs/13_cli.ipynb 12
 def main(argv:list[str]|None=None) -> int:

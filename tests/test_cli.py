@@ -238,6 +238,8 @@ def test_a_described_command_still_runs_for_real_afterwards(capsys):
     assert main(["train", "--help"]) == 0
     from grpo_nb.trainer import train_command
     assert "torch" in sys.modules and type(sys.modules["torch"]).__name__ == "module" and hasattr(sys.modules["torch"], "tensor")
+    from grpo_nb import learner   # through the package's attribute, too
+    assert type(learner.torch).__name__ == "module"
 
 
 def test_the_gpu_install_line_installs_everything_grpo_nb_imports():
