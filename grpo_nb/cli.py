@@ -4,18 +4,18 @@
 
 # %% ../nbs/13_cli.ipynb 3
 from __future__ import annotations
-import importlib, sys
+import contextlib, importlib, importlib.abc, importlib.machinery, sys, types
 from .config import ConfigError
 from .stop import catch_early, settle
 from . import __version__
 
 # %% auto 0
-__all__ = ['COMMANDS', 'STOPPABLE', 'main', 'console']
+__all__ = ['COMMANDS', 'STOPPABLE', 'HEAVY', 'describing', 'main', 'console']
 
 # %% ../nbs/13_cli.ipynb 5
 COMMANDS:dict[str, tuple[str, str]] = {
-    "config":    ("grpo_nb.config:config_cli",     "print the resolved configuration and its derived values"),
-    "plan":      ("grpo_nb.memory:plan_cli",       "per-GPU memory of learners and engines, with a verdict and the fix"),
+    "config":    ("grpo_nb.preflight:config_cli", "print the resolved configuration and its derived values"),
+    "plan":      ("grpo_nb.plans:plan_cli",        "per-GPU memory of learners and engines, with a verdict and the fix"),
     "layout":    ("grpo_nb.placement:layout_cli",  "place learners and engines on nodes and GPUs, or say why not"),
     "train":     ("grpo_nb.trainer:train_cli",     "run GRPO training from a config (resumes with --resume auto)"),
     "demo":      ("grpo_nb.trainer:demo_cli", "the tiny CPU GRPO run of `make demo`"),
@@ -50,7 +50,54 @@ def _resolve(name:str):
         if hasattr(mod, func): return getattr(mod, func)
     return None
 
-# %% ../nbs/13_cli.ipynb 8
+# %% ../nbs/13_cli.ipynb 9
+HEAVY = ("torch", "numpy", "ray", "deepspeed", "vllm", "transformers", "safetensors", "accelerate", "datasets", "pyarrow",
+         "pandas", "scipy", "tensorboard", "wandb", "liger_kernel", "triton", "matplotlib", "sympy", "math_verify", "psutil")
+"Top-level packages that `describing` stands in for while a command's `--help` is built."
+
+class _Inert:
+    "Any attribute, call, index, operator or base class of a package that is not loaded; a decorator returns what it decorates."
+    def __init__(self, name:str): self._name = name
+    def __getattr__(self, k):
+        if k.startswith("__"): raise AttributeError(k)
+        return _Inert(f"{self._name}.{k}")
+    def __call__(self, *a, **kw): return a[0] if len(a) == 1 and not kw and (callable(a[0]) or isinstance(a[0], type)) else _Inert(self._name + "()")
+    def __getitem__(self, k): return self
+    def __mro_entries__(self, bases): return (object,)
+    def __iter__(self): return iter(())
+    def __or__(self, o): return self
+    __ror__ = __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = __pow__ = __neg__ = __or__
+    def __float__(self): return 0.0
+    def __int__(self): return 0
+    __index__ = __int__
+    def __repr__(self): return f"<{self._name}: not loaded>"
+
+class _InertModule(types.ModuleType):
+    def __getattr__(self, k):
+        if k == "__version__": return "0"
+        if k.startswith("__"): raise AttributeError(k)
+        return _Inert(f"{self.__name__}.{k}")
+
+class _InertFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, self, is_package=True) if name.split(".")[0] in HEAVY else None
+    def create_module(self, spec): m = _InertModule(spec.name); m.__path__ = []; return m
+    def exec_module(self, module): pass
+
+# %% ../nbs/13_cli.ipynb 10
+@contextlib.contextmanager
+def describing():
+    "While inside: the `HEAVY` packages not yet imported are inert placeholders; afterwards every module imported meanwhile is forgotten."
+    before, finder = set(sys.modules), _InertFinder()
+    sys.meta_path.insert(0, finder)
+    try: yield
+    finally:
+        sys.meta_path.remove(finder)
+        for k in set(sys.modules) - before:
+            mod, (parent, _, child) = sys.modules.pop(k), k.rpartition(".")
+            if parent in sys.modules and getattr(sys.modules[parent], child, None) is mod: delattr(sys.modules[parent], child)   # `from grpo_nb import trainer` must import it anew
+
+# %% ../nbs/13_cli.ipynb 12
 def main(argv:list[str]|None=None) -> int:
     "Entry point of the `grpo_nb` console script."
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -66,6 +113,10 @@ def main(argv:list[str]|None=None) -> int:
         print(f"grpo_nb: unknown command {name!r}" + (f"; did you mean {close[0]!r}?" if close else "") +
               f"\n\n{_usage()}", file=sys.stderr)
         return 2
+    if {"-h", "--help"} & set(rest):   # described, not run: the engines are not imported
+        try:
+            with describing(): return int(_resolve(name)(rest) or 0)
+        except Exception: pass   # a module that cannot be described this way: import it for real
     fn = _resolve(name)
     if fn is None:
         print(f"grpo_nb {name}: not available in this version of grpo_nb yet.", file=sys.stderr)

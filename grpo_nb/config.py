@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, get_args, get_origin, get_type_hints
 import yaml
 from fastcore.docments import docments
+from .plugins import PluginError, find_plugin
 
 # %% auto 0
 __all__ = ['GPU_MIB', 'PRESETS', 'TRAINERS', 'TRANSLATORS', 'ConfigError', 'ModelConfig', 'DataConfig', 'RolloutConfig',
@@ -48,6 +49,7 @@ class DataConfig:
     max_prompt_tokens:int=512 # longer prompts are dropped (and counted) at load time
     shuffle_seed:int=0 # seed of the epoch-wise shuffle; the data position is checkpointed
     eval_limit:int=256 # evaluate on at most this many held-out prompts (0: all of them)
+    plugins:list[str]=field(default_factory=list) # modules or `.py` files imported on the driver and every Ray worker before the data is read (`grpo_nb.plugins`)
 
 # %% ../nbs/00_config.ipynb 11
 @dataclass
@@ -134,6 +136,7 @@ class ClusterConfig:
     learners_per_node:list[int]=field(default_factory=lambda: [4]) # learner GPUs on each node that holds learners
     gpu:str="" # a GPU name from `GPU_MIB` (e.g. "GH200-96GB"): sets gpu_mem_gib to the total nvidia-smi reports; empty: gpu_mem_gib as given
     gpu_mem_gib:float=80.0 # memory of one GPU in GiB (2^30 bytes), for the planner
+    host_mem_gib:float=0.0 # memory of one node in GiB, for the planner's check of offloaded learner states (0: not checked; `grpo_nb preflight` reads it from sinfo)
     ray_address:str="local" # "local" starts Ray here, "auto" joins the cluster the sbatch script started, or host:port
     cpus_per_learner:float=1.0 # CPUs Ray reserves for each learner process (placement bundles)
     cpus_per_engine_worker:float=1.0 # CPUs Ray reserves for each engine TP worker (placement bundles)
@@ -142,7 +145,8 @@ class ClusterConfig:
 @dataclass
 class RewardConfig:
     "Which verifiable rewards score a completion, and how code is run."
-    functions:dict[str,float]=field(default_factory=lambda: {"math": 1.0}) # reward name -> weight (names from `grpo_nb.rewards`)
+    functions:dict[str,float]=field(default_factory=lambda: {"math": 1.0}) # reward name -> weight (names from `grpo_nb.rewards`, or registered by a plug-in)
+    plugins:list[str]=field(default_factory=list) # your reward functions: modules or `.py` files that `@register` them, imported on the driver and every Ray worker (`grpo_nb.plugins`)
     code_service_url:str="" # code-execution service (http://host:port); empty: run tests in-process in the sandbox
     code_timeout_s:float=10.0 # wall-clock limit per program
     allow_unisolated:bool=False # run code without a network namespace when none can be made (unsafe)
@@ -243,8 +247,11 @@ def _coerce(value, t, where:str):
         if isinstance(value, (dict, list)): raise ConfigError(where, f"expected a string (got {value!r}).")
         return "" if value is None else str(value)
     if origin is list:
+        if isinstance(value, str) and "," in value: value = [v.strip() for v in value.strip("[]").split(",")]   # --x=2,2
         if not isinstance(value, (list, tuple)): value = [value]
-        return [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+        try: return [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+        except ConfigError as e:
+            raise ConfigError(where, f"item {e.where.removeprefix(where)} {e.problem}", f"--{where}=[{','.join([{int: '1', float: '0.5'}.get(args[0], 'x')] * 2)}] (or 1,1: a list, one {_type_name(args[0])} an item)") from None
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(where, f"expected a mapping (got {value!r}).", f"--{where}=" + "{name: value}")
@@ -406,6 +413,13 @@ def validate_reward(W:RewardConfig) -> None:
     for name, w in W.functions.items():
         _check(w == w and abs(w) != float("inf"), f"reward.functions.{name}", f"weight must be a finite number (got {w}).")
     _check(bool(W.functions), "reward.functions", "at least one reward function is needed.", "--reward.functions={math: 1.0}")
+    _find_plugins(W.plugins, "reward.plugins")
+
+def _find_plugins(specs:list[str], where:str):
+    "Every plug-in can be found (none is run: that is `grpo_nb.plugins.load_plugins`'s, in the commands that own a registry)."
+    try:
+        for s in specs: find_plugin(s, where)
+    except PluginError as e: raise ConfigError(e.where, e.problem, e.fix) from None
 
 def validate(cfg:TrainConfig) -> TrainConfig:
     "Raise `ConfigError` naming the field and the fix for the first bad value in `cfg`; return `cfg` if all is well."
@@ -416,6 +430,12 @@ def validate(cfg:TrainConfig) -> TrainConfig:
     validate_learner(L); validate_rollout(R); validate_cluster(C); validate_reward(cfg.reward)
     # between sections
     if R.placement == "colocated": _check_colocated(cfg)
+    _find_plugins(D.plugins, "data.plugins")
+    need = D.max_prompt_tokens + R.max_new_tokens   # the longest sequence a step can hold: the longest kept prompt + its completion
+    _check(L.pack_length == 0 or L.pack_length >= need, "learner.pack_length",
+           f"packs of {L.pack_length} tokens cannot hold a sequence of up to {need} tokens (data.max_prompt_tokens {D.max_prompt_tokens} + "
+           f"rollout.max_new_tokens {R.max_new_tokens}); the packer would stop at the first such sequence.",
+           f"--learner.pack_length={need}, or lower --data.max_prompt_tokens / --rollout.max_new_tokens to fit {L.pack_length}")
     if C.device != "cpu":
         _check(R.tensor_parallel_size <= C.gpus_per_node, "rollout.tensor_parallel_size",
                f"TP={R.tensor_parallel_size} spans nodes of {C.gpus_per_node} GPUs; tensor parallelism must stay inside a node.",
@@ -430,7 +450,7 @@ def validate(cfg:TrainConfig) -> TrainConfig:
            "without a sequence in a mini-batch.", f"--learner.num_mini_batches={max(1, d.sequences_per_step // d.learner_world_size)}")
     return cfg
 
-# %% ../nbs/00_config.ipynb 43
+# %% ../nbs/00_config.ipynb 45
 PRESETS:dict[str, dict] = {
     "default": {},
     "demo": {  # a tiny policy learning arithmetic on a 2-core CPU with a real vLLM engine, DeepSpeed and Ray
@@ -523,7 +543,7 @@ def to_yaml(cfg) -> str:
     "The config as YAML, every section in declaration order."
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
-# %% ../nbs/00_config.ipynb 48
+# %% ../nbs/00_config.ipynb 50
 def _arg_kwargs(anno, # a parameter's annotation
                 default, # its default
                ) -> dict:
@@ -539,12 +559,12 @@ def _fill(text:str|None, fill:dict|None) -> str|None:
     for k, v in (fill or {}).items(): text = text.replace("{" + k + "}", str(v)) if text else text
     return text
 
-# %% ../nbs/00_config.ipynb 49
+# %% ../nbs/00_config.ipynb 51
 def cli_parser(func, # the command: positional parameters are positional arguments, keyword-only ones --flags
                prog:str, # the command as its usage line shows it
                epilog:str="", # text after the overrides' and the exit codes' docments
                fill:dict|None=None, # values of `{name}` fields in the docments and the docstring
-               sep:str="-", # between a flag's words: "-" gives --learner-gpus, "_" gives --start_below
+               sep:str="-", # deprecated, kept for old callers: flags are always spelled with dashes (--learner-gpus); `run_cli` still reads --learner_gpus and says so
                skip:tuple=(), # parameters left out of the parser
                short:dict|None=None, # one-letter aliases of flags: {"output": "o"} makes -o the same as --output
               ) -> argparse.ArgumentParser:
@@ -562,13 +582,26 @@ def cli_parser(func, # the command: positional parameters are positional argumen
         if q.kind is q.KEYWORD_ONLY:
             flags = [f"-{short[n]}"] if n in (short or {}) else []
             if n.endswith("_") and kw.get("action") in (None, "append"): kw["metavar"] = n.rstrip("_").upper()   # --time TIME, not TIME_
-            p.add_argument(*flags, "--" + n.rstrip("_").replace("_", sep), dest=n, help=doc, **kw,
+            p.add_argument(*flags, "--" + n.rstrip("_").replace("_", "-"), dest=n, help=doc, **kw,
                            **({"required": True} if q.default is q.empty else {"default": default}))
         else: p.add_argument(n, help=doc, **kw, **({} if q.default is q.empty else {"nargs": "?", "default": default}))
     if var: p.usage = p.format_usage().removeprefix("usage: ").rstrip().replace("%", "%%") + f" [{var} ...]"
     return p
 
-# %% ../nbs/00_config.ipynb 57
+# %% ../nbs/00_config.ipynb 59
+def _dashed(argv:list[str], func, prog:str) -> list[str]:
+    "`argv` with the old underscore spelling of `func`'s flags (--start_below) rewritten to dashes (--start-below), each announced once as deprecated."
+    old = {"--" + n.rstrip("_"): "--" + n.rstrip("_").replace("_", "-") for n, q in inspect.signature(func).parameters.items()
+           if q.kind is q.KEYWORD_ONLY and "_" in n.rstrip("_")}
+    out, said = [], set()
+    for a in argv:
+        flag, eq, val = a.partition("=")
+        if flag in old:
+            if flag not in said: print(f"{prog}: {flag} is deprecated; write {old[flag]}", file=sys.stderr); said.add(flag)
+            a = old[flag] + eq + val
+        out.append(a)
+    return out
+
 def run_cli(func, # the command (see `cli_parser`)
             argv:list[str]|None, # its command line (None: sys.argv[1:])
             prog:str, # the command as its usage line shows it
@@ -578,7 +611,7 @@ def run_cli(func, # the command (see `cli_parser`)
             short:dict|None=None, # as in `cli_parser`
            ) -> int: # what `func` returns; 0 after --help, 2 after a usage error
     "Parse `argv` for `func` and call it."
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _dashed(sys.argv[1:] if argv is None else list(argv), func, prog)
     params = inspect.signature(func).parameters
     pos = [n for n, q in params.items() if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
     var, lead = any(q.kind is q.VAR_POSITIONAL for q in params.values()), []
@@ -597,7 +630,7 @@ def run_cli(func, # the command (see `cli_parser`)
     except SystemExit as e: return int(e.code or 0)
     return int(func(*lead, *[kw.pop(n, params[n].default) for n in pos[len(lead):]], *rest, **kw) or 0)
 
-# %% ../nbs/00_config.ipynb 60
+# %% ../nbs/00_config.ipynb 64
 TRANSLATORS:dict[str, str] = {"--from-open-instruct": "grpo_nb.open_instruct:translate_cli"}
 "Flags of `grpo_nb config` that hand the rest of the command line to a translator (`module:function`, imported when used, as the `grpo_nb` commands are: the translators build on this module)."
 

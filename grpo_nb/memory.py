@@ -20,8 +20,8 @@ __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer'
            'logits_bytes', 'zero3_gathered', 'persistent_params', 'Overheads', 'ref_policy_bytes', 'LearnerMemory',
            'learner_memory', 'kv_heads_per_gpu', 'valid_tps', 'kv_bytes_per_token', 'engine_weights_bytes',
            'engine_activation_bytes', 'EngineMemory', 'engine_memory', 'min_learner_gpus', 'min_engine_tp', 'Plan',
-           'plan', 'plan_json', 'format_plan', 'plan_command', 'plan_cli', 'plan_config', 'ColocatedMemory',
-           'colocated_memory', 'colocated_plan', 'plot_terms', 'planner_widget', 'accuracy_table']
+           'gpu_budget', 'host_budget', 'plan', 'plan_json', 'format_plan', 'plan_command', 'plan_cli', 'plan_config',
+           'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'plot_terms', 'planner_widget', 'accuracy_table']
 
 # %% ../nbs/01_memory.ipynb 6
 GiB = 2**30
@@ -628,9 +628,12 @@ class Plan:
     learner_fits:bool # learner total ≤ GPU memory
     engine_fits:bool # engine weights and one sequence fit in its budget
     advice:list # changes that make it fit (or the headroom, when it does)
+    gpus_fit:bool=True # learners and engines fit the job's GPUs together (checked where the GPU count is known: `gpu_budget`)
+    host_fit:bool=True # offloaded learner states fit each node's memory (checked where it is known: `host_budget`)
+    notes:list=field(default_factory=list) # the GPU count and host memory: what is short, idle, or not checked
 
     @property
-    def fits(self) -> bool: return self.learner_fits and self.engine_fits
+    def fits(self) -> bool: return self.learner_fits and self.engine_fits and self.gpus_fit and self.host_fit
 
 # %% ../nbs/01_memory.ipynb 81
 def _gib(b) -> str: return f"{b / GiB:.1f} GiB"
@@ -673,7 +676,41 @@ def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool)
                    + f"; each engine holds {em.max_concurrent_seqs} sequences of {st['engine_seq_len']} tokens")
     return out
 
-# %% ../nbs/01_memory.ipynb 83
+# %% ../nbs/01_memory.ipynb 84
+def gpu_budget(learners:int, # learner GPUs
+               engines:int, # rollout engines
+               tp:int, # GPUs per engine
+               nodes:int, # nodes in the job
+               gpus_per_node:int, # GPUs on each node (0: unknown, nothing checked)
+               colocated:bool=False, # engines share the learners' GPUs
+              ) -> tuple[bool, str]: # (fits, a note: what is short or idle)
+    "Whether learners and engines fit the job's GPUs together."
+    if gpus_per_node <= 0: return True, ""
+    need, have = learners + (0 if colocated else engines * tp), nodes * gpus_per_node
+    if need > have:
+        room = have - (0 if colocated else engines * tp)
+        return False, (f"GPUs: {learners} learner GPU(s) + {engines} engine(s) × TP {tp} need {need}; {nodes} node(s) × {gpus_per_node} have {have}. "
+                       f"Fix: " + (f"--learner-gpus {room} (cluster.learners_per_node) leaves the engines their GPUs, or " if room >= 1 else "") +
+                       f"more nodes ({-(-need // gpus_per_node)})")
+    if need < have:
+        return True, (f"GPUs: {have - need} of {have} would sit idle: " + (f"--engines {engines + (have - need) // tp} (rollout.num_engines) " if have - need >= tp and not colocated
+                      else "more learners ") + "would use them")
+    return True, f"GPUs: learners and engines use all {have}"
+
+def host_budget(host_bytes:int, # offloaded bytes of one learner (`LearnerMemory.host_bytes`)
+                learners_per_node:int, # learners on the busiest node
+                host_mem_gib:float=0, # memory of one node in GiB (0: unknown, nothing checked)
+               ) -> tuple[bool, str]: # (fits, a note)
+    "Whether a node's memory holds the offloaded states of its learners."
+    if not host_bytes: return True, ""
+    need = host_bytes * learners_per_node
+    if host_mem_gib <= 0: return True, f"host memory: {_gib(need)} of offloaded states a node ({learners_per_node} learner(s)); not checked: give the node's memory (--host-mem-gib, cluster.host_mem_gib)"
+    if need > host_mem_gib * GiB * 0.9:   # the OS, Ray's object store and the data loaders need the rest
+        return False, (f"host memory: {learners_per_node} learner(s) offload {_gib(need)} a node, more than 90% of its {host_mem_gib:.0f} GiB. "
+                       "Fix: --offload none (learner.offload), fewer learners a node, or nodes with more memory")
+    return True, f"host memory: {_gib(need)} of offloaded states a node, of {host_mem_gib:.0f} GiB"
+
+# %% ../nbs/01_memory.ipynb 85
 _LEARNER_ARGS = ("learners", "zero", "offload", "micro_batch", "seq_len", "grad_ckpt", "attn", "logits",
                  "logprob_chunk", "optimizer", "ref_policy", "fused")
 
@@ -695,6 +732,12 @@ def plan(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelS
          engine_seq_len:Optional[int]=None, # prompt + generated tokens per engine sequence (default: seq_len)
          fused:bool=False, # learner's elementwise ops fused (Liger kernels or compiled layers)
          zero3_buckets:str="deepspeed", # ZeRO-3 communication settings, a key of `ZERO3_BUCKETS` (the trainer's default is "large")
+         engines:int=1, # rollout engines (for the GPU count)
+         nodes:int=1, # nodes in the job (for the GPU count)
+         gpus_per_node:int=0, # GPUs on each node: learners and engines must fit them together (0: not checked)
+         learners_per_node:int=0, # learners on the busiest node, for host memory (0: all of them)
+         host_mem_gib:float=0, # memory of one node in GiB, checked where learners offload (0: not checked)
+         colocated:bool=False, # engines share the learners' GPUs
         ) -> Plan:
     "Learner and engine memory per GPU for one configuration, with the verdict and the changes that make it fit."
     s = get_shape(model)
@@ -707,9 +750,13 @@ def plan(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelS
     lm = learner_memory(s, **{k: st[k] for k in _LEARNER_ARGS}, knobs=ZERO3_BUCKETS[zero3_buckets])
     em = engine_memory(s, engine_tp, gpu_memory_utilization, gpu_mem_gib, st["engine_seq_len"])
     lfit, efit = _learner_fits(lm, gpu_mem_gib), em.fits
-    return Plan(s, st, lm, em, lfit, efit, _advice(s, st, lm, em, lfit, efit))
+    gfit, gnote = gpu_budget(learners, engines, engine_tp, nodes, gpus_per_node, colocated)
+    hfit, hnote = host_budget(lm.host_bytes, learners_per_node or learners, host_mem_gib)
+    st.update(engines=engines, nodes=nodes, gpus_per_node=gpus_per_node, host_mem_gib=host_mem_gib)
+    advice = [a.replace("fits:", "memory per GPU fits:", 1) if not (gfit and hfit) else a for a in _advice(s, st, lm, em, lfit, efit)]
+    return Plan(s, st, lm, em, lfit, efit, advice, gfit, hfit, [n for n in (gnote, hnote) if n])
 
-# %% ../nbs/01_memory.ipynb 86
+# %% ../nbs/01_memory.ipynb 89
 def plan_json(p:Plan, # a plan
              ) -> dict: # JSON-ready
     "The plan as plain data with the documented keys."
@@ -718,7 +765,8 @@ def plan_json(p:Plan, # a plan
                       "vocab": p.model.vocab, "kv_heads": p.model.kv_heads, "head_dim": p.model.head_dim,
                       "heads": p.model.heads, "intermediate": p.model.intermediate, "tie_word_embeddings": p.model.tie_word_embeddings},
             "settings": p.settings, "learner": asdict(p.learner), "engine": asdict(p.engine),
-            "learner_fits": p.learner_fits, "engine_fits": p.engine_fits, "fits": p.fits, "advice": p.advice}
+            "learner_fits": p.learner_fits, "engine_fits": p.engine_fits, "gpus_fit": p.gpus_fit, "host_fit": p.host_fit,
+            "fits": p.fits, "advice": p.advice, "notes": p.notes}
 
 def format_plan(p:Plan, # a plan
                ) -> str: # a readable table
@@ -739,11 +787,11 @@ def format_plan(p:Plan, # a plan
              f"  {'context, graphs':<20} {em.overhead_bytes/GiB:8.2f} GiB",
              f"  {'KV cache':<20} {em.kv_cache_bytes/GiB:8.2f} GiB   ({em.kv_bytes_per_token/1024:.1f} KiB per token: {em.max_tokens:,} tokens)",
              f"  {'concurrent seqs':<20} {em.max_concurrent_seqs:8d}       {'fits' if p.engine_fits else 'DOES NOT FIT'}",
-             f"verdict: {'fits' if p.fits else 'does not fit'}"]
+             *p.notes, f"verdict: {'fits' if p.fits else 'does not fit'}"]
     rows += [f"  - {a}" for a in p.advice]
     return "\n".join(rows)
 
-# %% ../nbs/01_memory.ipynb 88
+# %% ../nbs/01_memory.ipynb 91
 def plan_command(*overrides:str, # with --config: its fields, as --section.field=value
                  config:str|None=None, # plan a whole training config (YAML file or preset, `grpo_nb config --list`); other flags are then its overrides
                  model:str|None=None, # built-in name ({models}) or a HF model directory / config.json
@@ -763,6 +811,10 @@ def plan_command(*overrides:str, # with --config: its fields, as --section.field
                  ref_policy:Literal["none", "gpu", "cpu"]="none", # where a KL reference policy lives
                  attn:Literal["sdpa", "flash_attention_2", "eager"]="sdpa", # learner attention kernel
                  zero3_buckets:Literal["large", "deepspeed"]="large", # ZeRO-3 communication settings (the trainer's `learner.zero3_buckets`)
+                 engines:int=1, # vLLM engines (for the GPU count)
+                 nodes:int=1, # nodes in the job (for the GPU count)
+                 gpus_per_node:int=0, # GPUs on each node: learners and engines must then fit them together (0: not checked)
+                 host_mem_gib:float=0, # memory of one node in GiB, checked where learners offload (0: not checked)
                  json_:bool=False, # print JSON instead of a table
                  list_models:bool=False, # list the built-in models and exit
                 ) -> int: # 0 with a plan (fits or not, see `fits`), 2 on bad arguments
@@ -781,7 +833,9 @@ def plan_command(*overrides:str, # with --config: its fields, as --section.field
               "Fix: --model Qwen2.5-7B; see --list-models.", file=sys.stderr); return 2
     try:
         pl = plan(model, learner_gpus, zero, offload, micro_batch, seq_len, grad_ckpt, engine_tp,
-                  gpu_memory_utilization, gpu_mem_gib, attn, logits, logprob_chunk, optimizer, ref_policy, zero3_buckets=zero3_buckets)
+                  gpu_memory_utilization, gpu_mem_gib, attn, logits, logprob_chunk, optimizer, ref_policy, zero3_buckets=zero3_buckets,
+                  engines=engines, nodes=nodes, gpus_per_node=gpus_per_node, learners_per_node=min(learner_gpus, gpus_per_node or learner_gpus),
+                  host_mem_gib=host_mem_gib)
     except ValueError as e:
         print(f"grpo_nb plan: error: {e}", file=sys.stderr); return 2
     print(json.dumps(plan_json(pl), indent=2) if json_ else format_plan(pl))
@@ -791,7 +845,7 @@ def plan_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb plan --model NAME|PATH ...` or `grpo_nb plan --config CONFIG [--section.field=value ...]`: per-GPU memory, the verdict and the fix."
     return run_cli(plan_command, argv, "grpo_nb plan", epilog="GiB = 2^30 bytes.", fill={"models": ", ".join(ARCHS)})
 
-# %% ../nbs/01_memory.ipynb 91
+# %% ../nbs/01_memory.ipynb 94
 def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 model:str|ModelShape|None=None, # override `cfg.model.name_or_path` (e.g. a shape for a built-in tiny model)
                ) -> Plan:
@@ -807,9 +861,10 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
     return plan(s, derive(cfg).learner_world_size, L.zero_stage, L.offload, B, T, cfg.model.gradient_checkpointing,
                 R.tensor_parallel_size, R.gpu_memory_utilization, C.gpu_mem_gib, cfg.model.attn_implementation,
                 "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq, fused=cfg.model.kernels == "liger",
-                zero3_buckets=L.zero3_buckets)
+                zero3_buckets=L.zero3_buckets, engines=R.num_engines, nodes=C.nodes, gpus_per_node=C.gpus_per_node if C.device != "cpu" else 0,
+                learners_per_node=max(C.learners_per_node), host_mem_gib=C.host_mem_gib, colocated=R.placement == "colocated")
 
-# %% ../nbs/01_memory.ipynb 93
+# %% ../nbs/01_memory.ipynb 96
 @dataclass
 class ColocatedMemory:
     "Per-GPU memory of a learner and an engine that share the GPU, phase by phase."
@@ -832,7 +887,7 @@ def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo
     cap = int(gpu_mem_gib * GiB)
     return ColocatedMemory(gen, learn, max(gen, learn), cap, max(gen, learn) <= cap, "generate" if gen >= learn else "learn")
 
-# %% ../nbs/01_memory.ipynb 94
+# %% ../nbs/01_memory.ipynb 97
 def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement="colocated"`
                    model=None, # override the model (a built-in name or `ModelShape`), as in `grpo_nb.memory.plan_config`
                   ) -> ColocatedMemory:
@@ -840,7 +895,7 @@ def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement
     p = plan_config(cfg, model)
     return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
 
-# %% ../nbs/01_memory.ipynb 97
+# %% ../nbs/01_memory.ipynb 100
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -864,7 +919,7 @@ def _plan_config_cli(source:str, # YAML file or preset
               f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
     return 0
 
-# %% ../nbs/01_memory.ipynb 101
+# %% ../nbs/01_memory.ipynb 104
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -887,7 +942,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(units.get(sweep, sweep)); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=9, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 105
+# %% ../nbs/01_memory.ipynb 108
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."
@@ -911,7 +966,7 @@ def planner_widget(model:str="Qwen2.5-7B", # initial model
     redraw()
     return W.VBox([W.HBox(list(ctl.values())[i:i + 4]) for i in range(0, len(ctl), 4)] + [out])
 
-# %% ../nbs/01_memory.ipynb 115
+# %% ../nbs/01_memory.ipynb 118
 def accuracy_table(path:str|Path="bench/results/memory_accuracy.json", # the benchmark's output
                   ) -> str: # a table, or why there is none
     "Predicted vs measured peak memory from `bench/memory_accuracy.py`."

@@ -12,7 +12,8 @@ import yaml
 from .config import ConfigError, GPU_MIB, _merge, derive, load_config, parse_overrides
 
 # %% auto 0
-__all__ = ['RULES', 'RULE', 'Rule', 'parse_flags', 'Translation', 'translate', 'translate_cli', 'mapping_table']
+__all__ = ['RULES', 'RULE', 'OI_DEFAULTS', 'OI_KEPT', 'Rule', 'parse_flags', 'Translation', 'translate', 'translate_cli',
+           'mapping_table']
 
 # %% ../nbs/00a_open_instruct.ipynb 6
 def _bool(v) -> bool:
@@ -61,7 +62,8 @@ RULES:list[Rule] = [
     _R("num_epochs", "learner.epochs_per_batch", int),
     _R("beta", "learner.kl_beta", float, "a reference policy on the learners' GPUs when > 0"),
     _R("load_ref_policy", None, _bool, "-> learner.ref_policy gpu or none"),
-    _R("kl_estimator", None, str, "kl1/kl2/kl3 (or 1-3) -> learner.kl k1/k2/k3"),
+    _R("kl_estimator", None, str, "an index in current open-instruct: 0 -> k1, 1 -> k2, 2 (its default) -> k3; 3 (importance-weighted) is refused when beta > 0. The older names kl1/kl2/kl3 -> k1/k2/k3"),
+    _R("filter_zero_std_samples", "learner.drop_zero_variance_groups", _bool, "groups whose G rewards are all equal carry no signal and are dropped"),
     _R("clip_lower", "learner.clip_low", float),
     _R("clip_higher", "learner.clip_high", float),
     _R("truncated_importance_sampling_ratio_cap", "learner.tis_cap", float),
@@ -86,7 +88,7 @@ RULES:list[Rule] = [
     _R("code_api_url", "reward.code_service_url", str, "the batch script can start the sandboxed service itself"),
     _R("code_max_execution_time", "reward.code_timeout_s", float),
     _NO("vllm_enable_prefix_caching", "prefix caching is always on (and reset after each weight sync)"),
-    _NO("push_to_hub", "no hub upload; the HF export is in <output_dir>/export"),
+    _NO("push_to_hub", "no hub upload; the HF export is <output_dir>/policy (checkpoint.export_hf)"),
     _NO("try_launch_beaker_eval_jobs_on_weka", "Beaker-only"),
     _NO("hf_entity", "hub-only"), _NO("hf_repo_id", "hub-only"), _NO("hf_repo_revision", "hub-only"),
     _NO("gs_bucket_path", "Google Cloud-only"), _NO("oe_eval_tasks", "Beaker evaluation jobs"),
@@ -100,7 +102,24 @@ RULES:list[Rule] = [
 "open-instruct `grpo_fast` flags and what becomes of them."
 RULE:dict[str, Rule] = {r.flag: r for r in RULES}
 
-# %% ../nbs/00a_open_instruct.ipynb 9
+# %% ../nbs/00a_open_instruct.ipynb 8
+OI_DEFAULTS:dict[str, Any] = {
+    "max_prompt_token_length": 256, "response_length": 256, "pack_length": 512, "num_unique_prompts_rollout": 16,
+    "num_samples_per_prompt_rollout": 4, "async_steps": 1, "filter_zero_std_samples": True, "advantage_normalization_type": "standard",
+    "num_mini_batches": 1, "num_epochs": 1, "beta": 0.05, "load_ref_policy": True, "kl_estimator": 2, "clip_lower": 0.2, "clip_higher": 0.2,
+    "truncated_importance_sampling_ratio_cap": 0.0, "deepspeed_stage": 0, "num_learners_per_node": [1], "vllm_num_engines": 1,
+    "vllm_tensor_parallel_size": 1, "vllm_gpu_memory_utilization": 0.9, "vllm_sync_backend": "nccl", "total_episodes": 100000,
+    "local_eval_every": 100, "checkpoint_state_freq": 200,
+}
+"open-instruct `grpo_fast` defaults (its 0-3 `kl_estimator` versions) of the flags the translator maps: carried over when omitted."
+
+OI_KEPT:dict[str, str] = {
+    "deepspeed_stage": "open-instruct's default ZeRO stage 0 gives every learner a whole copy of the model and its optimizer; grpo-nb keeps learner.zero_stage 3 (pass --deepspeed_stage 0 to copy it)",
+    "truncated_importance_sampling_ratio_cap": "open-instruct's default 0 turns truncated importance sampling off; grpo-nb keeps learner.tis_cap 2.0, which a one-step-off run needs (pass the flag to choose)",
+}
+"Omitted flags whose open-instruct default is not carried over: grpo-nb keeps its own value, and the warning says why."
+
+# %% ../nbs/00a_open_instruct.ipynb 11
 def parse_flags(argv:list[str], # tokens after `grpo_fast.py`
                ) -> tuple[dict[str, Any], list[str]]: # (flag -> value, grpo-nb overrides)
     "Split an open-instruct command line into its flags and the grpo-nb `--section.field=value` overrides beside them."
@@ -116,7 +135,7 @@ def parse_flags(argv:list[str], # tokens after `grpo_fast.py`
         i += 1
     return flags, overrides
 
-# %% ../nbs/00a_open_instruct.ipynb 12
+# %% ../nbs/00a_open_instruct.ipynb 14
 @dataclass
 class Translation:
     "An open-instruct run as grpo-nb config data."
@@ -136,12 +155,18 @@ def _get(data:dict, dotted:str, default=None):
         node = node[p]
     return node
 
-# %% ../nbs/00a_open_instruct.ipynb 13
+# %% ../nbs/00a_open_instruct.ipynb 15
 def translate(flags:dict[str, Any], # open-instruct flag -> value (`parse_flags`, or an open-instruct YAML)
               overrides:list[str]|None=None, # grpo-nb `--section.field=value` applied last
              ) -> Translation:
     "grpo-nb config data for an open-instruct run, with the mapping used and a warning for everything not carried over."
-    t = Translation({})
+    t, given = Translation({}), set(flags)
+    if flags.get("load_ref_policy") is not None and not RULE["load_ref_policy"].convert(flags["load_ref_policy"]): given.add("beta")   # open-instruct: no reference, beta 0
+    flags = {**{k: v for k, v in OI_DEFAULTS.items() if k not in OI_KEPT and k not in given}, **flags}
+    t.warnings += [f"--{k} not given: {why}" for k, why in OI_KEPT.items() if k not in given]
+    if "model_name_or_path" not in given:
+        t.warnings.append(f"--model_name_or_path not given: model.name_or_path stays {_get(parse_overrides(list(overrides or [])), 'model.name_or_path', 'tiny-arith')!r}; "
+                          "give --model_name_or_path /path/to/your/hf/model (a directory with config.json and weights)")
     def put(flag, value, dotted, v, note=""):
         _set(t.data, dotted, v); t.mapping.append((f"{flag}={value}", f"{dotted}={v}", note))
     for flag, value in flags.items():
@@ -164,10 +189,7 @@ def translate(flags:dict[str, Any], # open-instruct flag -> value (`parse_flags`
         ref = "gpu" if F("load_ref_policy", F("beta", 0.0) > 0) else "none"
         put("load_ref_policy", flags.get("load_ref_policy", "(beta > 0)"), "learner.ref_policy", ref)
         if F("beta", 0.0) > 0 and ref == "none": t.warnings.append("--beta > 0 with --load_ref_policy false: a KL penalty needs the reference policy; set one of them")
-    if "kl_estimator" in flags:
-        k = str(flags["kl_estimator"]).lower().removeprefix("kl")
-        if k in ("1", "2", "3"): put("kl_estimator", flags["kl_estimator"], "learner.kl", f"k{k}")
-        else: t.warnings.append(f"--kl_estimator {flags['kl_estimator']}: grpo-nb offers k1, k2 and k3; not translated")
+    if "kl_estimator" in flags: _kl(t, flags["kl_estimator"], F("beta", 0.0), put)
     if "advantage_normalization_type" in flags:
         a = str(flags["advantage_normalization_type"])
         if a in ("standard", "centered"): put("advantage_normalization_type", a, "learner.advantage", "std" if a == "standard" else "none")
@@ -190,6 +212,7 @@ def translate(flags:dict[str, Any], # open-instruct flag -> value (`parse_flags`
         _set(t.data, "learner.num_mini_batches", 1); t.mapping.append(("num_mini_batches=(default 1)", "learner.num_mini_batches=1", "one optimizer step per rollout batch"))
     _set(t.data, "model.dtype", _get(t.data, "model.dtype", "bfloat16")); _set(t.data, "cluster.device", "cuda")
     _set(t.data, "cluster.ray_address", "auto")
+    t.mapping = [(a, b, "open-instruct's default" + (f"; {n}" if n else "")) if a.split("=")[0] in set(flags) - given else (a, b, n) for a, b, n in t.mapping]
     t.data = _merge(t.data, parse_overrides(list(overrides or [])))
     _place(t)
     _steps(t, flags)
@@ -198,7 +221,17 @@ def translate(flags:dict[str, Any], # open-instruct flag -> value (`parse_flags`
                           f"--cluster.gpu=NAME ({', '.join(GPU_MIB)}) so it uses the capacity nvidia-smi reports")
     return t
 
-# %% ../nbs/00a_open_instruct.ipynb 14
+# %% ../nbs/00a_open_instruct.ipynb 16
+def _kl(t:Translation, value, beta:float, put):
+    "open-instruct's `kl_estimator`: an index 0-3 in current versions (2, the default, is k3), a name kl1-kl4 in older ones."
+    s = str(value).strip().lower()
+    k = {"0": "k1", "1": "k2", "2": "k3", "kl1": "k1", "kl2": "k2", "kl3": "k3"}.get(s)
+    if k: put("kl_estimator", value, "learner.kl", k, "open-instruct's index 2 (its default) is k3"); return
+    if s in ("3", "kl4") and beta > 0:
+        raise ConfigError("--kl_estimator", f"{value} is open-instruct's importance-weighted KL estimator, which grpo-nb does not implement.",
+                          "--kl_estimator 2 (k3, open-instruct's default), or --beta 0.0 for no KL penalty")
+    t.warnings.append(f"--kl_estimator {value}: " + ("with beta 0 no KL is computed; not translated" if s in ("3", "kl4") else "not an estimator open-instruct knows (0-3); not translated"))
+
 def _place(t:Translation):
     "Nodes from learners and engines when not given (grpo-nb needs them; open-instruct leaves them to Ray)."
     gpn = int(_get(t.data, "cluster.gpus_per_node", 8))
@@ -230,7 +263,7 @@ def _steps(t:Translation, flags:dict):
         if every and every > n:
             t.warnings.append(f"{dotted}={every} is more than the run's {n} steps: no {what} would happen; raise total_steps or lower {dotted}")
 
-# %% ../nbs/00a_open_instruct.ipynb 24
+# %% ../nbs/00a_open_instruct.ipynb 28
 def translate_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb config --from-open-instruct [FILE.yaml] [--flag value ...] [--section.field=value ...] [--out FILE]`."
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -259,7 +292,7 @@ def translate_cli(argv:list[str]|None=None) -> int:
     else: print(text, end="")
     return 0
 
-# %% ../nbs/00a_open_instruct.ipynb 27
+# %% ../nbs/00a_open_instruct.ipynb 31
 def mapping_table() -> str:
     "The mapping as a markdown table."
     rows = [f"| `--{r.flag}` | {f'`{r.field}`' if r.field else ('not translated' if not r.honoured else 'see note')} | {r.note} |" for r in RULES]

@@ -11,9 +11,10 @@ from .config import TrainConfig, load_config, ConfigError, run_cli
 
 # %% auto 0
 __all__ = ['SEED_LAYOUTS', 'PlacementError', 'sync_rank', 'LearnerSlot', 'EngineSlot', 'Layout', 'plan_layout', 'plan_colocated',
-           'layout_table', 'learner_env', 'ray_start_args', 'cluster_nodes', 'nodes_text', 'wait_for_nodes',
-           'check_cluster', 'wait_for_group', 'PlacementGroups', 'create_placement_groups', 'placed_actor_options',
-           'placement_report', 'probe_placement', 'check_placement', 'reports_table', 'layout_command', 'layout_cli']
+           'layout_table', 'idle_advice', 'learner_env', 'ray_start_args', 'cluster_nodes', 'nodes_text',
+           'wait_for_nodes', 'check_cluster', 'wait_for_group', 'PlacementGroups', 'create_placement_groups',
+           'placed_actor_options', 'placement_report', 'probe_placement', 'check_placement', 'reports_table',
+           'layout_command', 'layout_cli']
 
 # %% ../nbs/02_placement.ipynb 6
 class PlacementError(ValueError):
@@ -336,7 +337,27 @@ def _from_config(cls, cfg, # a `grpo_nb.config.TrainConfig`
 
 Layout.from_config = classmethod(_from_config)
 
-# %% ../nbs/02_placement.ipynb 47
+# %% ../nbs/02_placement.ipynb 46
+def idle_advice(lay:Layout, # a planned layout
+               ) -> str: # "" when every GPU has work, else a warning that names the fixes
+    "How many GPUs `lay` leaves idle, on which nodes, and how to fill them."
+    if lay.idle_gpus <= 0: return ""
+    idle = [sum(r == "-" for r in roles) for roles in lay.node_roles] + [lay.gpus_per_node] * (lay.nodes - len(lay.node_roles))
+    runs, i = [], 0   # consecutive nodes with the same idle count, folded
+    while i < len(idle):
+        j = i
+        while j + 1 < len(idle) and idle[j + 1] == idle[i]: j += 1
+        if idle[i]: runs.append(f"node {i}: {idle[i]}" if i == j else f"nodes {i}-{j}: {idle[i]} each")
+        i = j + 1
+    fixes, more = [], sum(n // lay.tp for n in idle)   # an engine's TP GPUs must share a node
+    if more: fixes.append(f"--rollout.num_engines={lay.num_engines + more} (engines of TP {lay.tp} on the idle GPUs)")
+    lpn = [n + idle[k] for k, n in enumerate(lay.learners_per_node)]
+    if lpn != list(lay.learners_per_node): fixes.append(f"--cluster.learners_per_node=[{','.join(map(str, lpn))}] (learners on the idle GPUs of the learner nodes)")
+    need = _nodes_needed(list(lay.learners_per_node), lay.num_engines, lay.tp, lay.gpus_per_node)
+    if 0 < need < lay.nodes: fixes.append(f"--cluster.nodes={need} (and sbatch --nodes {need}): the work fits on {need} node(s)")
+    return f"{lay.idle_gpus} of {lay.nodes * lay.gpus_per_node} GPUs would sit idle ({', '.join(runs)}). Fill them: " + "; or ".join(fixes)
+
+# %% ../nbs/02_placement.ipynb 50
 SEED_LAYOUTS:dict[str, dict] = {
     "7B on 5 × 8 GPUs (open-instruct)": dict(nodes=5, gpus_per_node=8, learners_per_node=[8], num_engines=32, tp=1),
     "7B on 10 × 4 GPUs (Isambard port)": dict(nodes=10, gpus_per_node=4, learners_per_node=[2] * 10, num_engines=20, tp=1),
@@ -348,7 +369,7 @@ SEED_LAYOUTS:dict[str, dict] = {
 }
 "Named example layouts from the reference runs (and their mistakes), used by the notebook and the tests."
 
-# %% ../nbs/02_placement.ipynb 54
+# %% ../nbs/02_placement.ipynb 57
 def learner_env(lay:Layout, # the layout
                 rank:int, # learner rank
                 master_addr:str, # IP of learner rank 0's node (the rendezvous)
@@ -360,7 +381,7 @@ def learner_env(lay:Layout, # the layout
             "MASTER_PORT": str(master_port), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
             "GRPO_NODE_LOCAL_RANK": str(s.local_rank), "GRPO_LEARNER_BUNDLE": str(s.bundle)}
 
-# %% ../nbs/02_placement.ipynb 57
+# %% ../nbs/02_placement.ipynb 60
 def ray_start_args(role:Literal["head","worker"], # "head" starts the cluster, "worker" joins it
                    head_ip:str, # IP address of the head node
                    port:int=6379, # GCS port of the head
@@ -382,7 +403,7 @@ def ray_start_args(role:Literal["head","worker"], # "head" starts the cluster, "
     a += [f"--{k}={v}" for k, v in (options or {}).items()] + ["--disable-usage-stats"]
     return a + (["--block"] if block else [])
 
-# %% ../nbs/02_placement.ipynb 60
+# %% ../nbs/02_placement.ipynb 63
 def cluster_nodes() -> list[dict]:
     "Live nodes of the connected Ray cluster: id, IP, GPUs and CPUs (total and free now), sorted by IP."
     import ray
@@ -405,7 +426,7 @@ def nodes_text(rows:list[dict], # `cluster_nodes()`
     return "; ".join(f"{r['ip']} ({r['node_id'][:6]}): {r['gpus']} GPU{f(r, 'gpus')}, {r['cpus']} CPU{f(r, 'cpus')}"
                      for r in rows) or "no live node"
 
-# %% ../nbs/02_placement.ipynb 62
+# %% ../nbs/02_placement.ipynb 65
 def wait_for_nodes(n_nodes:int, # nodes that must be alive
                    n_gpus:int=0, # GPUs they must offer in total
                    timeout_s:float=300, # give up after this many seconds
@@ -431,7 +452,7 @@ def wait_for_nodes(n_nodes:int, # nodes that must be alive
         "look at `ray start --address=...` on the missing nodes (its log: <temp-dir>/session_latest/logs/raylet.err): "
         "the same RAY_AUTH_MODE (or token) on head, workers and driver, the head's port reachable, --num-gpus declared")
 
-# %% ../nbs/02_placement.ipynb 64
+# %% ../nbs/02_placement.ipynb 67
 def check_cluster(lay:Layout, # the plan
                   rows:list[dict], # `cluster_nodes()` of the live cluster
                  ) -> None:
@@ -455,7 +476,7 @@ def check_cluster(lay:Layout, # the plan
         raise PlacementError(f"the layout needs {_num(total)} {unit}s ({lay.num_engines} engines of {_num(eng)}); the cluster has "
                              f"{_num(sum(caps))}: {nt}.", fix)
 
-# %% ../nbs/02_placement.ipynb 66
+# %% ../nbs/02_placement.ipynb 69
 def wait_for_group(pg, # a ray PlacementGroup
                    what:str, # how to name it in errors ("learner", "engine")
                    timeout_s:float=60, # give up after this many seconds
@@ -476,7 +497,7 @@ def wait_for_group(pg, # a ray PlacementGroup
                                  f"{nodes_text(cluster_nodes())}.",
                                  "stop what holds them (ray list actors / placement-groups), or lower the engine count")
 
-# %% ../nbs/02_placement.ipynb 67
+# %% ../nbs/02_placement.ipynb 70
 @dataclass
 class PlacementGroups:
     "The placement groups realising a `Layout` on a live cluster (made by `create_placement_groups`)."
@@ -496,7 +517,7 @@ class PlacementGroups:
         for pg in (self.engines, self.learners):
             if pg is not None: remove_placement_group(pg)
 
-# %% ../nbs/02_placement.ipynb 68
+# %% ../nbs/02_placement.ipynb 71
 def create_placement_groups(lay:Layout, # the plan
                             timeout_s:float=60, # per group: refuse if not placed by then
                             poll_s:int=1, # seconds per slice of waiting
@@ -518,7 +539,7 @@ def create_placement_groups(lay:Layout, # the plan
         for pg in made: remove_placement_group(pg)
         raise
 
-# %% ../nbs/02_placement.ipynb 70
+# %% ../nbs/02_placement.ipynb 73
 def placed_actor_options(groups:PlacementGroups, # the live placement groups
                          role:Literal["learner","engine"], # which kind of actor
                          index:int, # learner rank, or engine index
@@ -540,7 +561,7 @@ def placed_actor_options(groups:PlacementGroups, # the live placement groups
     if env_vars: opts["runtime_env"] = {"env_vars": dict(env_vars)}
     return opts
 
-# %% ../nbs/02_placement.ipynb 72
+# %% ../nbs/02_placement.ipynb 75
 def placement_report() -> dict:
     "Where the calling Ray actor runs: node id, IP, host, pid, CUDA_VISIBLE_DEVICES and Ray's GPU ids."
     import ray
@@ -555,7 +576,7 @@ class _Probe:
         if extra is not None: r.update(extra())
         return r
 
-# %% ../nbs/02_placement.ipynb 73
+# %% ../nbs/02_placement.ipynb 76
 def probe_placement(groups:PlacementGroups, # the live placement groups
                     extra:Callable[[], dict]|None=None, # run inside every probe; its dict is merged into the report
                     env_vars:dict[str, str]|None=None, # environment of the probe actors
@@ -573,7 +594,7 @@ def probe_placement(groups:PlacementGroups, # the live placement groups
         for a in actors: ray.kill(a)
     return [{"role": role, **info, **r} for (role, _, info), r in zip(slots, reports)]
 
-# %% ../nbs/02_placement.ipynb 75
+# %% ../nbs/02_placement.ipynb 78
 def _check_colocated(lay:Layout, reports:list[dict], L:list[dict]) -> str:
     "Colocated: learner i and engine i share one GPU of one node; no two learners share a GPU."
     where = {}
@@ -590,7 +611,7 @@ def _check_colocated(lay:Layout, reports:list[dict], L:list[dict]) -> str:
     return next(r["ip"] for r in L if r["rank"] == 0)
 
 
-# %% ../nbs/02_placement.ipynb 76
+# %% ../nbs/02_placement.ipynb 79
 def check_placement(lay:Layout, # the plan
                     reports:list[dict], # `probe_placement` rows (or the same keys from real actors)
                    ) -> str:
@@ -619,7 +640,7 @@ def check_placement(lay:Layout, # the plan
                 owners[g] = f"{r['role']} {r['rank']}"
     return next(r["ip"] for r in L if r["rank"] == 0)
 
-# %% ../nbs/02_placement.ipynb 79
+# %% ../nbs/02_placement.ipynb 82
 def reports_table(reports:list[dict]) -> str:
     "One line per placed actor: role, rank, bundle, node, IP, CUDA_VISIBLE_DEVICES, sync ranks (and GPU UUID if reported)."
     lines = [f"{'role':<8} {'rank':>4} {'bundle':>6}  {'node':<8} {'ip':<15} {'CUDA_VISIBLE_DEVICES':<20} sync ranks"]
@@ -628,7 +649,7 @@ def reports_table(reports:list[dict]) -> str:
                      f"{str(r.get('cuda_visible_devices')):<20} {r.get('sync_ranks')}" + (f"  {r['gpu_uuids']}" if r.get("gpu_uuids") else ""))
     return "\n".join(lines)
 
-# %% ../nbs/02_placement.ipynb 83
+# %% ../nbs/02_placement.ipynb 86
 def layout_command(*, config:str|None=None, # YAML file or preset whose cluster/rollout sections give the defaults (default: the default config)
                    nodes:int|None=None, # nodes in the Ray cluster
                    gpus_per_node:int|None=None, # GPUs on each node
@@ -658,6 +679,7 @@ def layout_command(*, config:str|None=None, # YAML file or preset whose cluster/
         print(f"grpo_nb layout: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(lay.to_dict(), indent=2) if json_ else layout_table(lay))
+    if idle_advice(lay): print(f"grpo_nb layout: warning: {idle_advice(lay)}", file=sys.stderr)
     return 0
 
 def layout_cli(argv:list[str]|None=None) -> int:

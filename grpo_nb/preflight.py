@@ -4,17 +4,20 @@
 
 # %% ../nbs/09b_preflight.ipynb 3
 from __future__ import annotations
-import json, os, re, shlex, shutil, subprocess, sys
+import copy, json, os, re, shlex, shutil, subprocess, sys
 from pathlib import Path
-from .config import TrainConfig, ConfigError, load_config, derive, run_cli
+from .config import TrainConfig, ConfigError, load_config, derive, run_cli, config_cli as _config_cli
+from .plugins import PluginError, check_registered, import_plugins, load_plugins
+from .rewards import REWARDS
+from .run import data_path, load_rows
 from .memory import plan_config, colocated_plan, GiB
-from .placement import Layout, PlacementError
+from .placement import Layout, idle_advice, PlacementError
 from .tiny import builtin_model
 
 # %% auto 0
-__all__ = ['Check', 'check_model', 'check_writable', 'parse_sinfo', 'check_nodes', 'check_memory', 'check_layout', 'preflight',
-           'preflight_command', 'preflight_cli', 'uses_code_rewards', 'job_env', 'check_baked', 'job_env_command',
-           'job_env_cli']
+__all__ = ['Check', 'check_model', 'check_writable', 'parse_sinfo', 'check_nodes', 'node_memory_gib', 'check_memory',
+           'check_layout', 'check_data', 'check_plugins', 'config_cli', 'preflight', 'preflight_command',
+           'preflight_cli', 'uses_code_rewards', 'job_env', 'check_baked', 'job_env_command', 'job_env_cli']
 
 # %% ../nbs/09b_preflight.ipynb 6
 Check = tuple[str, str]  # (PASS | WARN | FAIL | SKIP, detail)
@@ -79,6 +82,19 @@ def check_nodes(nodes:int, gpus_per_node:int, partition:str="", sinfo:str|None=N
     return "PASS", f"{len(fit)} usable node(s) with >= {gpus_per_node} GPUs, {len(idle)} idle"
 
 # %% ../nbs/09b_preflight.ipynb 15
+def node_memory_gib(partition:str="", # partition to ask about ("": the default)
+                    sinfo:str|None=None, # `sinfo -h -N -o '%N %m'` output (None: run sinfo)
+                   ) -> float: # GiB of the smallest node; 0 when unknown
+    "The memory of the partition's smallest node, from sinfo."
+    if sinfo is None:
+        if not shutil.which("sinfo"): return 0.0
+        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %m", *(["-p", partition] if partition else [])], capture_output=True, text=True, timeout=30)
+        if r.returncode: return 0.0
+        sinfo = r.stdout
+    mb = [int(p[1].rstrip("+")) for p in (l.split() for l in sinfo.splitlines()) if len(p) >= 2 and p[1].rstrip("+").isdigit()]
+    return min(mb) / 1024 if mb else 0.0
+
+# %% ../nbs/09b_preflight.ipynb 18
 def _run_cli(module:str, func:str, argv:list[str]) -> tuple[int|None, str, str]:
     "Call `module.func(argv)` capturing its output; (None, '', why) when the module or function is absent."
     import contextlib, importlib, io
@@ -102,7 +118,8 @@ def check_memory(cfg:TrainConfig) -> Check:
         return ("PASS", detail) if cm.fits else ("FAIL", f"{detail}; lower rollout.gpu_memory_utilization, or place engines apart (rollout.placement=split)")
     detail = (f"learner needs {plan.learner.total_bytes / GiB:.1f} GiB of {cfg.cluster.gpu_mem_gib:.1f} GiB (peak allocated "
               f"{plan.learner.peak_bytes / GiB:.1f} GiB, plus allocator slack, CUDA context and NCCL)")
-    if plan.fits: return "PASS", detail
+    if not (plan.gpus_fit and plan.host_fit): return "FAIL", "; ".join([detail, *plan.notes])
+    if plan.fits: return "PASS", "; ".join([detail, *[n for n in plan.notes if n.startswith("host")]])
     return "FAIL", f"{detail}; fixes: {'; '.join(plan.advice) or 'see grpo_nb plan'}"
 
 def check_layout(cfg:TrainConfig) -> Check:
@@ -117,20 +134,63 @@ def check_layout(cfg:TrainConfig) -> Check:
     if rc: return "FAIL", (err or out).strip()[:300]
     try: lay = json.loads(out)
     except ValueError: return "PASS", "layout feasible"
+    if lay.get("idle_gpus"): return "WARN", idle_advice(Layout.from_config(cfg))
     return "PASS", f"learner world {lay.get('learner_world_size')}, sync world {lay.get('sync_world_size')}, idle GPUs {lay.get('idle_gpus')}"
 
-# %% ../nbs/09b_preflight.ipynb 18
+# %% ../nbs/09b_preflight.ipynb 24
+def check_data(cfg:TrainConfig) -> Check:
+    "Whether the data files exist, are readable and hold rows with the configured fields (read through `grpo_nb.run.load_rows`)."
+    D, counts, first = cfg.data, [], None
+    try:
+        import_plugins(D.plugins, "data.plugins")
+        for where, path in (("data.train_path", D.train_path), ("data.eval_path", D.eval_path)):
+            if not path: continue
+            p = data_path(path)
+            if not path.startswith("builtin:") and p.exists() and not os.access(p, os.R_OK):
+                return "FAIL", f"{where}: cannot read {p}: fix its permissions"
+            rows = load_rows(path, D.prompt_key, D.answer_key, where)
+            if not rows: return "FAIL", f"{where}: {path} holds no rows"
+            counts.append(f"{where.split('.')[1].removesuffix('_path')} {len(rows)} rows"); first = first or rows[0]
+    except (ConfigError, PluginError) as e: return "FAIL", str(e)
+    return "PASS", f"{', '.join(counts)}; first prompt {str(first['prompt'])[:60]!r}, answer {str(first['answer'])[:30]!r}"
+
+def check_plugins(cfg:TrainConfig) -> Check:
+    "Import `reward.plugins` against `grpo_nb.rewards.REWARDS`, and check every name of `reward.functions` is registered."
+    try:
+        added = load_plugins(cfg.reward.plugins, REWARDS)
+        check_registered(cfg.reward.functions, REWARDS, added=added)
+    except PluginError as e: return "FAIL", str(e)
+    if not cfg.reward.plugins: return "PASS", f"built-in rewards {sorted(cfg.reward.functions)}"
+    return "PASS", f"{len(cfg.reward.plugins)} plug-in(s) imported; rewards {sorted(cfg.reward.functions)} registered" + (f" (new: {added})" if added else "")
+
+# %% ../nbs/09b_preflight.ipynb 27
+def config_cli(argv:list[str]|None=None) -> int:
+    "`grpo_nb config`: the reward names and plug-ins of a GRPO config checked against the registry, then `grpo_nb.config.config_cli`."
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not {"-h", "--help", "--fields", "--list", "--from-open-instruct"} & set(argv):
+        lead = argv[:1] if argv and not argv[0].startswith("-") else []
+        try: cfg = load_config(lead[0] if lead else None, [a for a in argv[len(lead):] if a != "--json"])
+        except ConfigError: cfg = None   # not a GRPO config, or a bad one: config_cli says which
+        if cfg is not None and (bad := check_plugins(cfg))[0] == "FAIL":
+            print(f"grpo_nb config: error: {bad[1]}", file=sys.stderr); return 2
+    return _config_cli(argv)
+
+# %% ../nbs/09b_preflight.ipynb 29
 def preflight(cfg:TrainConfig, nodes:int|None=None, partition:str="", log_dir:str="logs", sinfo:str|None=None) -> list[tuple[str, str, str]]:
     "Every check of `cfg` before submission: rows (check, status, detail)."
+    if cfg.learner.offload != "none" and not cfg.cluster.host_mem_gib and cfg.cluster.device != "cpu":   # offloaded states against the nodes' memory
+        cfg = copy.deepcopy(cfg); cfg.cluster.host_mem_gib = node_memory_gib(partition) if sinfo is None else 0.0
     C, d = cfg.cluster, derive(cfg)
     gpus = C.gpus_per_node if C.device != "cpu" else 0
-    rows = [("model", *check_model(cfg.model.name_or_path)), ("memory plan", *check_memory(cfg)), ("layout", *check_layout(cfg)),
-            ("nodes (sinfo)", *check_nodes(nodes or C.nodes, gpus, partition, sinfo))]
+    rows = [("nodes", "FAIL", f"the config places work on {C.nodes} node(s) but you will ask for {nodes}: the job would stop at its start-up check. "
+                              f"Fix: --cluster.nodes={nodes} (grpo_nb sbatch --nodes {nodes} sets it), or --nodes {C.nodes}")] if nodes and nodes != C.nodes else []
+    rows += [("model", *check_model(cfg.model.name_or_path)), ("data", *check_data(cfg)), ("rewards", *check_plugins(cfg)),
+             ("memory plan", *check_memory(cfg)), ("layout", *check_layout(cfg)), ("nodes (sinfo)", *check_nodes(nodes or C.nodes, gpus, partition, sinfo))]
     for what, path in [("output dir", cfg.logging.output_dir), ("checkpoint dir", d.checkpoint_dir), ("log dir", log_dir)]:
         rows.append((what, *check_writable(path, what)))
     return rows
 
-# %% ../nbs/09b_preflight.ipynb 20
+# %% ../nbs/09b_preflight.ipynb 31
 def preflight_command(config:str, # YAML config or preset name
                       *overrides:str, # config fields as --section.field=value, as you will pass them at submission
                       nodes:int|None=None, # nodes you will ask for (default: cluster.nodes)
@@ -151,7 +211,7 @@ def preflight_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb preflight CONFIG [--nodes N] [--partition P] [--log-dir D] [overrides]`: check before you submit; exit 1 on a failure."
     return run_cli(preflight_command, argv, "grpo_nb preflight")
 
-# %% ../nbs/09b_preflight.ipynb 24
+# %% ../nbs/09b_preflight.ipynb 35
 def uses_code_rewards(cfg:TrainConfig) -> bool:
     "Whether a reward function of `cfg` runs code (needs the code-execution service; names containing 'code')."
     return any("code" in name for name, w in cfg.reward.functions.items() if w) and not cfg.reward.code_service_url
@@ -173,7 +233,7 @@ def job_env(cfg:TrainConfig, environ:dict) -> dict[str, str]:
     return {"OUTPUT_DIR": str(Path(cfg.logging.output_dir).resolve()), "CKPT_DIR": str(Path(d.checkpoint_dir).resolve()),
             "TOTAL_STEPS": str(cfg.total_steps), "CODE_REWARDS": "1" if uses_code_rewards(cfg) else "0"}
 
-# %% ../nbs/09b_preflight.ipynb 28
+# %% ../nbs/09b_preflight.ipynb 39
 def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and the submission's
                 submitted:TrainConfig, # CONFIG with the submission's overrides only
                 baked:list[str], # the overrides baked into the script
@@ -188,7 +248,7 @@ def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and 
                               f"but {config} as submitted says {mine}: refusing before Ray starts, so that no other run's checkpoints are read or moved.",
                               f"regenerate the script for this config (grpo_nb sbatch {config} ...), or pass the directory you mean at submission")
 
-# %% ../nbs/09b_preflight.ipynb 30
+# %% ../nbs/09b_preflight.ipynb 41
 def job_env_command(config:str, # CONFIG as submitted to the script
                     *overrides:str, # the script's baked overrides first, then the submission's (--section.field=value)
                     baked:int=0, # how many of the overrides the script baked in (they must not move the submitted config's directories)

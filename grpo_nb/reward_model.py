@@ -555,7 +555,7 @@ class RMSlurmSpec:
     log_dir:str="logs" # directory of --output (must exist)
     venv:str=".venv" # environment activated in the job ("": none)
     rdzv_port:int=29500 # c10d rendezvous port on the first node
-    gpu_mem_gib:float=80.0 # memory of one GPU, for the printed plan
+    gpu_mem_gib:float=80.0 # memory of one GPU for the printed plan, where nvidia-smi cannot say (the script asks it first)
 
 RM_SBATCH = r'''#!/bin/bash
 # reward_model.sbatch: pairwise reward model, DeepSpeed ZeRO-3 over every GPU of the job (one torchrun per node).
@@ -586,7 +586,9 @@ HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 HEAD_IP=$(srun --nodes=1 --ntasks=1 -w "$HEAD" hostname --ip-address | awk '{print $1}')
 {{stop_and_requeue}}
 log "job $SLURM_JOB_ID (restart $RESTARTS): $NNODES node(s) x {{gpus}} GPUs, rendezvous $HEAD_IP:{{rdzv_port}}"
-python -m grpo_nb.reward_model "$CONFIG" "$@" --plan --gpus $((NNODES * {{gpus}})) --gpu-mem-gib {{gpu_mem_gib}}
+GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1 || true)   # this node's GPUs, as nvidia-smi reports them
+python -m grpo_nb.reward_model "$CONFIG" "$@" --plan --gpus $((NNODES * {{gpus}})) \
+  --gpu-mem-gib "$(awk -v mib="${GPU_MIB:-0}" 'BEGIN { if (mib > 0) print mib / 1024; else print {{gpu_mem_gib}} }')"
 # The walltime signal goes to srun, which passes it to every process of the step (proctrack/cgroup): torchrun
 # starts with SIGUSR1 ignored, so it lives on; its workers checkpoint after their current step and exit 0.
 run_and_requeue srun --nodes="$NNODES" --ntasks="$NNODES" --ntasks-per-node=1 \

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 from fastcore.docments import docments
-from .config import TrainConfig, ConfigError, load_config, run_cli
+from .config import TrainConfig, ConfigError, load_config, run_cli, config_data, parse_overrides
 from .chain import FUNCTIONS_CHAIN
 from .run import fill
 from .preflight import job_env_cli   # scripts written by earlier versions call grpo_nb.slurm's job_env_cli
@@ -527,6 +527,19 @@ def _spec_docs() -> dict[str, str]:
     except Exception: docs = {}
     return {f.name: docs.get(f.name) or "" for f in fields(SlurmSpec)}
 
+def _nodes_once(config:str, # YAML config or preset name
+                overrides:list[str], # its overrides
+                nodes:int|None, # `sbatch --nodes` (None: not given)
+               ) -> list[str]: # the overrides, with --cluster.nodes=N added when the config left the count open
+    "One node count for the job and the config: `--nodes N` sets cluster.nodes, or is refused where the config already says otherwise."
+    if nodes is None: return overrides
+    said = parse_overrides(overrides).get("cluster", {}).get("nodes", config_data(config).get("cluster", {}).get("nodes"))
+    if said is None: return [*overrides, f"--cluster.nodes={nodes}"]
+    if int(said) != nodes:
+        raise ConfigError("cluster.nodes", f"the config places work on {said} node(s) but --nodes asks SLURM for {nodes}; the job would stop at its start-up check.",
+                          f"--cluster.nodes={nodes} (with cluster.learners_per_node and rollout.num_engines to fill the nodes: `grpo_nb layout`), or --nodes {said}")
+    return overrides
+
 def sbatch_command(config:str, # YAML config or preset name
                    *overrides:str, # config fields as --section.field=value, baked into the script
                    output:str="grpo.sbatch", # script path (ray_node_setup.sh goes next to it)
@@ -554,7 +567,9 @@ def sbatch_command(config:str, # YAML config or preset name
                   ) -> int: # 0 written, 2 on a configuration error
     "Write an sbatch script (and ray_node_setup.sh beside it) for CONFIG."
     given = {k.rstrip("_"): v for k, v in locals().items() if k.rstrip("_") in _SBATCH_OPTIONS and v is not None}   # the parameters set
-    try: cfg = load_config(config, list(overrides))
+    try:
+        overrides = _nodes_once(config, list(overrides), nodes)
+        cfg = load_config(config, overrides)
     except ConfigError as e: print(f"grpo_nb sbatch: error: {e}", file=sys.stderr); return 2
     bad = [e for e in env if "=" not in e]
     if bad: print(f"grpo_nb sbatch: error: --env wants NAME=VALUE (got {bad[0]!r}).", file=sys.stderr); return 2
@@ -568,7 +583,8 @@ def sbatch_command(config:str, # YAML config or preset name
     node_setup.write_text(render_node_setup(spec)); node_setup.chmod(0o755)
     Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
     print(f"wrote {out} and {node_setup} ({spec.nodes} node(s) x {spec.gpus_per_node} GPU(s), --time={spec.time}, "
-          f"chain of at most {spec.max_job_chains} jobs)\ncheck:  grpo_nb preflight {config} --log-dir {spec.log_dir} {' '.join(overrides)}\nsubmit: sbatch {out}")
+          f"chain of at most {spec.max_job_chains} jobs)\ncheck:  {shlex.join(['grpo_nb', 'preflight', config, '--nodes', str(spec.nodes), '--log-dir', spec.log_dir, *overrides])}"
+          f"\nsubmit: sbatch {out}")
     return 0
 
 def sbatch_cli(argv:list[str]|None=None) -> int:

@@ -19,7 +19,8 @@ from .models import resolve_model
 from .colocate import check_sleep_mode
 from .loss import group_advantages, zero_variance_groups
 from .placement import create_placement_groups, placed_actor_options, Layout
-from .rewards import check_functions, compute_rewards, RewardContext
+from .rewards import REWARDS, compute_rewards, RewardContext
+from .plugins import PluginError, check_registered, import_plugins, load_plugins, worker_hook
 from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend, wait_ready
 from .weight_sync import connect_weight_sync, sync_weights, WeightSyncError, verify_weight_sync, vllm_load_mode
 from .rollout import check_tensor_parallel
@@ -127,8 +128,10 @@ def preflight_run(cfg:TrainConfig, # a validated config
     for where, path in (("data.train_path", cfg.data.train_path), ("data.eval_path", cfg.data.eval_path)):
         if path and not path.startswith("builtin:") and not Path(path).exists():
             raise ConfigError(where, f"no such file {path!r}.", f"--{where}=<a .jsonl or .parquet file>" + (" or --data.eval_path=''" if where == "data.eval_path" else ""))
-    try: check_functions(cfg.reward.functions)
-    except ValueError as e: raise ConfigError("reward.functions", str(e).split(": ", 1)[-1]) from None
+    try:   # the plug-ins run here first, on the driver, before any registry is read (Ray workers: `start_ray`)
+        import_plugins(cfg.data.plugins, "data.plugins")
+        check_registered(cfg.reward.functions, REWARDS, added=load_plugins(cfg.reward.plugins, REWARDS))
+    except PluginError as e: raise ConfigError(e.where, e.problem, e.fix) from None
     if cfg.logging.wandb != "off":
         try: import wandb  # noqa: F401
         except ImportError: raise ConfigError("logging.wandb", "needs the `wandb` package, which is not installed.", "pip install wandb, or --logging.wandb=off") from None
@@ -158,13 +161,18 @@ def start_ray(cfg:TrainConfig, # the run's config
     import ray
     addr = cfg.cluster.ray_address
     if addr != "local":
-        ray.init(address=addr, log_to_driver=False); return None
+        ray.init(address=addr, log_to_driver=False, runtime_env=_plugin_env(cfg)); return None
     for k, v in _ENGINE_ENV.items(): os.environ.setdefault(k, v)   # this process and the actors it starts
     cpus = layout.learner_world_size * layout.cpus_per_learner + layout.num_engines * layout.tp * layout.cpus_per_engine_worker
     gpus = cfg.cluster.gpus_per_node if layout.device == "cuda" else 0
     c = local_ray_node(max(2, math.ceil(cpus)), gpus, 256 * 2**20 if layout.device == "cpu" else None, temp_dir)
-    ray.init(address=c.address, log_to_driver=False, configure_logging=False)
+    ray.init(address=c.address, log_to_driver=False, configure_logging=False, runtime_env=_plugin_env(cfg))
     return c
+
+def _plugin_env(cfg:TrainConfig) -> dict|None:
+    "Ray's runtime_env that imports the config's plug-ins in every worker process before it runs anything."
+    specs = [*cfg.data.plugins, *cfg.reward.plugins]
+    return {"worker_process_setup_hook": worker_hook(specs)} if specs else None
 
 def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
     R, M = cfg.rollout, cfg.model

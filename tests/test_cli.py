@@ -55,7 +55,7 @@ def test_help_is_the_docments(name, monkeypatch):
     func = command(name)
     rc, out, _ = run([name, "--help"])
     assert rc == 0
-    assert_help_is_the_docments(func, out, DOCUMENTED[name], sep="_" if name == "demo" else "-")
+    assert_help_is_the_docments(func, out, DOCUMENTED[name])   # one spelling: dashes in every command
 
 
 @pytest.mark.parametrize("name", SCRIPT_COMMANDS)
@@ -169,3 +169,106 @@ def test_train_refuses_a_direct_weight_load_on_cpu_before_ray(tmp_path, monkeypa
     rc, out, err = run(["train", "demo", "--rollout.backend=vllm", "--rollout.weight_load=direct", f"--logging.output_dir={tmp_path / 'run'}"])
     assert rc == 2 and "rollout.weight_load" in err and "Fix: --rollout.weight_load=auto" in err, (out, err)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_sbatch_nodes_set_the_config_once(tmp_path, monkeypatch):
+    "`sbatch --nodes N` bakes --cluster.nodes=N where the config leaves the count open, refuses where it says otherwise, and its check: line carries --nodes N."
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(["sbatch", "default", "--nodes", "2", "-o", "two.sbatch", "--log-dir", "logs"])
+    assert rc == 0, err
+    assert "check:  grpo_nb preflight default --nodes 2 --log-dir logs --cluster.nodes=2" in out, out
+    assert "BAKED=(--cluster.nodes=2 " in (tmp_path / "two.sbatch").read_text()
+    rc, out, err = run(["sbatch", "default", "--nodes", "2", "-o", "x.sbatch", "--cluster.nodes=1"])
+    assert rc == 2 and "--nodes asks SLURM for 2" in err and "Fix: --cluster.nodes=2" in err, err
+    rc, out, err = run(["sbatch", "seed003-debug-1node", "--nodes", "2", "-o", "y.sbatch"])   # the preset says 1 node
+    assert rc == 2 and "places work on 1 node(s)" in err, err
+    rc, out, err = run(["preflight", "default", "--nodes", "2", "--log-dir", "logs", f"--logging.output_dir={tmp_path / 'run'}"])
+    assert rc == 1 and "nodes           FAIL" in out and "--cluster.nodes=2" in out, out
+
+
+def test_idle_gpus_are_named_with_the_fix():
+    rc, out, err = run(["layout", "--config", "default", "--nodes", "2"])
+    assert rc == 0 and "11 of 16 GPUs would sit idle" in err and "--rollout.num_engines=12" in err, err
+    rc, out, err = run(["plan", "--config", "default", "--model.name_or_path=Qwen2.5-7B", "--cluster.nodes=2"])
+    assert rc == 0 and "11 of 16 would sit idle" in out, out
+
+
+def test_plan_of_a_whole_node_leaves_room_for_the_engines():
+    rc, out, err = run(["plan", "--model", "Qwen2.5-7B", "--learner-gpus", "8", "--gpus-per-node", "8", "--json"])
+    j = json.loads(out)
+    assert rc == 0 and not j["fits"] and not j["gpus_fit"] and "--learner-gpus 7" in j["notes"][0], j["notes"]
+    rc, out, err = run(["plan", "--model", "Qwen2.5-7B", "--learner-gpus", "7", "--gpus-per-node", "8", "--json"])
+    assert json.loads(out)["fits"]
+
+
+def test_offloaded_states_are_checked_against_host_memory():
+    rc, out, err = run(["plan", "--config", "default", "--model.name_or_path=Qwen2.5-7B", "--learner.offload=optimizer",
+                        "--cluster.host_mem_gib=64", "--json"])
+    j = json.loads(out)
+    assert rc == 0 and not j["host_fit"] and "host memory" in j["notes"][-1], j["notes"]
+
+
+def test_underscore_flags_still_work_and_are_announced_deprecated():
+    rc, out, err = run(["demo", "--start_below", "0.3", "--help"])
+    assert rc == 0 and "--start_below is deprecated; write --start-below" in err and "--start-below" in out, err
+    rc, out, err = run(["plan", "--model", "Qwen2.5-7B", "--learner_gpus", "8", "--json"])
+    assert rc == 0 and json.loads(out)["settings"]["learners"] == 8 and "--learner_gpus is deprecated" in err
+    rc, out, err = run(["config", "demo", "--learner.micro_batch_size=16", "--json"])   # config fields keep their underscores
+    assert rc == 0 and "deprecated" not in err
+
+
+def test_every_help_describes_without_importing_the_engines():
+    "`grpo_nb CMD --help` builds the real help without importing torch, Ray, DeepSpeed, vLLM or transformers (in a fresh process)."
+    import subprocess, sys
+    code = ("import contextlib, io, sys; from grpo_nb.cli import main, COMMANDS\n"
+            "for name in COMMANDS:\n"
+            "    out = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(out): rc = main([name, '--help'])\n"
+            "    heavy = [m for m in ('torch', 'ray', 'deepspeed', 'vllm', 'transformers') if m in sys.modules]\n"
+            "    print(name, rc, 'usage:' in out.getvalue(), ','.join(heavy) or '-')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    rows = [l.split() for l in r.stdout.splitlines()]
+    assert len(rows) == len(COMMANDS), r.stdout + r.stderr
+    for name, rc, usage, heavy in rows: assert (rc, usage, heavy) == ("0", "True", "-"), (name, rc, usage, heavy)
+
+
+def test_a_described_command_still_runs_for_real_afterwards(capsys):
+    "The placeholders of a --help are forgotten: the same process then imports the trainer for real."
+    import sys
+    assert main(["train", "--help"]) == 0
+    from grpo_nb.trainer import train_command
+    assert "torch" in sys.modules and type(sys.modules["torch"]).__name__ == "module" and hasattr(sys.modules["torch"], "tensor")
+    from grpo_nb import learner   # through the package's attribute, too
+    assert type(learner.torch).__name__ == "module"
+
+
+def test_the_gpu_install_line_installs_everything_grpo_nb_imports():
+    "`pip install -r requirements/gpu.txt && pip install -e . --no-deps` on a GPU node: every third-party package a module of grpo_nb imports at its top is listed (torch comes from the site)."
+    import ast, pathlib, re, sys
+    root = pathlib.Path(__file__).resolve().parents[1]
+    listed = {re.split(r"[\[<>=~ ;#]", l.strip())[0].lower().replace("-", "_") for l in (root / "requirements" / "gpu.txt").read_text().splitlines()
+              if l.strip() and not l.startswith("#")}
+    dist = {"yaml": "pyyaml", "math_verify": "math_verify"}   # import name -> distribution name where they differ
+    top = set()
+    for p in (root / "grpo_nb").glob("*.py"):
+        for n in ast.parse(p.read_text()).body:   # module-level imports: what `import grpo_nb.X` needs
+            if isinstance(n, ast.Import): top |= {a.name.split(".")[0] for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module: top.add(n.module.split(".")[0])
+    third = {m for m in top if m not in sys.stdlib_module_names and m not in ("grpo_nb", "torch")}
+    missing = sorted(m for m in third if dist.get(m, m).lower() not in listed)
+    assert not missing, f"requirements/gpu.txt lacks {missing}"
+
+
+def test_preflight_checks_offloaded_states_against_the_nodes_memory(tmp_path, monkeypatch):
+    "With learner.offload and no cluster.host_mem_gib, preflight asks sinfo for the nodes' memory (here a stand-in sinfo: 64 GiB nodes)."
+    import os, stat
+    fake = tmp_path / "bin" / "sinfo"; fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\ncase "$*" in *"%m"*) printf "n1 65536\\nn2 65536\\n";; *) printf "n1 gpu:8 idle\\nn2 gpu:8 idle\\n";; esac\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    args = ["preflight", "default", "--model.name_or_path=Qwen2.5-7B", "--learner.offload=optimizer", "--rollout.num_engines=4",
+            f"--logging.output_dir={tmp_path / 'run'}", "--log-dir", str(tmp_path / "logs")]
+    rc, out, err = run(args)
+    assert rc == 1 and "memory plan     FAIL" in out and "host memory" in out and "of its 64 GiB" in out, out
+    rc, out, err = run([*args, "--cluster.host_mem_gib=512"])
+    assert "memory plan     PASS" in out and "host memory" in out, out

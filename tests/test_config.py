@@ -63,3 +63,23 @@ def test_demo_preset_is_valid_and_small():
     cfg = load_config("demo")
     assert cfg.cluster.device == "cpu" and cfg.reward.functions == {"arith": 1.0} and cfg.rollout.kv_cache_mib > 0
     assert derive(cfg).optimizer_steps_per_step >= 1
+
+def test_a_pack_shorter_than_the_longest_sequence_is_refused():
+    "The open-instruct 32B run's low-memory tip (2048-token prompts and responses packed into 3072) cannot work: refused with the fix."
+    with pytest.raises(ConfigError, match=r"--learner.pack_length=4096"):
+        load_config("default", ["--data.max_prompt_tokens=2048", "--rollout.max_new_tokens=2048", "--learner.pack_length=3072"])
+    assert load_config("default", ["--data.max_prompt_tokens=1024", "--rollout.max_new_tokens=2048", "--learner.pack_length=3072"])
+
+def test_a_list_field_takes_commas_and_its_hint_is_a_valid_override():
+    cfg = load_config("default", ["--cluster.nodes=2", "--cluster.learners_per_node=2,2"])
+    assert cfg.cluster.learners_per_node == [2, 2]
+    with pytest.raises(ConfigError) as e: load_config("default", ["--cluster.nodes=2", "--cluster.learners_per_node=2,x"])
+    fix = e.value.fix.split()[0]
+    assert fix.startswith("--cluster.learners_per_node=[") and "[0]" not in str(e.value)
+    assert load_config("default", ["--cluster.nodes=2", fix]).cluster.learners_per_node == [1, 1]   # the hint itself loads
+
+def test_a_missing_plugin_is_refused_at_config_time(tmp_path):
+    with pytest.raises(ConfigError, match="reward.plugins: no file"): load_config("default", [f"--reward.plugins={tmp_path}/r.py"])
+    with pytest.raises(ConfigError, match="data.plugins: no module 'no_such_pkg_here'"): load_config("default", ["--data.plugins=no_such_pkg_here"])
+    (tmp_path / "r.py").write_text("raise SystemExit('must not run at config time')\n")
+    assert load_config("default", [f"--reward.plugins={tmp_path}/r.py"]).reward.plugins == [str(tmp_path / "r.py")]

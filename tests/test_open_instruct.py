@@ -56,3 +56,78 @@ def test_bad_input_is_named():
     assert r.returncode == 0 and "--some_future_flag: no counterpart" in r.stderr
     r = cli("--num_learners_per_node", "9", "--cluster.gpus_per_node=4")   # cannot be placed: the fix is named
     assert r.returncode == 2 and "learners_per_node" in r.stderr
+
+
+# A debug launch written the way open-instruct's own scripts write them: one flag a line, backslash continuations,
+# `uv run python open_instruct/grpo_fast.py` in front, quoted stop strings, bare boolean flags.
+SCRIPT = r"""uv run python open_instruct/grpo_fast.py \
+    --dataset_mixer_list ai2-adapt-dev/rlvr_gsm8k_zs 64 \
+    --dataset_mixer_list_splits train \
+    --max_prompt_token_length 512 \
+    --response_length 512 \
+    --pack_length 1024 \
+    --per_device_train_batch_size 1 \
+    --num_unique_prompts_rollout 8 \
+    --num_samples_per_prompt_rollout 4 \
+    --model_name_or_path Qwen/Qwen3-1.7B \
+    --stop_strings "</answer>" \
+    --apply_verifiable_reward true \
+    --temperature 0.7 \
+    --learning_rate 3e-7 \
+    --total_episodes 200 \
+    --deepspeed_stage 2 \
+    --num_learners_per_node 1 \
+    --beta 0.01 \
+    --kl_estimator {kl} \
+    --seed 3 \
+    --local_eval_every 1 \
+    --vllm_sync_backend gloo \
+    --vllm_gpu_memory_utilization 0.3 \
+    --vllm_enforce_eager \
+    --gradient_checkpointing \
+    --push_to_hub false"""
+
+
+def script_args(kl="2", drop=()):
+    import shlex
+    toks = shlex.split(SCRIPT.format(kl=kl).replace("\\\n", " "))
+    toks = toks[toks.index("open_instruct/grpo_fast.py") + 1:]
+    out, skip = [], False
+    for t in toks:   # drop the named flags and their values
+        if t.startswith("--"): skip = t[2:] in drop
+        if not skip: out.append(t)
+    return out
+
+
+def test_kl_estimator_is_open_instructs_index(tmp_path):
+    for kl, k in (("0", "k1"), ("1", "k2"), ("2", "k3"), ("kl3", "k3")):
+        r = cli(*script_args(kl), "--cluster.gpus_per_node=8")
+        assert r.returncode == 0, r.stderr
+        assert yaml.safe_load(r.stdout)["learner"]["kl"] == k, (kl, r.stdout)
+    r = cli(*script_args("3"), "--cluster.gpus_per_node=8")   # importance-weighted, with a KL penalty: refused with the fix
+    assert r.returncode == 2 and "importance-weighted" in r.stderr and "Fix: --kl_estimator 2" in r.stderr, r.stderr
+    r = cli(*script_args("3", drop=("beta",)), "--beta", "0.0", "--cluster.gpus_per_node=8")
+    assert r.returncode == 0 and "--kl_estimator 3: with beta 0 no KL is computed" in r.stderr, r.stderr
+
+
+def test_omitted_flags_take_open_instructs_defaults():
+    r = cli(*script_args(), "--cluster.gpus_per_node=8")
+    assert r.returncode == 0, r.stderr
+    d = yaml.safe_load(r.stdout)
+    assert d["rollout"]["mode"] == "one-step-off"                 # async_steps 1, its default
+    assert d["learner"]["drop_zero_variance_groups"] is True      # filter_zero_std_samples True, its default
+    assert d["learner"]["clip_high"] == 0.2 and d["checkpoint"]["every_steps"] == 200
+    assert "async_steps=1" in r.stderr and "open-instruct's default" in r.stderr
+    assert "--truncated_importance_sampling_ratio_cap not given" in r.stderr    # kept at grpo-nb's value, and said
+    assert "--deepspeed_stage not given" not in r.stderr                        # the script gives it
+    r = cli(*script_args(drop=("beta",)), "--load_ref_policy", "false", "--cluster.gpus_per_node=8")
+    d = yaml.safe_load(r.stdout)
+    assert r.returncode == 0 and d["learner"].get("kl_beta", 0) == 0 and d["learner"]["ref_policy"] == "none", r.stderr
+
+
+def test_filter_zero_std_samples_and_a_missing_model():
+    r = cli(*script_args(drop=("model_name_or_path",)), "--filter_zero_std_samples", "false", "--cluster.gpus_per_node=8")
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(r.stdout)["learner"]["drop_zero_variance_groups"] is False
+    assert "--filter_zero_std_samples: no counterpart" not in r.stderr
+    assert "--model_name_or_path not given" in r.stderr and "/path/to/your/hf/model" in r.stderr

@@ -1,6 +1,6 @@
 """Every preset shipped in configs/ (one per run the seed documents describe) resolves, plans, lays out and
 preflights here, with no GPU: `grpo_nb config`, `grpo_nb plan --config`, `grpo_nb layout --config` and
-`grpo_nb preflight` (offline: only the model check, which needs the weights, and the sinfo check, which needs a
+`grpo_nb preflight` (offline: only the model and data checks, which need the weights and the data files, and the sinfo check, which needs a
 SLURM controller, may fail). Also the bad inputs: an unknown preset lists the ones that exist; a cycle of
 `extends`; a config of another trainer given to the GRPO trainer."""
 import contextlib, io, json
@@ -46,8 +46,9 @@ def test_grpo_presets_plan_layout_preflight(name):
     assert rc == 0, (out, err)
     rc, out, err = run(preflight_cli, [name])
     rows = {l[:16].strip(): l[16:22].strip() for l in out.splitlines() if l[:16].strip() and l[16:22].strip() in ("PASS", "FAIL", "WARN", "SKIP")}
-    assert rows["config"] == rows["memory plan"] == rows["layout"] == "PASS", out
-    assert all(v != "FAIL" for k, v in rows.items() if k not in ("model", "nodes (sinfo)")), out
+    assert rows["config"] == rows["memory plan"] == "PASS" and rows["layout"] in ("PASS", "WARN"), out
+    if rows["layout"] == "WARN": assert "would sit idle" in out and "Fill them: --" in out, out   # the seeds' own layouts may leave GPUs idle
+    assert all(v != "FAIL" for k, v in rows.items() if k not in ("model", "data", "nodes (sinfo)")), out   # weights and data live on the cluster
 
 
 def test_seed_runs_train_one_optimizer_step_per_rollout():
@@ -92,3 +93,22 @@ def test_seed001_ddp_on_v100s():
     assert pick_precision("cuda", "bfloat16", bf16_ok=False)[2]                              # replaced, with a warning
     with pytest.raises(ConfigError, match="logging.wandb"): load_run("seed001-ddp-2xv100", ["--logging.wandb=online"])
     assert "#SBATCH --gres=gpu:volta:2" in ddp_sbatch(gres="gpu:volta:2")
+
+
+@pytest.mark.parametrize("name", BY_TRAINER["ddp"] + BY_TRAINER["reward-model"] + BY_TRAINER["self-correction"])
+def test_other_trainers_presets_are_planned_by_their_own_memory_models(name):
+    "`grpo_nb plan --config` plans the torchrun, reward-model and self-correction presets instead of refusing them."
+    from grpo_nb.cli import main
+    gpus = {"ddp": 2, "reward-model": int(name.split("-")[-1].removesuffix("gpu")) if name.endswith("gpu") else 1}.get(trainer_of(config_data(PRESETS[name]))[0], 1)
+    rc, out, err = run(main, ["plan", "--config", name, "--gpus", str(gpus), "--gpu-mem-gib", "80", "--host-mem-gib", "512", "--json"])
+    assert rc == 0, err
+    p = json.loads(out)
+    assert p["trainer"] == trainer_of(config_data(PRESETS[name]))[0] and p["fits"], p
+
+
+def test_self_correction_without_offload_does_not_fit_the_runs_gpus():
+    from grpo_nb.cli import main
+    rc, out, err = run(main, ["plan", "--config", "seed004-score-2gpu", "--optimizer_offload=false", "--gpu-mem-gib", "44.5"])
+    assert rc == 0 and "DOES NOT FIT" in out and "--optimizer_offload=true" in out, out
+    rc, out, err = run(main, ["plan", "--config", "seed004-score-2gpu", "--gpu-mem-gib", "44.5", "--host-mem-gib", "64"])
+    assert "cpu" in out and "DOES NOT FIT" in out, out   # the offloaded states need more than a 64 GiB node

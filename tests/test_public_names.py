@@ -34,6 +34,6 @@ def test_reward_context_reads_every_reward_field():
     assert (c.code_service_url, c.code_timeout_s, c.allow_unisolated, c.math_timeout_s, c.max_workers) == ("http://x:1", 3.0, True, 1.5, 3)
     assert (c.limits.memory_mb, c.limits.nproc) == (300, 7)
     used = {"code_service_url", "code_timeout_s", "allow_unisolated", "math_timeout_s", "code_workers", "code_memory_mb", "code_nproc"}
-    assert {f.name for f in fields(RewardConfig)} - {"functions"} <= used, "a new reward field must reach RewardContext.from_config"
+    assert {f.name for f in fields(RewardConfig)} - {"functions", "plugins"} <= used, "a new reward field must reach RewardContext.from_config"   # plugins are imported before, not passed
     import inspect, grpo_nb.ddp, grpo_nb.trainer
     for mod in (grpo_nb.ddp, grpo_nb.trainer): assert "RewardContext.from_config(" in inspect.getsource(mod)
