@@ -131,6 +131,7 @@ class HFEngine:
                  cache:Literal["dynamic","static"]="dynamic", # KV cache: grown per token, or allocated once for the whole generation (faster decode on GPU)
                 ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        t0 = time.perf_counter()
         self.device = _device(device); self.dtype = _dtype(dtype, self.device)
         self.max_batch_size, self.cache = max_batch_size, cache
         if cache not in ("dynamic", "static"): raise ValueError(f"cache must be \"dynamic\" or \"static\" (got {cache!r}). Fix: --rollout.hf_cache=static")
@@ -144,6 +145,7 @@ class HFEngine:
                 self.model = AutoModelForCausalLM.from_config(model, dtype=self.dtype, attn_implementation=attn_implementation)
             self.tokenizer = None
         self.model.to(self.device).eval().requires_grad_(False)
+        self.load_s = time.perf_counter() - t0   # reported by `info` (the run's start-up phases)
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         # sampling is ours (`SamplingSpec`): drop a checkpoint's defaults (top_k, repetition_penalty, ...) that generate() would merge in
         from transformers import GenerationConfig
@@ -236,7 +238,9 @@ class VllmEngine:
                   worker_extension_cls="grpo_nb.weight_sync.VllmWorkerExtension")
         if tensor_parallel_size > 1: kw["distributed_executor_backend"] = "mp"
         kw.update(llm_kwargs)
-        self.llm = LLM(**kw)
+        t0 = time.perf_counter()
+        self.llm = LLM(**kw)   # loads the weights, profiles memory, captures CUDA graphs
+        self.load_s = time.perf_counter() - t0   # reported by `info` (the run's start-up phases)
         self.tokenizer = self.llm.get_tokenizer()
         self.tensor_parallel_size, self.weight_load = tensor_parallel_size, weight_load
 
@@ -345,8 +349,8 @@ def reset_prefix_cache(self:VllmEngine) -> None:
 # %% ../nbs/05_rollout.ipynb 38
 @patch
 def info(self:HFEngine|VllmEngine) -> dict:
-    "Backend, TP size, device and where this engine's process runs."
-    r = {"backend": self.backend, "tp": getattr(self, "tensor_parallel_size", 1), "pid": os.getpid(),
+    "Backend, TP size, device, where this engine's process runs, and how long it took to load (`load_s`)."
+    r = {"backend": self.backend, "tp": getattr(self, "tensor_parallel_size", 1), "pid": os.getpid(), "load_s": getattr(self, "load_s", None),
          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         import ray

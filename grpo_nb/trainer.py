@@ -198,9 +198,10 @@ class Actors:
 def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolved to a directory)
                  layout, # its `Layout`
                 ) -> Actors:
-    "Placement groups, then engines and learners concurrently, then the weight-sync group."
-    R = cfg.rollout
+    "Placement groups, then engines and learners concurrently, then the weight-sync group; `sync_info['startup']` has each phase's seconds."
+    R, t = cfg.rollout, {"start": time.perf_counter()}
     groups = create_placement_groups(layout, timeout_s=120)
+    t["placement"] = time.perf_counter()
     engines, learner = [], None
     try:
         opts = [placed_actor_options(groups, "engine", i) for i in range(R.num_engines)]
@@ -208,9 +209,16 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         if colocated: learner = LearnerGroup.from_config(cfg, groups)   # first: a colocated engine sizes its memory next to the learner
         engines = create_engines(cfg.model.name_or_path, R.num_engines, R.tensor_parallel_size, R.backend, layout.device,
                                  actor_options=opts, wait=False, **_engine_kwargs(cfg, layout.device))
+        t0 = time.perf_counter()
         if not colocated: learner = LearnerGroup.from_config(cfg, groups)   # meanwhile the engines load
-        gather([e.info.remote() for e in engines], timeout_s=R.startup_timeout_s)
+        t["learners"] = time.perf_counter()
+        infos = gather([e.info.remote() for e in engines], timeout_s=R.startup_timeout_s)
+        t["engines"] = time.perf_counter()
         info = connect_weight_sync(learner.actors, engines, R.tensor_parallel_size, backend="ipc" if colocated else R.sync_backend)
+        loads = [i.get("load_s") for i in infos if i.get("load_s") is not None]
+        info["startup"] = {"startup/placement_s": t["placement"] - t["start"], "startup/learners_s": t["learners"] - t0,
+                           "startup/engines_ready_s": t["engines"] - t0, "startup/engine_load_s": max(loads, default=None),
+                           "startup/connect_s": time.perf_counter() - t["engines"]}
         return Actors(groups, learner, engines, info)
     except BaseException:
         if learner is not None: learner.shutdown(kill=True)
@@ -362,15 +370,20 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
         except WeightSyncError as e: raise ConfigError("rollout.weight_load", *str(e).split(" Fix: ", 1)) from None
         check_tensor_parallel(self.cfg.model.name_or_path, self.cfg.rollout.tensor_parallel_size, C.gpus_per_node)
     check_fits(self.cfg, self.layout.device)   # a layout the planner says cannot fit is refused before any GPU work
+    t0 = time.perf_counter()
     self.cluster = start_ray(self.cfg, self.layout, ray_temp_dir)
+    t1 = time.perf_counter()
     self.actors = start_actors(self.cfg, self.layout)
+    self.startup = {"startup/ray_s": t1 - t0, **self.actors.sync_info.get("startup", {})}
     self.consumed = 0
     if resume_from:
         meta = self.actors.learner.load(resume_from)
         ds = meta.get("data_state") or {}
         self.step, self.consumed = int(meta["step"]), int(ds.get("consumed", meta["step"] * self.cfg.rollout.prompts_per_step))
         self.resume_record = ds.get("record")   # the step's metrics, in case the kill came between the save and the log
+        t2 = time.perf_counter()
         sync_weights(self.actors.learner.actors, self.actors.engines, version=self.step)   # the engines still hold the initial weights
+        self.startup["startup/resume_sync_s"] = time.perf_counter() - t2
         self.events.append(f"resumed from {resume_from} at step {self.step}, data position {self.consumed}")
     self.version = self.step
     self.spec = sampling_spec(self.cfg.rollout)
@@ -379,6 +392,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     self.log = MetricsLog(self.out, L.tensorboard, L.wandb, L.wandb_project, L.run_name, self.step, to_dict(self.cfg),
                           resume_record=self.resume_record)
     (self.out / "config.yaml").write_text(to_yaml(self.cfg))
+    self.startup["startup/total_s"] = time.perf_counter() - t0
 
 # %% ../nbs/08_trainer.ipynb 41
 @patch
@@ -470,6 +484,7 @@ def loop(self:Run):
         E = cfg.checkpoint.every_steps
         if (E and step % E == 0) or self.stop or step == cfg.total_steps:
             self.checkpoint(rec); rec["time/checkpoint"] = self.ckpt_s
+        if getattr(self, "startup", None): rec |= self.startup; self.startup = None   # the first step's record carries the start-up phases
         self.emit(rec)
     if self.stop and self.step > begun and (self.last_ckpt is None or self.last_ckpt.name != checkpoint_name(self.step)):
         self.checkpoint()   # the signal came after this step's checkpoint decision (while it was logged): save the step now

@@ -126,6 +126,10 @@ def test_sync_loop_kill_and_resume():
     if logged > saved: assert (out / "metrics.rolled_back.jsonl").exists()  # steps logged after the checkpoint: moved aside, not lost
     assert (ck / "latest").read_text().strip().endswith(str(N))
     assert list((out / "tb").glob("events.out.tfevents.*"))                  # TensorBoard
+    first = [r for r in recs if r["step"] == 1 and "time/step" in r][0]        # the start-up phases ride on the first step's line ...
+    assert first["startup/total_s"] >= first["startup/ray_s"] > 0 and first["startup/engine_load_s"] > 0, first
+    resumed = [r for r in recs if r["step"] == saved + 1 and "time/step" in r][-1]   # ... and on the first after a resume
+    assert resumed["startup/resume_sync_s"] > 0, resumed
 
 
 def test_one_step_off_sigusr1_and_resume():
