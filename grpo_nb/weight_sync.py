@@ -23,8 +23,9 @@ __all__ = ['ALIGN', 'DEFAULT_BUCKET_BYTES', 'UNIT_ROUNDOFF', 'DEFAULT_VERIFY_PRO
            'nonfinite_params', 'place_slices', 'gather_bucket', 'send_weights', 'receive_buckets', 'check_covered',
            'load_into_module', 'vllm_load_mode', 'refresh_shared_modules', 'VllmWorkerExtension', 'tensor_checksum',
            'module_checksums', 'expected_tensor', 'param_layout', 'engine_layout', 'expected_checksums',
-           'compare_checksums', 'gathered_checksums', 'sequence_logprobs', 'logprob_atol', 'verify_sync',
-           'WeightSyncSource', 'connect_weight_sync', 'verify_weight_sync', 'sync_weights', 'bench_table', 'tp2_table']
+           'compare_checksums', 'slice_map', 'load_slices', 'gathered_checksums', 'sequence_logprobs', 'logprob_atol',
+           'verify_sync', 'WeightSyncSource', 'connect_weight_sync', 'verify_weight_sync', 'sync_weights',
+           'bench_table', 'tp2_table']
 
 # %% ../nbs/06_weight_sync.ipynb 7
 _UNIT = re.compile(r"^(.*?\.\d+)\.")
@@ -371,17 +372,17 @@ def load_into_module(module:nn.Module, # the engine's model
     return len(seen)
 
 # %% ../nbs/06_weight_sync.ipynb 56
-def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct" or "reload"
+def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct", "slices" or "reload"
                    quantization:str|None, # the engine's `model_config.quantization` (None: unquantized)
                    device_type:str, # the worker's device type: "cuda" or "cpu"
-                  ) -> str: # "direct" or "reload"
-    "How a vLLM worker loads received weights: straight into its parameters, or through vLLM's layer-wise reload."
-    if weight_load not in ("auto", "direct", "reload"):
-        raise WeightSyncError(f"rollout.weight_load must be auto, direct or reload (got {weight_load!r}). Fix: --rollout.weight_load=auto")
+                  ) -> str: # "direct", "slices" or "reload"
+    "How a vLLM worker loads received weights: straight into its parameters (through their loaders, or by the slice map), or through vLLM's layer-wise reload."
+    if weight_load not in ("auto", "direct", "slices", "reload"):
+        raise WeightSyncError(f"rollout.weight_load must be auto, direct, slices or reload (got {weight_load!r}). Fix: --rollout.weight_load=auto")
     can_direct = quantization is None and device_type == "cuda"
-    if weight_load == "direct" and not can_direct:
+    if weight_load in ("direct", "slices") and not can_direct:
         why = f"the engine is quantized ({quantization})" if quantization is not None else "the CPU build repacks linear weights after loading"
-        raise WeightSyncError(f"a direct load cannot update this engine: {why}. Fix: --rollout.weight_load=auto (or reload)")
+        raise WeightSyncError(f"a {weight_load} load cannot update this engine: {why}. Fix: --rollout.weight_load=auto (or reload)")
     if weight_load == "auto": return "direct" if can_direct else "reload"
     return weight_load
 
@@ -420,7 +421,12 @@ class VllmWorkerExtension:
         stats["weight_load"] = how = vllm_load_mode(weight_load, self.vllm_config.model_config.quantization, self.device.type)
         weights = receive_buckets(self.grpo_group, SyncPlan.from_dict(plan), stats, timing)
         with set_current_vllm_config(self.vllm_config):
-            if how == "direct":
+            if how == "slices" and getattr(self, "grpo_slices", None) is None:
+                self.grpo_slices = slice_map(model) or {}   # once per worker; {}: some parameter is held repacked
+            if how == "slices" and self.grpo_slices:
+                loaded = load_slices(weights, self.grpo_slices)   # one narrow-and-copy per piece, from the layouts
+                check_covered(self.grpo_slices, loaded)
+            elif how in ("direct", "slices"):
                 loaded = model.load_weights(weights)   # each parameter's weight_loader: fuse, take this TP slice, copy in place
                 check_covered((n for n, _ in model.named_parameters()), loaded or ())
             else:
@@ -568,7 +574,35 @@ def compare_checksums(held:Sequence[Sequence[dict[str, dict]]], # per engine, pe
             w += 1
     return {"compared": compared, "repacked": repacked, "workers": w, "exact": w > 0 and repacked == 0}
 
-# %% ../nbs/06_weight_sync.ipynb 83
+# %% ../nbs/06_weight_sync.ipynb 84
+def slice_map(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.get_model()`)
+             ) -> dict[str, list[tuple]]|None: # learner name -> [(parameter, dim, offset, source dim | None, start, length)]; None: not every parameter has a plain layout
+    "Where each learner tensor's slices go in `model`'s parameters, from `param_layout` (None when some parameter is held repacked)."
+    packed = getattr(model, "packed_modules_mapping", {}) or {}
+    mods, out = dict(model.named_modules()), {}
+    for name, p in model.named_parameters():
+        lay = param_layout(mods[name.rpartition(".")[0]], p, _sources(name, packed))
+        if p.numel() == 0 or any(len(q) > 1 and q[3] > p.shape[lay["dim"]] for q in lay["pieces"]): return None
+        off = 0
+        for q in lay["pieces"]:
+            if len(q) == 1: out.setdefault(q[0], []).append((p, 0, 0, None, 0, 0))
+            else: out.setdefault(q[0], []).append((p, lay["dim"], off, q[1], q[2], q[3])); off += q[3]
+    return out
+
+@torch.no_grad()
+def load_slices(weights:Iterable[tuple[str, Tensor]], # (learner name, full tensor), e.g. from `receive_buckets`
+                smap:dict[str, list[tuple]], # `slice_map` of the engine's model
+               ) -> set[str]: # learner names loaded
+    "Copy every received tensor's slices into the parameters the map names."
+    done = set()
+    for name, t in weights:
+        for p, d, off, sd, start, n in smap.get(name, ()):
+            if sd is None: p.data.copy_(t)
+            else: p.data.narrow(d, off, n).copy_(t.narrow(sd, start, n))
+        done.add(name)
+    return done
+
+# %% ../nbs/06_weight_sync.ipynb 87
 def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner parameters (ZeRO-3 placeholders are fine)
                        plan:SyncPlan, # gives the buckets: memory stays bounded as in a sync
                        rank:int=0, # this learner's rank; only rank 0 computes
@@ -585,7 +619,7 @@ def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner para
             if rank == 0: out.update({s.name: tensor_checksum(p) for s, p in zip(specs, ps)})
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 85
+# %% ../nbs/06_weight_sync.ipynb 89
 @torch.no_grad()
 def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input_ids=...).logits`)
                       sequences:Sequence[Sequence[int]], # prompt + completion token ids
@@ -603,7 +637,7 @@ def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input
         out.append(z.log_softmax(-1).gather(-1, ids[0, L:, None])[:, 0].tolist())
     return (out, zmax) if with_max_logit else out
 
-# %% ../nbs/06_weight_sync.ipynb 87
+# %% ../nbs/06_weight_sync.ipynb 91
 UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 "Unit roundoff of each floating-point dtype: the largest relative error of one rounding."
 
@@ -615,7 +649,7 @@ def logprob_atol(dtype:str, # the policy's dtype, e.g. "bfloat16"
     u = UNIT_ROUNDOFF.get(str(dtype).removeprefix("torch."), UNIT_ROUNDOFF["bfloat16"])
     return max(1e-4, 4 * u * float(max_abs_logit) * math.sqrt(max(1, layers)))
 
-# %% ../nbs/06_weight_sync.ipynb 89
+# %% ../nbs/06_weight_sync.ipynb 93
 DEFAULT_VERIFY_PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14], [15, 16]]
 "Token-id prompts used by `verify_sync` when none are given (valid for any vocabulary of 17 tokens or more)."
 
@@ -670,7 +704,7 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
                 "(stale, partially loaded or corrupted). Fix: sync again; if it persists, re-create the engine.")
     return report
 
-# %% ../nbs/06_weight_sync.ipynb 91
+# %% ../nbs/06_weight_sync.ipynb 95
 class WeightSyncSource:
     "Mixin for learner actors: the learner side of `connect_weight_sync`, `sync_weights` and `verify_weight_sync`."
     def sync_module(self) -> nn.Module:
@@ -731,7 +765,7 @@ class WeightSyncSource:
         if g is not None: g.close()
         self._ws_group = self._ws_store = None
 
-# %% ../nbs/06_weight_sync.ipynb 92
+# %% ../nbs/06_weight_sync.ipynb 96
 def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`WeightSyncSource`), rank 0 first
                         engines:Sequence, # engine objects or actor handles
                         tp:int=1, # TP workers per engine
@@ -746,7 +780,7 @@ def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`
     ranks = gather(calls, timeout_s)
     return {"host": host, "port": port, "backend": backend, "world_size": world, "engine_ranks": ranks[1:]}
 
-# %% ../nbs/06_weight_sync.ipynb 95
+# %% ../nbs/06_weight_sync.ipynb 99
 def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
                        engines:Sequence, # every engine
                        prompts:Sequence|None=None, # fixed prompts; None: `DEFAULT_VERIFY_PROMPTS`
@@ -764,7 +798,7 @@ def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
         return gather([submit(l, "ws_checksums", plan, layouts) for l in learners], timeout_s)[0]
     return verify_sync(engines, score, prompts, max_new_tokens, atol, expect if checksums else None, timeout_s, version)
 
-# %% ../nbs/06_weight_sync.ipynb 98
+# %% ../nbs/06_weight_sync.ipynb 102
 def _one_host(*stats) -> bool: return len({st.get("host") for st in stats}) == 1 and stats[0].get("host") is not None
 
 def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 gathers need them all
@@ -799,7 +833,7 @@ def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 
             "total_s": max(ends) - sent["t_start"] if len(ends) == len(recv) and _one_host(sent, *recv) else call_s,
             "call_s": call_s}
 
-# %% ../nbs/06_weight_sync.ipynb 106
+# %% ../nbs/06_weight_sync.ipynb 110
 def _ms(x) -> str: return "—" if x is None else f"{x * 1e3:.1f}"
 def _gbps(nbytes, x) -> str: return "" if not x else f" ({nbytes / x / 1e9:.3g} GB/s)"
 
@@ -823,7 +857,7 @@ def bench_table(path:str|Path="bench/results/weight_sync.json", # results writte
     out += [f"\n- **{e.get('stage', '?')}** ({e.get('receiver', 'transformers')}) failed: {e.get('error', '')[:300]}" for e in errors]
     return "\n".join(out)
 
-# %% ../nbs/06_weight_sync.ipynb 115
+# %% ../nbs/06_weight_sync.ipynb 119
 def tp2_table(path:str|Path="bench/results/tp2_gpu.json", # results written by bench/tp2_gpu.py
              ) -> str: # markdown
     "The records of `bench/tp2_gpu.py` as a table, and which layouts have not been measured yet."
