@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
 from e2e_vs_trl import MODEL, SMOKE_MODEL, SAFE_ENV, build_model, stats   # one model builder for both benchmarks
-from grpo_nb.rollout import throughput_table
+from grpo_nb.results import throughput_table
 
 ENGINES = {"vllm-graphs": ("vllm", dict(enforce_eager=False)), "vllm-eager": ("vllm", dict(enforce_eager=True)),
            "hf-static": ("transformers", dict(cache="static")), "hf-dynamic": ("transformers", dict(cache="dynamic"))}

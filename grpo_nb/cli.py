@@ -5,16 +5,20 @@
 # %% ../nbs/13_cli.ipynb 4
 from __future__ import annotations
 import contextlib, importlib, importlib.abc, importlib.machinery, sys, types
-from .config import ConfigError
+import dataclasses, json
+import yaml
+from .config import (ConfigError, PRESETS, TRAINERS, TrainConfig, config_data, derive, field_docs, load_config, run_cli,
+                            shipped_presets, to_dict, trainer_of)
 from .stop import catch_early, settle
 from . import __version__
 
 # %% auto 0
-__all__ = ['COMMANDS', 'STOPPABLE', 'HEAVY', 'describing', 'main', 'console']
+__all__ = ['COMMANDS', 'STOPPABLE', 'HEAVY', 'TRAINER_LOADERS', 'TRANSLATORS', 'describing', 'main', 'console', 'config_command',
+           'config_cli']
 
 # %% ../nbs/13_cli.ipynb 6
 COMMANDS:dict[str, tuple[str, str]] = {
-    "config":    ("grpo_nb.preflight:config_cli", "print the resolved configuration and its derived values"),
+    "config":    ("grpo_nb.cli:config_cli", "print the resolved configuration and its derived values"),
     "plan":      ("grpo_nb.plans:plan_cli",        "per-GPU memory of learners and engines, with a verdict and the fix"),
     "layout":    ("grpo_nb.placement:layout_cli",  "place learners and engines on nodes and GPUs, or say why not"),
     "train":     ("grpo_nb.trainer:train_cli",     "run GRPO training from a config (resumes with --resume auto)"),
@@ -130,3 +134,67 @@ def console() -> None:
     sys.exit(settle(main()))
 
 if __name__ == "__main__" and "__file__" in globals(): console()   # `python -m grpo_nb.cli ...` (not when a notebook runs this cell)
+
+# %% ../nbs/13_cli.ipynb 22
+TRAINER_LOADERS:dict[str, str] = {
+    "grpo": "grpo_nb.config:load_config",
+    "ddp": "grpo_nb.ddp:load_run",
+    "reward-model": "grpo_nb.reward_model:load_rm_config",
+    "self-correction": "grpo_nb.self_correction:load_sc_config",
+}
+"A trainer (`grpo_nb.config.TRAINERS`) -> its config loader, `module:function(source, overrides)`."
+
+TRANSLATORS:dict[str, str] = {"--from-open-instruct": "grpo_nb.open_instruct:translate_cli"}
+"Flags of `grpo_nb config` that hand the rest of the command line to a translator (`module:function(argv)`)."
+
+def _load(spec:str): # `module:function`
+    "The function a `module:function` string names (its module imported now)."
+    mod, fn = spec.split(":")
+    return getattr(importlib.import_module(mod), fn)
+
+# %% ../nbs/13_cli.ipynb 23
+def config_command(config:str="default", # YAML file or preset ({presets})
+                   *overrides:str, # any field as --section.field=value; see `grpo_nb config --fields`
+                   json_:bool=False, # print JSON instead of YAML
+                   fields_:bool=False, # list every field with its documentation
+                   list_:bool=False, # list the presets: embedded ones and the YAML files shipped in configs/
+                   from_open_instruct:bool=False, # translate the open-instruct grpo_fast flags (or YAML file) that follow into a grpo-nb YAML; see `grpo_nb.open_instruct`
+                  ) -> int: # 0 printed, 2 on a configuration error
+    "Print the resolved config and its derived values."
+    if from_open_instruct: return _load(TRANSLATORS["--from-open-instruct"])([*([] if config == "default" else [config]), *overrides])
+    if fields_:
+        for k, v in field_docs(TrainConfig).items(): print(f"--{k:<42} {v}")
+        return 0
+    if list_:
+        for k in PRESETS: print(f"{k:<36} embedded (grpo_nb.config.PRESETS)")
+        for k, path in shipped_presets().items():
+            print(f"{k:<36} {trainer_of(config_data(path))[0]:<16} {path}")
+        return 0
+    try:
+        t, _ = trainer_of(config_data(config), config)
+        if t == "grpo":
+            cfg = load_config(config, list(overrides))
+            out = {"config": to_dict(cfg), "derived": dataclasses.asdict(derive(cfg))}
+        else:
+            res = _load(TRAINER_LOADERS[t])(config, list(overrides))
+            parts = res if isinstance(res, tuple) else (res,)
+            out = {"trainer": t, "run_with": TRAINERS[t], **{f"config{'_' + type(x).__name__ if i else ''}": dataclasses.asdict(x)
+                                                               for i, x in enumerate(parts)}}
+    except ConfigError as e:
+        print(f"grpo_nb config: error: {e}", file=sys.stderr); return 2
+    print(json.dumps(out, indent=2) if json_ else yaml.safe_dump(out, sort_keys=False), end="")
+    return 0
+
+# %% ../nbs/13_cli.ipynb 25
+def config_cli(argv:list[str]|None=None) -> int:
+    "`grpo_nb config [CONFIG] [--section.field=value ...] [--json]`: print the resolved config and derived values."
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for flag in TRANSLATORS:   # the rest of the command line is the translator's
+        if flag in argv: i = argv.index(flag); return _load(TRANSLATORS[flag])(argv[:i] + argv[i + 1:])
+    if not {"-h", "--help", "--fields", "--list"} & set(argv):
+        lead = argv[:1] if argv and not argv[0].startswith("-") else []
+        try: cfg = load_config(lead[0] if lead else None, [a for a in argv[len(lead):] if a != "--json"])
+        except ConfigError: cfg = None   # not a GRPO config, or a bad one: config_command says which
+        if cfg is not None and (bad := _load("grpo_nb.preflight:check_plugins")(cfg))[0] == "FAIL":
+            print(f"grpo_nb config: error: {bad[1]}", file=sys.stderr); return 2
+    return run_cli(config_command, argv, "grpo_nb config", fill={"presets": ", ".join(PRESETS)})

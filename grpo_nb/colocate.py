@@ -4,7 +4,7 @@
 
 # %% ../nbs/05a_colocate.ipynb 4
 from __future__ import annotations
-import pickle, time
+import pickle
 from datetime import timedelta
 import torch
 from torch import Tensor

@@ -4,21 +4,20 @@
 
 # %% ../nbs/00_config.ipynb 4
 from __future__ import annotations
-import argparse, dataclasses, difflib, importlib, importlib.util, inspect, json, os, sys, types, typing
+import argparse, dataclasses, difflib, importlib, importlib.util, inspect, os, sys, types, typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Optional, get_args, get_origin, get_type_hints
+from typing import Literal, Optional, get_args, get_origin, get_type_hints
 import yaml
 from fastcore.docments import docments
 from .plugins import PluginError, find_plugin
 
 # %% auto 0
-__all__ = ['GPU_MIB', 'PRESETS', 'TRAINERS', 'TRANSLATORS', 'ConfigError', 'ModelConfig', 'DataConfig', 'RolloutConfig',
-           'LearnerConfig', 'gpu_mem_gib_of', 'ClusterConfig', 'RewardConfig', 'LoggingConfig', 'CheckpointConfig',
-           'TrainConfig', 'field_docs', 'from_dict', 'parse_overrides', 'merge', 'Derived', 'derive',
-           'validate_learner', 'validate_rollout', 'validate_cluster', 'validate_reward', 'validate', 'configs_dirs',
-           'shipped_presets', 'config_data', 'trainer_of', 'load_config', 'to_dict', 'to_yaml', 'cli_parser', 'run_cli',
-           'config_command', 'config_cli']
+__all__ = ['GPU_MIB', 'PRESETS', 'TRAINERS', 'ConfigError', 'ModelConfig', 'DataConfig', 'RolloutConfig', 'LearnerConfig',
+           'gpu_mem_gib_of', 'ClusterConfig', 'RewardConfig', 'LoggingConfig', 'CheckpointConfig', 'TrainConfig',
+           'field_docs', 'from_dict', 'parse_overrides', 'merge', 'Derived', 'derive', 'validate_learner',
+           'validate_rollout', 'validate_cluster', 'validate_reward', 'validate', 'configs_dirs', 'shipped_presets',
+           'config_data', 'trainer_of', 'load_config', 'to_dict', 'to_yaml', 'cli_parser', 'run_cli']
 
 # %% ../nbs/00_config.ipynb 7
 class ConfigError(ValueError):
@@ -49,7 +48,7 @@ class DataConfig:
     max_prompt_tokens:int=512 # longer prompts are dropped (and counted) at load time
     shuffle_seed:int=0 # seed of the epoch-wise shuffle; the data position is checkpointed
     eval_limit:int=256 # evaluate on at most this many held-out prompts (0: all of them)
-    plugins:list[str]=field(default_factory=list) # modules or `.py` files imported on the driver and every Ray worker before the data is read (`grpo_nb.plugins`)
+    plugins:list[str]=field(default_factory=list) # modules or `.py` files imported on the driver and every Ray worker before the data is read; they may `@register_loader` a format (`grpo_nb.run`, `grpo_nb.plugins`)
 
 # %% ../nbs/00_config.ipynb 12
 @dataclass
@@ -306,8 +305,6 @@ def merge(base:dict, # plain config data
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
-_merge = merge   # the name some modules still import
-
 # %% ../nbs/00_config.ipynb 35
 @dataclass(frozen=True)
 class Derived:
@@ -509,13 +506,13 @@ def config_data(source:str|Path|dict, # a dict, a preset name (embedded or shipp
         data = merge(config_data(base, presets, (*_seen, str(source))), {k: v for k, v in data.items() if k != "extends"})
     return data
 
-TRAINERS:dict[str, tuple[str, str]] = {
-    "grpo": ("grpo_nb.config:load_config", "grpo_nb train CONFIG"),
-    "ddp": ("grpo_nb.ddp:load_run", "torchrun --nproc_per_node=N -m grpo_nb.ddp CONFIG"),
-    "reward-model": ("grpo_nb.reward_model:load_rm_config", "torchrun --nproc_per_node=N -m grpo_nb.reward_model CONFIG"),
-    "self-correction": ("grpo_nb.self_correction:load_sc_config", "grpo_nb self-correction CONFIG"),
+TRAINERS:dict[str, str] = {
+    "grpo": "grpo_nb train CONFIG",
+    "ddp": "torchrun --nproc_per_node=N -m grpo_nb.ddp CONFIG",
+    "reward-model": "torchrun --nproc_per_node=N -m grpo_nb.reward_model CONFIG",
+    "self-correction": "grpo_nb self-correction CONFIG",
 }
-"A config file's top-level `trainer:` key (default `grpo`) -> (its loader `module:function(source, overrides)`, how it is run)."
+"A config file's top-level `trainer:` key (default `grpo`) -> how it is run (each trainer's loader is its own module's; `grpo_nb.cli.TRAINER_LOADERS` names them)."
 
 def trainer_of(data:dict, # plain config data
                where:str="config", # its source, for the message
@@ -531,7 +528,7 @@ def load_config(source:str|Path|dict|None=None, overrides:list[str]|dict|None=No
     t, data = ("grpo", {}) if source is None else trainer_of(config_data(source), str(source)[:80])
     if t != "grpo":
         raise ConfigError("trainer", f"{source} is a config of the {t} trainer, not of GRPO on Ray.",
-                          f"run it with `{TRAINERS[t][1]}`; `grpo_nb config {source}` prints it")
+                          f"run it with `{TRAINERS[t]}`; `grpo_nb config {source}` prints it")
     if isinstance(overrides, (list, tuple)): overrides = parse_overrides(list(overrides))
     return validate(from_dict(TrainConfig, merge(data, overrides or {})))
 
@@ -629,51 +626,3 @@ def run_cli(func, # the command (see `cli_parser`)
         if missing: p.error(f"the following arguments are required: {', '.join(missing)}")
     except SystemExit as e: return int(e.code or 0)
     return int(func(*lead, *[kw.pop(n, params[n].default) for n in pos[len(lead):]], *rest, **kw) or 0)
-
-# %% ../nbs/00_config.ipynb 65
-TRANSLATORS:dict[str, str] = {"--from-open-instruct": "grpo_nb.open_instruct:translate_cli"}
-"Flags of `grpo_nb config` that hand the rest of the command line to a translator (`module:function`, imported when used, as the `grpo_nb` commands are: the translators build on this module)."
-
-def _translate(flag:str, argv:list[str]) -> int:
-    mod, fn = TRANSLATORS[flag].split(":")
-    return getattr(importlib.import_module(mod), fn)(argv)
-
-def config_command(config:str="default", # YAML file or preset ({presets})
-                   *overrides:str, # any field as --section.field=value; see `grpo_nb config --fields`
-                   json_:bool=False, # print JSON instead of YAML
-                   fields_:bool=False, # list every field with its documentation
-                   list_:bool=False, # list the presets: embedded ones and the YAML files shipped in configs/
-                   from_open_instruct:bool=False, # translate the open-instruct grpo_fast flags (or YAML file) that follow into a grpo-nb YAML; see `grpo_nb.open_instruct`
-                  ) -> int: # 0 printed, 2 on a configuration error
-    "Print the resolved config and its derived values."
-    if from_open_instruct: return _translate("--from-open-instruct", [*([] if config == "default" else [config]), *overrides])
-    if fields_:
-        for k, v in field_docs(TrainConfig).items(): print(f"--{k:<42} {v}")
-        return 0
-    if list_:
-        for k in PRESETS: print(f"{k:<36} embedded (grpo_nb.config.PRESETS)")
-        for k, path in shipped_presets().items():
-            print(f"{k:<36} {trainer_of(config_data(path))[0]:<16} {path}")
-        return 0
-    try:
-        t, _ = trainer_of(config_data(config), config)
-        if t == "grpo":
-            cfg = load_config(config, list(overrides))
-            out = {"config": to_dict(cfg), "derived": dataclasses.asdict(derive(cfg))}
-        else:
-            mod, fn = TRAINERS[t][0].split(":")
-            res = getattr(importlib.import_module(mod), fn)(config, list(overrides))
-            parts = res if isinstance(res, tuple) else (res,)
-            out = {"trainer": t, "run_with": TRAINERS[t][1], **{f"config{'_' + type(x).__name__ if i else ''}": dataclasses.asdict(x)
-                                                               for i, x in enumerate(parts)}}
-    except ConfigError as e:
-        print(f"grpo_nb config: error: {e}", file=sys.stderr); return 2
-    print(json.dumps(out, indent=2) if json_ else yaml.safe_dump(out, sort_keys=False), end="")
-    return 0
-
-def config_cli(argv:list[str]|None=None) -> int:
-    "`grpo_nb config [CONFIG] [--section.field=value ...] [--json]`: print the resolved config and derived values."
-    argv = sys.argv[1:] if argv is None else list(argv)
-    for flag in TRANSLATORS:   # the rest of the command line is the translator's
-        if flag in argv: i = argv.index(flag); return _translate(flag, argv[:i] + argv[i + 1:])
-    return run_cli(config_command, argv, "grpo_nb config", fill={"presets": ", ".join(PRESETS)})

@@ -17,7 +17,8 @@ from .loss import group_advantages, policy_loss, loss_kwargs, token_logprobs, ag
 from .learner import lr_factor
 from .checkpoint import (set_rng_state, seed_everything, tree_digest, save_checkpoint_files,
                                 find_resume, barrier)
-from .rewards import compute_rewards, RewardContext
+from .rewards import REWARDS, compute_rewards, RewardContext
+from .plugins import PluginError, check_registered, import_plugins, load_plugins
 from .sandbox import run_tests, Limits
 from .models import resolve_model
 from .tiny import no_progress_bars
@@ -503,6 +504,10 @@ def train(cfg:TrainConfig, # the validated run config
     if env.device.type == "cuda" and opts.memory_check:   # before any model is loaded
         err = ddp_fit_error(cfg, opts, env.world_size, torch.cuda.get_device_properties(env.device).total_memory)
         if err is not None: raise err
+    try:   # every rank imports the plug-ins before it reads rows or a reward (grpo_nb.plugins)
+        import_plugins(cfg.data.plugins, "data.plugins")
+        check_registered(cfg.reward.functions, REWARDS, added=load_plugins(cfg.reward.plugins, REWARDS))
+    except PluginError as e: raise ConfigError(e.where, e.problem, e.fix) from None
     _setup(cfg, opts, env)
     with StopFlag() as flag: return _train(cfg, opts, env, plan, flag)   # SIGUSR1/SIGTERM: stop at the next step (grpo_nb.stop)
 

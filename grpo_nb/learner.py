@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_learner.ipynb 4
 from __future__ import annotations
-import gc, json, logging, math, os, random, re, shutil, socket, sys, time, types, uuid
+import gc, json, logging, math, os, shutil, socket, sys, time, types, uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -16,12 +16,14 @@ import torch
 from torch import nn, Tensor
 from fastcore.basics import patch
 from .loss import policy_loss, token_logprobs, agg_counts, loss_kwargs
-from .actors import submit, gather, call, GPU_SAFETY_ENV
+from .actors import submit, gather, GPU_SAFETY_ENV
 from .weight_sync import WeightSyncSource, make_plan, full_numel
-from .config import derive, _merge
-from .memory import learner_memory, zero3_settings, ZERO3_BUCKETS
+from .config import derive, merge
+from .memory import zero3_settings
 from .placement import placed_actor_options
-from .tiny import builtin_model, resolve_model
+from .tiny import builtin_model
+from .models import resolve_model
+from .run import init_process_group
 from .checkpoint import (CheckpointError, checkpoint_files, checkpoint_name, commit_checkpoint, file_digest, latest_checkpoint,
                                 prune_checkpoints, rng_state, seed_everything, set_rng_state, tree_digest, verify_checkpoint)
 
@@ -31,7 +33,7 @@ __all__ = ['logger', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch',
            'varlen_attention', 'check_varlen', 'pick_attention', 'attention_kernel', 'step_counts', 'micro_batch_loss',
            'ds_config', 'lr_factor', 'LearnerSpec', 'model_source', 'build_policy', 'LearnerWorker', 'compile_layers',
            'apply_kernels', 'train_flops', 'release_tensors', 'shard_batch', 'peak_flops_for', 'combine_metrics',
-           'LearnerGroup', 'each', 'create_learner_group', 'mfu_records', 'planned_peak', 'mfu_table', 'profile_split']
+           'LearnerGroup', 'each', 'create_learner_group']
 
 # %% ../nbs/07_learner.ipynb 8
 logger = logging.getLogger("grpo_nb.learner")
@@ -354,7 +356,7 @@ def ds_config(zero_stage:int, # 0-3
            "zero_optimization": zero, "optimizer": {"type": "AdamW", "params": params},
            "bf16": {"enabled": dtype == "bfloat16"}, "fp16": {"enabled": dtype == "float16"}}
     if dtype == "bfloat16" and zero_stage == 1: cfg["data_types"] = {"grad_accum_dtype": "fp32"}
-    return _merge(cfg, overrides or {})   # the config's deep merge (grpo_nb.config)
+    return merge(cfg, overrides or {})   # the config's deep merge (grpo_nb.config)
 
 # %% ../nbs/07_learner.ipynb 42
 def lr_factor(step:int, # optimizer steps taken so far
@@ -463,9 +465,7 @@ def init_distributed(self:LearnerWorker,
     if backend == "nccl": torch.cuda.set_device(0)  # each actor sees its own GPU as device 0
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                       WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
-                                             world_size=self.world_size, timeout=timedelta(seconds=timeout_s))
+    init_process_group(backend, "cuda:0" if backend == "nccl" else "cpu", timeout_s)   # grpo_nb.run: joins once, W > 1
     if backend == "gloo": sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
 
@@ -516,7 +516,7 @@ def _build_ref(self:LearnerWorker, spec:LearnerSpec):
     if L.zero_stage == 3 and L.ref_policy == "cpu" and spec.device == "cuda":
         cfg["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
     if L.zero_stage == 3: cfg["zero_optimization"].update({k: v for k, v in zero3_settings(L.zero3_buckets).items() if k.startswith("stage3_param")})
-    cfg = _merge(cfg, {"zero_optimization": {k: v for k, v in spec.ds_overrides.get("zero_optimization", {}).items() if k.startswith("stage3_param")}})
+    cfg = merge(cfg, {"zero_optimization": {k: v for k, v in spec.ds_overrides.get("zero_optimization", {}).items() if k.startswith("stage3_param")}})
     ref, keep = build_policy(spec.model, spec.torch_dtype, self.attn, self.device, spec.seed, cfg if L.zero_stage == 3 else None)
     ref.config.use_cache = False
     ref.requires_grad_(False)
@@ -1051,57 +1051,3 @@ def from_config(cls:LearnerGroup,
                        total_optimizer_steps=cfg.total_steps * max(1, d.optimizer_steps_per_step), seed=cfg.learner.seed,
                        peak_flops=None)   # each rank looks its GPU up by name: an unknown GPU gets no MFU, not a wrong one
     return create_learner_group(spec, d.learner_world_size, groups, **kwargs)
-
-# %% ../nbs/07_learner.ipynb 112
-def mfu_records(path:str|Path="bench/results/learner_mfu.json", # written by bench/learner_mfu.py
-               ) -> list[dict]: # its records ([] when the file is not there yet)
-    "The learner benchmark's records."
-    p = Path(path)
-    if not p.exists(): return []
-    data = json.loads(p.read_text())
-    return data.get("records", []) if isinstance(data, dict) else data
-
-def planned_peak(rec:dict, # a record of bench/learner_mfu.py (model, gpus, zero, grad_ckpt, compile, kernels, longest_row)
-                 chunk:int=2048, # the benchmark's log-prob chunk on GPUs
-                ) -> int|None: # the planner's peak bytes for that variant today (None for shapes it does not know)
-    "What the memory planner predicts now for a measured learner variant (so the page follows the planner as it improves)."
-    try:
-        return int(learner_memory(rec["model"], learners=rec["gpus"], zero=rec["zero"], micro_batch=1,
-                                  seq_len=rec.get("longest_row") or rec["pack_length"], grad_ckpt=bool(rec.get("grad_ckpt")),
-                                  attn="flash_attention_2", logits="chunked", logprob_chunk=chunk, adam="fused",
-                                  fused=bool(rec.get("compile")) or rec.get("kernels") == "liger",
-                                  knobs=ZERO3_BUCKETS[rec.get("zero3_buckets") or "deepspeed"]).peak_bytes)
-    except (ValueError, KeyError): return rec.get("predicted_bytes")
-
-def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench/learner_mfu.py
-             ) -> str: # a markdown table, or a note that there are no results yet
-    "The learner benchmark's results as a markdown table (failed and skipped variants say why)."
-    rows = mfu_records(path)
-    if not rows: return f"_No results yet: run `python bench/learner_mfu.py --part 1gpu` (and `--part 2gpu`) on H100/H200 GPUs; it writes {path}._"
-    g = lambda b: f"{b / 2**30:.1f}" if b else "–"
-    head = ("| model | GPUs | ZeRO | variant | attention | device | row tokens | tokens/s | MFU | measured GiB | predicted GiB | predicted / measured |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|")
-    def line(r):
-        variant = (("compiled" if r.get("compile") else "Liger kernels" if r.get("kernels") == "liger" else "eager")
-                   + (", checkpointing" if r.get("grad_ckpt") else "") + (", larger ZeRO-3 buckets" if r.get("zero3_buckets") == "large" else ""))
-        start = f"| {r['model']} | {r['gpus']} | {r['zero']} | {variant} | {r.get('attention') or '–'} | {r['device']} | {r.get('pack_length', '')} | "
-        if not r.get("tokens_per_s"): return start + f"{r.get('error', '?')[:80]} | | | | | |"
-        pred = planned_peak(r) if r.get("device", "").startswith("NVIDIA") else r.get("predicted_bytes")
-        ratio = f"{pred / r['measured_bytes']:.2f}" if pred and r.get("measured_bytes") else "–"
-        return start + f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | {g(r['measured_bytes'])} | {g(pred)} | {ratio} |"
-    return "\n".join([head] + [line(r) for r in rows])
-
-# %% ../nbs/07_learner.ipynb 123
-def profile_split(rec:dict, # a record of bench/learner_mfu.py with a `time_breakdown` that counted matmul FLOPs
-                  peak_flops:float, # the GPU's dense bf16 peak (the records' `peak_flops`)
-                 ) -> dict|None: # shares of the profiled step and the rates; None without a usable profile
-    "Split a profiled learner step into the hardware's part (the matmuls' own rate) and the rest (the learner's)."
-    tb = rec.get("time_breakdown") or {}
-    if not tb.get("matmul_flops") or not tb.get("matmul_s") or not rec.get("mfu"): return None
-    flops = rec["mfu"] * rec["step_s"] * peak_flops                  # model FLOPs of one timed step, per GPU
-    wall = tb["wall_s"]
-    return {"mfu": rec["mfu"], "matmul_rate": tb["matmul_flops"] / tb["matmul_s"] / peak_flops,
-            "ceiling_mfu": flops / ((tb["matmul_s"] + tb.get("attention_s", 0.0)) * peak_flops),
-            **{f"{k}_share": tb.get(f"{k}_s", 0.0) / wall for k in ("matmul", "attention", "other", "optimizer", "communication")},
-            "idle_share": tb.get("idle_frac") or 0.0,
-            "top_other": [k for k in tb.get("top_kernels", []) if not any(x in k[0].lower() for x in ("nvjet", "gemm", "cutlass", "flash", "nccl"))][:4]}

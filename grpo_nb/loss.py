@@ -10,10 +10,10 @@ import torch
 from torch import Tensor
 
 # %% auto 0
-__all__ = ['ADVANTAGES', 'AGGREGATIONS', 'KL_ESTIMATORS', 'register', 'pick', 'adv_std', 'adv_none', 'adv_rloo',
+__all__ = ['ADVANTAGES', 'AGGREGATIONS', 'KL_ESTIMATORS', 'register_in', 'pick', 'adv_std', 'adv_none', 'adv_rloo',
            'zero_variance_groups', 'group_advantages', 'kl_k1', 'kl_k2', 'kl_k3', 'kl_penalty', 'agg_counts',
            'agg_token_mean', 'agg_seq_mean_token_mean', 'agg_seq_mean_token_sum_norm', 'clipped_pg', 'tis_weights',
-           'policy_loss', 'loss_kwargs', 'logits_bytes', 'ChunkedLogProbs', 'token_logprobs', 'entropy_from_logits',
+           'policy_loss', 'loss_kwargs', 'ChunkedLogProbs', 'token_logprobs', 'entropy_from_logits',
            'token_logprobs_naive']
 
 # %% ../nbs/03_loss.ipynb 7
@@ -24,9 +24,9 @@ AGGREGATIONS:dict[str, Callable] = {}
 KL_ESTIMATORS:dict[str, Callable] = {}
 "KL estimators: name -> fn(logp, ref_logp) -> per-token KL estimate (config `learner.kl`)."
 
-def register(registry:dict, # one of the registries above
-             name:str, # the name configs use
-            ):
+def register_in(registry:dict, # one of the registries above (`grpo_nb.rewards.register` is the rewards' own decorator)
+                name:str, # the name configs use
+               ):
     "Decorator: add a function to `registry` under `name`."
     def deco(fn):
         registry[name] = fn
@@ -44,7 +44,7 @@ def pick(registry:dict, # one of the registries above
     return registry[name]
 
 # %% ../nbs/03_loss.ipynb 9
-@register(ADVANTAGES, "std")
+@register_in(ADVANTAGES, "std")
 def adv_std(r:Tensor, # rewards [P,G]
             eps:float=1e-6, # added to the std
            ) -> Tensor: # advantages [P,G]
@@ -52,7 +52,7 @@ def adv_std(r:Tensor, # rewards [P,G]
     return (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + eps)
 
 # %% ../nbs/03_loss.ipynb 10
-@register(ADVANTAGES, "none")
+@register_in(ADVANTAGES, "none")
 def adv_none(r:Tensor, # rewards [P,G]
              eps:float=1e-6, # unused (same signature as the others)
             ) -> Tensor: # advantages [P,G]
@@ -60,7 +60,7 @@ def adv_none(r:Tensor, # rewards [P,G]
     return r - r.mean(-1, keepdim=True)
 
 # %% ../nbs/03_loss.ipynb 11
-@register(ADVANTAGES, "rloo")
+@register_in(ADVANTAGES, "rloo")
 def adv_rloo(r:Tensor, # rewards [P,G]
              eps:float=1e-6, # unused (same signature as the others)
             ) -> Tensor: # advantages [P,G]
@@ -89,32 +89,33 @@ def zero_variance_groups(rewards:Tensor, # [B], B = P·G, groups contiguous
 # %% ../nbs/03_loss.ipynb 14
 def group_advantages(rewards:Tensor, # [B], B = P·G, groups contiguous
                      group_size:int, # G, samples per prompt
-                     scale:Literal["std","none","rloo"]="std", # estimator name in `ADVANTAGES` (config `learner.advantage`)
+                     advantage:Literal["std","none","rloo"]="std", # estimator name in `ADVANTAGES` (config `learner.advantage`)
                      eps:float=1e-6, # added to the std of `std`
+                     scale:str|None=None, # the earlier name of `advantage`, still accepted
                     ) -> Tensor: # advantages [B], float32 (float64 for float64 rewards)
     "Per-group baseline (and scale) of the rewards; zero-variance groups get exactly zero."
-    fn = pick(ADVANTAGES, scale, "learner.advantage")
+    fn = pick(ADVANTAGES, scale or advantage, "learner.advantage")
     r = _grouped(rewards, group_size).to(torch.promote_types(rewards.dtype, torch.float32))  # [P,G]
     adv = fn(r, eps)
     adv = torch.where((r.amax(-1) == r.amin(-1))[:, None], torch.zeros_like(adv), adv)
     return adv.reshape(-1)
 
 # %% ../nbs/03_loss.ipynb 19
-@register(KL_ESTIMATORS, "k1")
+@register_in(KL_ESTIMATORS, "k1")
 def kl_k1(logp:Tensor, # log π_θ of the sampled tokens
           ref_logp:Tensor, # log π_ref of the same tokens
          ) -> Tensor:
     "k1 = log π_θ - log π_ref."
     return logp - ref_logp
 
-@register(KL_ESTIMATORS, "k2")
+@register_in(KL_ESTIMATORS, "k2")
 def kl_k2(logp:Tensor, # log π_θ of the sampled tokens
           ref_logp:Tensor, # log π_ref of the same tokens
          ) -> Tensor:
     "k2 = ½ (log π_θ - log π_ref)²."
     return 0.5 * (logp - ref_logp).square()
 
-@register(KL_ESTIMATORS, "k3")
+@register_in(KL_ESTIMATORS, "k3")
 def kl_k3(logp:Tensor, # log π_θ of the sampled tokens
           ref_logp:Tensor, # log π_ref of the same tokens
          ) -> Tensor:
@@ -159,7 +160,7 @@ def _denominator(local, given) -> Tensor:
     d = local if given is None else torch.as_tensor(given, device=local.device)
     return d.to(torch.float64).clamp(min=1)
 
-@register(AGGREGATIONS, "token-mean")
+@register_in(AGGREGATIONS, "token-mean")
 def agg_token_mean(mask:Tensor, # 1 for tokens that count
                    seq_ids:Tensor|None=None, # packed sequence ids (unused here)
                    num_tokens=None, # global N; None: this call's
@@ -169,7 +170,7 @@ def agg_token_mean(mask:Tensor, # 1 for tokens that count
     "w_t = 1/N: every token of the optimizer step counts the same."
     return mask.to(torch.float64) / _denominator(mask.sum(), num_tokens)
 
-@register(AGGREGATIONS, "seq-mean-token-mean")
+@register_in(AGGREGATIONS, "seq-mean-token-mean")
 def agg_seq_mean_token_mean(mask:Tensor, # 1 for tokens that count
                             seq_ids:Tensor|None=None, # packed sequence ids; None: rows are sequences
                             num_tokens=None, # unused
@@ -180,7 +181,7 @@ def agg_seq_mean_token_mean(mask:Tensor, # 1 for tokens that count
     n, S = _seq_lengths(mask, seq_ids)
     return mask.to(torch.float64) / (n.clamp(min=1) * _denominator(S, num_seqs))
 
-@register(AGGREGATIONS, "seq-mean-token-sum-norm")
+@register_in(AGGREGATIONS, "seq-mean-token-sum-norm")
 def agg_seq_mean_token_sum_norm(mask:Tensor, # 1 for tokens that count
                                 seq_ids:Tensor|None=None, # packed sequence ids; None: rows are sequences
                                 num_tokens=None, # unused
@@ -290,15 +291,7 @@ def loss_kwargs(learner, # a `LearnerConfig` (or anything with its fields)
             "agg": learner.agg, "kl": learner.kl, "kl_beta": learner.kl_beta, "tis_cap": learner.tis_cap,
             "entropy_coef": learner.entropy_coef}
 
-# %% ../nbs/03_loss.ipynb 54
-def logits_bytes(n_tokens:int, # N
-                 vocab:int=151_936, # V (Qwen2.5)
-                 bytes_per:int=4, # 4 for fp32, 2 for bf16
-                ) -> int:
-    "Bytes of one [N, V] logits tensor."
-    return n_tokens * vocab * bytes_per
-
-# %% ../nbs/03_loss.ipynb 57
+# %% ../nbs/03_loss.ipynb 56
 def _chunk_logits(h:Tensor, weight:Tensor, temperature:float, acc:torch.dtype) -> Tensor:
     "z = h Wᵀ / τ for one chunk: [c, H] × [V, H]ᵀ -> [c, V] in the accumulation dtype."
     z = (h @ weight.t()).to(acc)  # matmul in the weights' dtype, like lm_head(h).float()
@@ -356,7 +349,7 @@ class ChunkedLogProbs(torch.autograd.Function):
             del gz
         return gh, (gw.to(weight.dtype) if need_w else None), None, None, None, None
 
-# %% ../nbs/03_loss.ipynb 58
+# %% ../nbs/03_loss.ipynb 57
 def token_logprobs(hidden:Tensor, # final hidden states [N, H] or [B, T, H] (bf16 on GPU)
                    lm_head_weight:Tensor, # output projection [V, H] (tied embeddings: the embedding matrix)
                    tokens:Tensor, # next-token ids [N] or [B, T] (tokens[t] = input_ids[t+1]); < 0: ignored
@@ -374,7 +367,7 @@ def token_logprobs(hidden:Tensor, # final hidden states [N, H] or [B, T, H] (bf1
                                       float(temperature), int(chunk), bool(with_entropy))
     return (logp.view(tokens.shape), ent.view(tokens.shape)) if with_entropy else logp.view(tokens.shape)
 
-# %% ../nbs/03_loss.ipynb 60
+# %% ../nbs/03_loss.ipynb 59
 def entropy_from_logits(logits:Tensor, # [..., V]
                        ) -> Tensor: # [...], in fp32 (float64 for float64 logits)
     "Entropy of softmax(logits): logsumexp(z) - Σ softmax(z)·z."

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_memory.ipynb 4
 from __future__ import annotations
-import dataclasses, functools, json, math, sys
+import functools, json, math, sys
 from dataclasses import dataclass, field, asdict, replace
 from pathlib import Path
 from typing import Literal, Optional
@@ -21,7 +21,7 @@ __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer'
            'learner_memory', 'kv_heads_per_gpu', 'valid_tps', 'kv_bytes_per_token', 'engine_weights_bytes',
            'engine_activation_bytes', 'EngineMemory', 'engine_memory', 'min_learner_gpus', 'min_engine_tp', 'Plan',
            'gpu_budget', 'host_budget', 'plan', 'plan_json', 'format_plan', 'plan_command', 'plan_cli', 'plan_config',
-           'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'plot_terms', 'planner_widget', 'accuracy_table']
+           'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'plot_terms', 'planner_widget']
 
 # %% ../nbs/01_memory.ipynb 7
 GiB = 2**30
@@ -965,29 +965,3 @@ def planner_widget(model:str="Qwen2.5-7B", # initial model
     for c in ctl.values(): c.observe(redraw, "value")
     redraw()
     return W.VBox([W.HBox(list(ctl.values())[i:i + 4]) for i in range(0, len(ctl), 4)] + [out])
-
-# %% ../nbs/01_memory.ipynb 119
-def accuracy_table(path:str|Path="bench/results/memory_accuracy.json", # the benchmark's output
-                  ) -> str: # a table, or why there is none
-    "Predicted vs measured peak memory from `bench/memory_accuracy.py`."
-    p = Path(path)
-    if not p.exists(): return f"no measurements yet ({p} does not exist): run `python bench/memory_accuracy.py` on a GPU machine."
-    d = json.loads(p.read_text())
-    recs = d["records"]
-    rows = [f"{'configuration':<34} {'N':>2} {'Z':>1} {'B×T':>8} {'ckpt':>4} {'logits':>7} | {'predicted':>9} {'measured':>9} {'error':>7} | "
-            f"{'phase (pred)':<14} {'fwd+bwd':>8} {'step':>8}"]
-    for r in recs:
-        meas = r.get("measured_bytes")
-        steps = r.get("steps") if isinstance(r.get("steps"), list) else []  # a skipped configuration has only its step count
-        fb = max((s["fwd_bwd_peak"] for s in steps), default=None)
-        st = max((s["step_peak"] for s in steps), default=None)
-        f = lambda b: f"{b / GiB:8.2f}" if b else f"{'-':>8}"
-        err = f"{100 * r['error']:+6.1f}%" if r.get("error") is not None else r.get("status", "")[:7]
-        rows.append(f"{r['name']:<34} {r['learners']:>2} {r['zero']:>1} {str(r['micro_batch']) + '×' + str(r['seq_len']):>8} "
-                    f"{'on' if r['grad_ckpt'] else 'off':>4} {r['logits']:>7} | {r['predicted_bytes'] / GiB:9.2f} {f(meas):>9} {err:>7} | "
-                    f"{r.get('predicted_phase', ''):<14} {f(fb)} {f(st)}")
-    ok = [r for r in recs if r.get("error") is not None]
-    dev = sorted({r["device"] for r in ok}) or ["-"]
-    rows.append(f"device: {', '.join(dev)}; GiB = 2^30 bytes; {len(ok)} measured, "
-                f"{sum(abs(r['error']) <= 0.10 for r in ok)} within 10%" + (" (CPU smoke run)" if d["meta"].get("smoke") else ""))
-    return "\n".join(rows)

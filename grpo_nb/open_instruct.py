@@ -4,12 +4,12 @@
 
 # %% ../nbs/00a_open_instruct.ipynb 4
 from __future__ import annotations
-import argparse, json, math, sys
+import math, sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 import yaml
-from .config import ConfigError, GPU_MIB, _merge, derive, load_config, parse_overrides
+from .config import ConfigError, GPU_MIB, TrainConfig, merge, derive, from_dict, load_config, parse_overrides
 
 # %% auto 0
 __all__ = ['RULES', 'RULE', 'OI_DEFAULTS', 'OI_KEPT', 'Rule', 'parse_flags', 'Translation', 'translate', 'translate_cli',
@@ -213,7 +213,7 @@ def translate(flags:dict[str, Any], # open-instruct flag -> value (`parse_flags`
     _set(t.data, "model.dtype", _get(t.data, "model.dtype", "bfloat16")); _set(t.data, "cluster.device", "cuda")
     _set(t.data, "cluster.ray_address", "auto")
     t.mapping = [(a, b, "open-instruct's default" + (f"; {n}" if n else "")) if a.split("=")[0] in set(flags) - given else (a, b, n) for a, b, n in t.mapping]
-    t.data = _merge(t.data, parse_overrides(list(overrides or [])))
+    t.data = merge(t.data, parse_overrides(list(overrides or [])))
     _place(t)
     _steps(t, flags)
     if not _get(t.data, "cluster.gpu"):
@@ -251,7 +251,7 @@ def _place(t:Translation):
 
 def _steps(t:Translation, flags:dict):
     "total_episodes -> total_steps, and the traps of too few steps."
-    B = int(_get(t.data, "rollout.prompts_per_step", 16)) * int(_get(t.data, "rollout.num_samples_per_prompt", 8))
+    B = derive(from_dict(TrainConfig, t.data)).sequences_per_step   # B = P·G, with the config's defaults for what is not set
     if "total_episodes" in flags:
         ep = int(flags["total_episodes"]); steps = ep // B
         t.mapping.append((f"total_episodes={ep}", f"total_steps={max(1, steps)}", f"{ep} episodes / {B} sequences per step"))

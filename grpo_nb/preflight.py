@@ -6,7 +6,7 @@
 from __future__ import annotations
 import copy, json, os, re, shlex, shutil, subprocess, sys
 from pathlib import Path
-from .config import TrainConfig, ConfigError, load_config, derive, run_cli, config_cli as _config_cli
+from .config import TrainConfig, ConfigError, load_config, derive, run_cli
 from .plugins import PluginError, check_registered, import_plugins, load_plugins
 from .rewards import REWARDS
 from .run import data_path, load_rows
@@ -16,8 +16,8 @@ from .tiny import builtin_model
 
 # %% auto 0
 __all__ = ['Check', 'check_model', 'check_writable', 'parse_sinfo', 'check_nodes', 'node_memory_gib', 'check_memory',
-           'check_layout', 'check_data', 'check_plugins', 'config_cli', 'preflight', 'preflight_command',
-           'preflight_cli', 'uses_code_rewards', 'job_env', 'check_baked', 'job_env_command', 'job_env_cli']
+           'check_layout', 'check_data', 'check_plugins', 'preflight', 'preflight_command', 'preflight_cli',
+           'uses_code_rewards', 'job_env', 'check_baked', 'job_env_command', 'job_env_cli']
 
 # %% ../nbs/09b_preflight.ipynb 7
 Check = tuple[str, str]  # (PASS | WARN | FAIL | SKIP, detail)
@@ -163,19 +163,7 @@ def check_plugins(cfg:TrainConfig) -> Check:
     if not cfg.reward.plugins: return "PASS", f"built-in rewards {sorted(cfg.reward.functions)}"
     return "PASS", f"{len(cfg.reward.plugins)} plug-in(s) imported; rewards {sorted(cfg.reward.functions)} registered" + (f" (new: {added})" if added else "")
 
-# %% ../nbs/09b_preflight.ipynb 28
-def config_cli(argv:list[str]|None=None) -> int:
-    "`grpo_nb config`: the reward names and plug-ins of a GRPO config checked against the registry, then `grpo_nb.config.config_cli`."
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not {"-h", "--help", "--fields", "--list", "--from-open-instruct"} & set(argv):
-        lead = argv[:1] if argv and not argv[0].startswith("-") else []
-        try: cfg = load_config(lead[0] if lead else None, [a for a in argv[len(lead):] if a != "--json"])
-        except ConfigError: cfg = None   # not a GRPO config, or a bad one: config_cli says which
-        if cfg is not None and (bad := check_plugins(cfg))[0] == "FAIL":
-            print(f"grpo_nb config: error: {bad[1]}", file=sys.stderr); return 2
-    return _config_cli(argv)
-
-# %% ../nbs/09b_preflight.ipynb 30
+# %% ../nbs/09b_preflight.ipynb 27
 def preflight(cfg:TrainConfig, nodes:int|None=None, partition:str="", log_dir:str="logs", sinfo:str|None=None) -> list[tuple[str, str, str]]:
     "Every check of `cfg` before submission: rows (check, status, detail)."
     if cfg.learner.offload != "none" and not cfg.cluster.host_mem_gib and cfg.cluster.device != "cpu":   # offloaded states against the nodes' memory
@@ -190,7 +178,7 @@ def preflight(cfg:TrainConfig, nodes:int|None=None, partition:str="", log_dir:st
         rows.append((what, *check_writable(path, what)))
     return rows
 
-# %% ../nbs/09b_preflight.ipynb 32
+# %% ../nbs/09b_preflight.ipynb 29
 def preflight_command(config:str, # YAML config or preset name
                       *overrides:str, # config fields as --section.field=value, as you will pass them at submission
                       nodes:int|None=None, # nodes you will ask for (default: cluster.nodes)
@@ -211,7 +199,7 @@ def preflight_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb preflight CONFIG [--nodes N] [--partition P] [--log-dir D] [overrides]`: check before you submit; exit 1 on a failure."
     return run_cli(preflight_command, argv, "grpo_nb preflight")
 
-# %% ../nbs/09b_preflight.ipynb 36
+# %% ../nbs/09b_preflight.ipynb 33
 def uses_code_rewards(cfg:TrainConfig) -> bool:
     "Whether a reward function of `cfg` runs code (needs the code-execution service; names containing 'code')."
     return any("code" in name for name, w in cfg.reward.functions.items() if w) and not cfg.reward.code_service_url
@@ -233,7 +221,7 @@ def job_env(cfg:TrainConfig, environ:dict) -> dict[str, str]:
     return {"OUTPUT_DIR": str(Path(cfg.logging.output_dir).resolve()), "CKPT_DIR": str(Path(d.checkpoint_dir).resolve()),
             "TOTAL_STEPS": str(cfg.total_steps), "CODE_REWARDS": "1" if uses_code_rewards(cfg) else "0"}
 
-# %% ../nbs/09b_preflight.ipynb 40
+# %% ../nbs/09b_preflight.ipynb 37
 def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and the submission's
                 submitted:TrainConfig, # CONFIG with the submission's overrides only
                 baked:list[str], # the overrides baked into the script
@@ -248,7 +236,7 @@ def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and 
                               f"but {config} as submitted says {mine}: refusing before Ray starts, so that no other run's checkpoints are read or moved.",
                               f"regenerate the script for this config (grpo_nb sbatch {config} ...), or pass the directory you mean at submission")
 
-# %% ../nbs/09b_preflight.ipynb 42
+# %% ../nbs/09b_preflight.ipynb 39
 def job_env_command(config:str, # CONFIG as submitted to the script
                     *overrides:str, # the script's baked overrides first, then the submission's (--section.field=value)
                     baked:int=0, # how many of the overrides the script baked in (they must not move the submitted config's directories)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_rewards.ipynb 4
 from __future__ import annotations
-import atexit, difflib, json, math, os, queue, re, select, signal, socket, subprocess, sys, threading, time
+import atexit, difflib, json, os, queue, re, select, signal, socket, subprocess, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -12,7 +12,7 @@ from typing import Any, Callable, Literal
 from fastcore.basics import patch
 from . import sandbox
 from .config import run_cli
-from .sandbox import Limits, SandboxError, isolation_status, resolve_isolation
+from .sandbox import Limits, SandboxError, resolve_isolation
 
 # %% auto 0
 __all__ = ['MV_WORKER', 'CODE_FORMATS', 'RewardFn', 'REWARDS', 'run_tests', 'extract_boxed', 'extract_hash',

@@ -4,20 +4,20 @@
 
 # %% ../nbs/05_rollout.ipynb 4
 from __future__ import annotations
-import json, os, time
+import json, os
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, Sequence, runtime_checkable
 import torch
 from fastcore.basics import patch
-from .actors import submit, gather, call, wait_ready, GPU_SAFETY_ENV
+from .actors import submit, gather, GPU_SAFETY_ENV
 from .config import ConfigError
 from .weight_sync import SyncPlan, join_group, load_into_module, engine_layout, receive_buckets
 
 # %% auto 0
 __all__ = ['ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask', 'HFEngine', 'VllmEngine', 'engine_env',
            'RolloutEngine', 'register_engine', 'check_backend', 'tp_sizes', 'check_tensor_parallel', 'create_engines',
-           'shutdown_engines', 'split_evenly', 'generate_batched', 'throughput_table']
+           'shutdown_engines', 'split_evenly', 'generate_batched']
 
 # %% ../nbs/05_rollout.ipynb 7
 @dataclass
@@ -553,19 +553,3 @@ def generate_batched(engines:Sequence, # engine objects or actor handles
     "Generate over all engines at once and gather the samples back in prompt order."
     calls = [submit(e, "generate", list(prompts[a:b]), spec, a) for e, (a, b) in zip(engines, split_evenly(len(prompts), len(engines))) if b > a]
     return [s for part in gather(calls, timeout_s) for s in part]
-
-# %% ../nbs/05_rollout.ipynb 66
-def throughput_table(path:str|Path="bench/results/rollout_throughput.json", # written by bench/rollout_throughput.py
-                    ) -> str:
-    "Engine × batch size: seconds per `generate` call (mean / median / p90), tokens per second, start-up."
-    p = Path(path)
-    if not p.exists(): return f"no measurements yet ({p})"
-    rows = ["| engine | device | start-up s | sequences | s/call mean / median / p90 | generated tokens/s |", "|---|---|---|---|---|---|"]
-    for r in json.loads(p.read_text())["records"]:
-        if r.get("error") and not r.get("batches"): rows.append(f"| {r['engine']} | | | | not measured: {r['error'][:60]} | |"); continue
-        for b in r["batches"]:
-            if not b.get("mean_s"): continue
-            rows.append(f"| {r['engine']} | {r['device']} | {r['startup_s']:.1f} | {b['sequences']} | "
-                        f"{b['mean_s']:.2f} / {b['median_s']:.2f} / {b['p90_s']:.2f} | {b['tokens_per_s']:,.0f} |")
-    return "\n".join(rows)
-

@@ -17,10 +17,37 @@ from .tiny import load_builtin
 
 
 # %% auto 0
-__all__ = ['STOP_AND_REQUEUE', 'data_path', 'load_rows', 'MetricsLog', 'read_metrics', 'RankEnv', 'rank_env',
-           'init_process_group', 'stop_requested', 'run_command', 'fill']
+__all__ = ['BUILTIN_FORMATS', 'ROW_LOADERS', 'STOP_AND_REQUEUE', 'register_loader', 'row_loader', 'data_path', 'load_rows',
+           'MetricsLog', 'read_metrics', 'RankEnv', 'rank_env', 'init_process_group', 'stop_requested', 'run_command',
+           'fill']
 
-# %% ../nbs/02c_run.ipynb 7
+# %% ../nbs/02c_run.ipynb 8
+BUILTIN_FORMATS = (".jsonl", ".json", ".parquet", "builtin")
+"What `load_rows` reads itself: these suffixes, and `builtin:<name>`."
+
+ROW_LOADERS:dict[str, Callable[[str], list]] = {}
+"Row loaders of `data.plugins`: a file suffix (`.csv`) or a name (`lab`, for paths `lab:<anything>`) -> fn(path) -> rows."
+
+def register_loader(key:str, # a file suffix with its dot (".csv"), or a name: `data.train_path=<name>:<anything>` reaches it
+                   ):
+    "Decorator: `fn(path) -> list[dict]` reads the rows of files with this suffix, or of paths that start with this name."
+    if key in BUILTIN_FORMATS:
+        raise ValueError(f"{key!r} is read by grpo_nb itself ({', '.join(BUILTIN_FORMATS)}). Fix: register your loader under a suffix or name of its own.")
+    def deco(fn):
+        ROW_LOADERS[key] = fn
+        return fn
+    return deco
+
+# %% ../nbs/02c_run.ipynb 9
+def row_loader(path:str, # a data path as configured
+              ) -> tuple[Callable, str]|None: # (the loader, "name" or "suffix"), or None for the built-in formats
+    "The registered loader that reads `path`: by its `name:` prefix first, else by its file suffix."
+    name = path.split(":", 1)[0] if ":" in path else None
+    if name in ROW_LOADERS: return ROW_LOADERS[name], "name"
+    suffix = Path(path).suffix
+    return (ROW_LOADERS[suffix], "suffix") if suffix in ROW_LOADERS else None
+
+# %% ../nbs/02c_run.ipynb 10
 def data_path(path:str, # a data file as configured
              ) -> Path: # the path as given, else found relative to a parent directory or the repository
     "Where a data file is (so `data/...` works from `nbs/` and from the repository alike)."
@@ -47,9 +74,20 @@ def _read_records(p:Path, where:str) -> list[dict]:
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
         return pq.read_table(p).to_pylist()
-    raise ConfigError(where, f"unknown format {p.suffix!r} (expected .jsonl, .json or .parquet).", "convert it to jsonl")
+    raise ConfigError(where, f"unknown format {p.suffix!r} (expected .jsonl, .json or .parquet).",
+                      f"convert it to jsonl, or read it with a plug-in in data.plugins (@register_loader({p.suffix!r}) from grpo_nb.run)")
 
-def load_rows(path:str, # jsonl/json/parquet file, or `builtin:<name>` (see `grpo_nb.tiny.BUILTIN_DATASETS`)
+def _plugin_rows(fn:Callable, path:str, where:str) -> list:
+    "A plug-in loader's rows; its failure becomes a `ConfigError` naming the loader."
+    try: rows = fn(path)
+    except ConfigError: raise
+    except Exception as e:
+        raise ConfigError(where, f"the row loader {fn.__qualname__} of {getattr(fn, '__code__', None) and fn.__code__.co_filename} failed on {path!r}: {type(e).__name__}: {e}.",
+                          "fix the loader (a plug-in in data.plugins) or the data") from None
+    if not isinstance(rows, list): raise ConfigError(where, f"the row loader {fn.__qualname__} returned a {type(rows).__name__}, not a list of rows.", "return a list of dicts")
+    return rows
+
+def load_rows(path:str, # jsonl/json/parquet file, `builtin:<name>` (see `grpo_nb.tiny.BUILTIN_DATASETS`), or a plug-in's format (`register_loader`)
               prompt_key:str="prompt", # field holding the prompt
               answer_key:str="answer", # field holding the reference answer
               where:str="data.train_path", # the config field, for error messages
@@ -59,10 +97,11 @@ def load_rows(path:str, # jsonl/json/parquet file, or `builtin:<name>` (see `grp
     if path.startswith("builtin:"):
         try: return load_builtin(path)
         except KeyError as e: raise ConfigError(where, str(e.args[0])) from None
+    lo = row_loader(path)
     p = data_path(path)
-    if not p.exists():
+    if not p.exists() and not (lo and lo[1] == "name"):
         raise ConfigError(where, f"no such file {path!r}.", f"--{where}=<a .jsonl, .json or .parquet file> or --{where}=builtin:arithmetic")
-    rows = _read_records(p, where)
+    rows = _read_records(p, where) if lo is None else _plugin_rows(lo[0], path if lo[1] == "name" else str(p), where)
     bad = next((n for n, r in enumerate(rows, 1) if not isinstance(r, dict)), None)
     if bad: raise ConfigError(where, f"row {bad} of {path} is not an object.", "one JSON object per row")
     missing = [k for k in (prompt_key, answer_key) if rows and k not in rows[0]]
@@ -73,7 +112,7 @@ def load_rows(path:str, # jsonl/json/parquet file, or `builtin:<name>` (see `grp
     if gaps: raise ConfigError(where, f"row {gaps} of {path} lacks {prompt_key!r} or {answer_key!r}.", "complete or drop that row")
     return [{**r, "prompt": r[prompt_key], "answer": r[answer_key]} for r in rows]
 
-# %% ../nbs/02c_run.ipynb 10
+# %% ../nbs/02c_run.ipynb 15
 class MetricsLog:
     "Per-step metrics to JSON lines, TensorBoard and (optionally) W&B; rolled back to the checkpoint on resume."
     def __init__(self, out_dir:str|Path, # the run's output directory
@@ -136,7 +175,7 @@ def read_metrics(out_dir:str|Path) -> list[dict]:
     p = Path(out_dir) / "metrics.jsonl"
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 
-# %% ../nbs/02c_run.ipynb 13
+# %% ../nbs/02c_run.ipynb 18
 @dataclass(frozen=True)
 class RankEnv:
     "This process's place in a launcher-started job."
@@ -151,7 +190,7 @@ def rank_env(environ:dict|None=None, # the environment (None: os.environ)
     return RankEnv(int(e.get("RANK", 0)), int(e.get("WORLD_SIZE", 1)), int(e.get("LOCAL_RANK", 0)))
 
 
-# %% ../nbs/02c_run.ipynb 16
+# %% ../nbs/02c_run.ipynb 21
 def init_process_group(backend:str="auto", # "nccl", "gloo", or "auto" (nccl when `device` is a GPU, else gloo)
                        device:torch.device|str="cpu", # this rank's device
                        timeout_s:float=1800.0, # a collective waiting this long fails the job
@@ -166,7 +205,7 @@ def init_process_group(backend:str="auto", # "nccl", "gloo", or "auto" (nccl whe
     return env
 
 
-# %% ../nbs/02c_run.ipynb 19
+# %% ../nbs/02c_run.ipynb 24
 def stop_requested(flag, # this rank's `grpo_nb.stop.StopFlag` (anything with a truth value)
                    world_size:int=1, # W (a torch.distributed group when > 1)
                    device:torch.device|str="cpu", # where the collective's tensor lives (the rank's GPU under NCCL)
@@ -178,7 +217,7 @@ def stop_requested(flag, # this rank's `grpo_nb.stop.StopFlag` (anything with a 
     return bool(t.item() > 0)
 
 
-# %% ../nbs/02c_run.ipynb 22
+# %% ../nbs/02c_run.ipynb 27
 def run_command(prog:str, # the command as users type it (`grpo_nb train`), for messages
                 body:Callable[[], int|None], # the command's work; returns its exit status (None: 0)
                 quiet:bool=False, # print no error message (every rank but 0)
@@ -199,7 +238,7 @@ def run_command(prog:str, # the command as users type it (`grpo_nb train`), for 
         return 1
 
 
-# %% ../nbs/02c_run.ipynb 25
+# %% ../nbs/02c_run.ipynb 30
 def fill(template:str, **values) -> str:
     "Replace every `{{name}}` in `template` with `values[name]`; raise if a hole is left."
     out = re.sub(r"\{\{(\w+)\}\}", lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
@@ -208,7 +247,7 @@ def fill(template:str, **values) -> str:
     return out
 
 
-# %% ../nbs/02c_run.ipynb 27
+# %% ../nbs/02c_run.ipynb 32
 # The shell functions of a batch script that forwards the walltime signal to its trainer and requeues the job after a clean stop.
 STOP_AND_REQUEUE = r'''# >>> stop and requeue: the walltime signal (SIGUSR1) or SIGTERM checkpoints the run, exit 0, and the job requeues itself
 # (SIGNAL_CHILDREN=1: the signal goes to the trainer's children, e.g. torchrun's workers; torchrun itself would die of it)

@@ -12,7 +12,6 @@ from fastcore.docments import docments
 from .config import TrainConfig, ConfigError, load_config, run_cli, config_data, parse_overrides
 from .chain import FUNCTIONS_CHAIN
 from .run import fill
-from .preflight import job_env_cli   # scripts written by earlier versions call grpo_nb.slurm's job_env_cli
 
 # %% auto 0
 __all__ = ['LAUNCHER_TO_SLURM', 'Network', 'NETWORK_ENV', 'FUNCTIONS_HEAD', 'FUNCTIONS_STOP', 'BLOCK_START', 'BLOCK_RUN',

@@ -9,13 +9,12 @@ import tempfile, time, traceback, zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Literal
-from .config import ConfigError
 
 # %% auto 0
 __all__ = ['SPECIAL_TOKENS', 'ALPHABET', 'CHAT_TEMPLATE', 'TINY_MODELS', 'TINY_FORMAT', 'Op', 'BUILTIN_DATASETS',
            'build_tokenizer', 'TinySpec', 'tiny_config', 'build_tiny_model', 'no_progress_bars', 'default_cache_dir',
-           'tiny_model_dir', 'builtin_model', 'resolve_model', 'arithmetic_split', 'make_arithmetic', 'load_builtin',
-           'greedy_accuracy', 'warm_start', 'spawn_call', 'vllm_generate']
+           'tiny_model_dir', 'builtin_model', 'arithmetic_split', 'make_arithmetic', 'load_builtin', 'greedy_accuracy',
+           'warm_start', 'spawn_call', 'vllm_generate']
 
 # %% ../nbs/14_tiny.ipynb 8
 SPECIAL_TOKENS:dict[str, str] = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "unk": "<unk>"}
@@ -172,17 +171,7 @@ def builtin_model(name:str, # `model.name_or_path`
     if base in TINY_MODELS and (not at or warm.isdigit()): return base, int(warm or 0)
     return None
 
-# %% ../nbs/14_tiny.ipynb 28
-def resolve_model(name:str, # `model.name_or_path`: a HF directory, `tiny-arith`, or `tiny-arith@<warm steps>`
-                 ) -> str:
-    "A local model directory for `name`, building (and caching) a built-in tiny model when asked for one."
-    if Path(name).expanduser().is_dir(): return str(Path(name).expanduser())
-    b = builtin_model(name)
-    if b is not None: return str(tiny_model_dir(b[0], warm_steps=b[1]))
-    raise ConfigError("model.name_or_path", f"{name!r} is neither a local directory nor a built-in tiny model ({sorted(TINY_MODELS)}, optionally @<warm steps>).",
-                      "--model.name_or_path=<local HF directory> (compute nodes usually have no hub access: download first)")
-
-# %% ../nbs/14_tiny.ipynb 31
+# %% ../nbs/14_tiny.ipynb 30
 Op = Literal["+", "-", "*"]
 
 def arithmetic_split(a:int, # left operand
@@ -211,7 +200,7 @@ def make_arithmetic(n:int|None=None, # problems to return (None: every pair of t
         pool = out[:n]
     return [{"prompt": f"{a}{o}{b}=", "answer": str(fns[o](a, b))} for a, o, b in pool]
 
-# %% ../nbs/14_tiny.ipynb 34
+# %% ../nbs/14_tiny.ipynb 33
 BUILTIN_DATASETS:dict[str, dict] = {
     "arithmetic":      dict(split="train", max_operand=19, ops=("+",)),
     "arithmetic-eval": dict(split="eval",  max_operand=19, ops=("+",)),
@@ -228,7 +217,7 @@ def load_builtin(name:str, # `builtin:arithmetic`, `arithmetic-eval`, ... (a key
         raise KeyError(f"no built-in dataset {name!r}; use one of {['builtin:' + k for k in BUILTIN_DATASETS]} or a jsonl/parquet path")
     return make_arithmetic(n, seed=seed, **BUILTIN_DATASETS[key])
 
-# %% ../nbs/14_tiny.ipynb 37
+# %% ../nbs/14_tiny.ipynb 36
 def greedy_accuracy(model, # a causal LM (transformers)
                     tok, # its tokenizer
                     rows:list[dict], # problems {'prompt', 'answer'}
@@ -251,7 +240,7 @@ def greedy_accuracy(model, # a causal LM (transformers)
     model.train(was_training)
     return correct / max(len(rows), 1)
 
-# %% ../nbs/14_tiny.ipynb 38
+# %% ../nbs/14_tiny.ipynb 37
 def warm_start(model_dir:str|Path, # starting policy (a HF directory)
                out_dir:str|Path, # where to write the trained policy (weights + tokenizer)
                rows:list[dict], # training problems {'prompt', 'answer'}
@@ -290,7 +279,7 @@ def warm_start(model_dir:str|Path, # starting policy (a HF directory)
                                                                "history": history}, indent=1))
     return history
 
-# %% ../nbs/14_tiny.ipynb 41
+# %% ../nbs/14_tiny.ipynb 40
 def _spawn_child(i, fn, kwargs, q, log_path):
     if log_path:  # the engine's chatter goes to a file the parent shows only if something fails
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -334,7 +323,7 @@ def spawn_call(calls:list[tuple[Callable, dict]], # (module-level function, keyw
         for log in filter(None, logs): Path(log).unlink(missing_ok=True)
     return [results[i] for i in range(len(procs))]
 
-# %% ../nbs/14_tiny.ipynb 45
+# %% ../nbs/14_tiny.ipynb 44
 @contextlib.contextmanager
 def _env(**kv):
     "Set environment variables for the block, restore them afterwards."
@@ -372,6 +361,3 @@ def vllm_generate(model_dir:str|Path, # HF model directory (e.g. from `tiny_mode
             del llm
             from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
             cleanup_dist_env_and_memory()
-
-# %% ../nbs/14_tiny.ipynb 46
-from .actors import free_port   # one definition, in "Calling actors"; kept under this name too

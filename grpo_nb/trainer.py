@@ -11,8 +11,8 @@ from typing import Any, Callable, Literal
 from fastcore.basics import patch
 from .config import ConfigError, TrainConfig, derive, load_config, run_cli, to_dict, to_yaml, validate
 from .stop import StopFlag, catch_early
-from .actors import local_ray_node
-from .run import MetricsLog, load_rows, read_metrics, run_command
+from .actors import local_ray_node, wait_ready
+from .run import MetricsLog, load_rows, read_metrics, row_loader, run_command
 from .learner import TrainBatch, LearnerGroup
 from .checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, write_latest
 from .models import resolve_model
@@ -21,7 +21,7 @@ from .loss import group_advantages, zero_variance_groups
 from .placement import create_placement_groups, placed_actor_options, Layout
 from .rewards import REWARDS, compute_rewards, RewardContext
 from .plugins import PluginError, check_registered, import_plugins, load_plugins, worker_hook
-from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend, wait_ready
+from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend
 from .weight_sync import connect_weight_sync, sync_weights, WeightSyncError, verify_weight_sync, vllm_load_mode
 from .rollout import check_tensor_parallel
 from .memory import plan_config, colocated_plan
@@ -29,8 +29,7 @@ from .memory import plan_config, colocated_plan
 # %% auto 0
 __all__ = ['encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'preflight_run', 'start_ray', 'Actors',
            'start_actors', 'stop_actors', 'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'check_fits',
-           'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict', 'demo_command', 'demo_cli',
-           'demo_report', 'e2e_table', 'e2e_split_table']
+           'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict', 'demo_command', 'demo_cli']
 
 # %% ../nbs/08_trainer.ipynb 8
 def encode_prompts(rows:list[dict], # `{'prompt', 'answer'}` rows
@@ -125,13 +124,14 @@ def preflight_run(cfg:TrainConfig, # a validated config
     "Raise `ConfigError` naming the fix for anything that would make the run fail later; find the checkpoint to resume."
     out, ckpt = Path(cfg.logging.output_dir), Path(derive(cfg).checkpoint_dir)
     _writable("logging.output_dir", out); _writable("checkpoint.dir", ckpt)
-    for where, path in (("data.train_path", cfg.data.train_path), ("data.eval_path", cfg.data.eval_path)):
-        if path and not path.startswith("builtin:") and not Path(path).exists():
-            raise ConfigError(where, f"no such file {path!r}.", f"--{where}=<a .jsonl or .parquet file>" + (" or --data.eval_path=''" if where == "data.eval_path" else ""))
     try:   # the plug-ins run here first, on the driver, before any registry is read (Ray workers: `start_ray`)
         import_plugins(cfg.data.plugins, "data.plugins")
         check_registered(cfg.reward.functions, REWARDS, added=load_plugins(cfg.reward.plugins, REWARDS))
     except PluginError as e: raise ConfigError(e.where, e.problem, e.fix) from None
+    for where, path in (("data.train_path", cfg.data.train_path), ("data.eval_path", cfg.data.eval_path)):
+        named = (row_loader(path) or (None, ""))[1] == "name" if path else False   # a plug-in's named loader reads no file
+        if path and not path.startswith("builtin:") and not named and not Path(path).exists():
+            raise ConfigError(where, f"no such file {path!r}.", f"--{where}=<a .jsonl or .parquet file>" + (" or --data.eval_path=''" if where == "data.eval_path" else ""))
     if cfg.logging.wandb != "off":
         try: import wandb  # noqa: F401
         except ImportError: raise ConfigError("logging.wandb", "needs the `wandb` package, which is not installed.", "pip install wandb, or --logging.wandb=off") from None
@@ -180,7 +180,7 @@ def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
         return dict(dtype=M.dtype, seed=R.seed, attn_implementation=M.attn_implementation, cache=R.hf_cache)
     kw = dict(dtype="float32" if device == "cpu" and M.dtype == "auto" else M.dtype, enforce_eager=R.enforce_eager or device == "cpu",
               gpu_memory_utilization=R.gpu_memory_utilization, seed=R.seed, max_model_len=cfg.data.max_prompt_tokens + R.max_new_tokens,
-              max_num_seqs=max(8, min(256, R.prompts_per_step * R.num_samples_per_prompt)), weight_load=R.weight_load)
+              max_num_seqs=max(8, min(256, derive(cfg).sequences_per_step)), weight_load=R.weight_load)
     if R.kv_cache_mib: kw["kv_cache_memory_bytes"] = R.kv_cache_mib << 20
     if R.chunked_prefill != "auto": kw["enable_chunked_prefill"] = R.chunked_prefill == "on"
     if R.placement == "colocated" and R.sleep_level and device == "cuda": kw["enable_sleep_mode"] = True
@@ -675,61 +675,3 @@ def demo_command(*overrides:str, # fields of the demo preset, as --section.field
 def demo_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb demo [--out DIR] [--section.field=value ...]`: the tiny CPU GRPO run of `make demo`; prints the curve, writes a plot."
     return run_cli(demo_command, argv, "grpo_nb demo", sep="_")
-
-# %% ../nbs/08_trainer.ipynb 67
-def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_nb demo` (demo.json of its output directory)
-               ) -> str:
-    "A markdown summary of a recorded demo run: the held-out curve, wall time, start-up time."
-    p = Path(path)
-    if not p.exists(): return f"_No recorded demo run yet: run `make demo` and copy its demo.json to {p}._"
-    d = json.loads(p.read_text())
-    ev = d["eval_curve"]
-    rows = "\n".join(f"| {s} | {v:.3f} |" for s, v in ev)
-    return (f"Held-out reward {ev[0][1]:.2f} → {d.get('end_mean_last3', ev[-1][1]):.2f} (mean of the last three evaluations) in {len(d['train_curve'])} steps; wall {d['wall_s']:.0f} s "
-            f"(start-up {d['startup_s']:.0f} s, median step {d['step_s_median']:.2f} s){' on ' + d['machine'] if d.get('machine') else ''}. "
-            f"Learned: **{d['learned']}**.\n\n| step | held-out reward |\n|---|---|\n{rows}")
-
-# %% ../nbs/08_trainer.ipynb 79
-def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
-              layout:str|None=None, # only this layout ("colocated" | "split"); None: all
-             ) -> str:
-    "The end-to-end comparison as a markdown table: seconds per step (mean / median / p90), speed-up by mean, target."
-    p = Path(path)
-    if not p.exists(): return "_No GPU results yet: see `bench/e2e_vs_trl.py`._"
-    f = lambda x: f"{x:.2f}" if isinstance(x, (int, float)) else ""
-    st = lambda r, s: " / ".join(f(r.get(k)) for k in (f"{s}_step_mean_s", f"{s}_step_s", f"{s}_step_p90_s")) if r.get(f"{s}_step_mean_s") else ""
-    lines = ["| layout | shape | ours | TRL | GPUs | device | ours s/step mean / median / p90 | TRL s/step mean / median / p90 | speed-up (mean) | target | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in json.loads(p.read_text())["records"]:
-        if layout is not None and r["layout"] != layout: continue
-        err = (r.get("ours_error") or r.get("trl_error") or "").splitlines()
-        note = ("ours: " if r.get("ours_error") else "TRL: ") + err[0][:70] if err else ""
-        for side, who in (("ours", "ours"), ("trl", "TRL")):
-            if r.get(f"{side}_stopped"): note = (note + "; " if note else "") + f"{who}: " + r[f"{side}_stopped"]
-        sp = r.get("speedup_mean")
-        lines.append(f"| {r['layout']} | {r['shape']} | {r['ours_mode']} | {r['trl_backend']} | {r['gpus']} | {r.get('device') or ''} | {st(r, 'ours')} | {st(r, 'trl')} | "
-                     f"{f(sp) + '×' if sp else ''} | ≥{r['target_speedup']:g}× {'met' if r.get('target_met') else ('missed' if sp else '')} | {note} |")
-    return "\n".join(lines)
-
-
-# %% ../nbs/08_trainer.ipynb 82
-def e2e_split_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
-                   ) -> str:
-    "Per-phase mean seconds of each measured run, ours next to TRL's."
-    p = Path(path)
-    if not p.exists(): return ""
-    runs, lines = {}, ["| run | step | generation | wait for rollout | learner | sync | sleep + wake | reward | rest |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in json.loads(p.read_text())["records"]:
-        for side, name in (("ours", f"ours {r['layout']} {r['ours_mode']}"), ("trl", f"TRL {r['trl_backend']}")):
-            if r.get(f"{side}_split_s") and r.get(f"{side}_step_mean_s"): runs[f"{name}, {r['shape']}"] = (r[f"{side}_step_mean_s"], r[f"{side}_split_s"])
-    f = lambda x: f"{x:.2f}" if x else ""
-    for name, (step, s) in runs.items():
-        if name.startswith("TRL"):
-            gen, learn, sync = s.get("generation"), s.get("learner_and_rest"), s.get("sync")
-            lines.append(f"| {name} | {f(step)} | {f(gen)} | | {f(learn)} | {f(sync)} | | | |")
-        else:
-            parts = [s.get(k, 0.0) for k in ("generation", "wait_rollout", "learner", "sync", "sleep", "wake", "reward")]
-            rest = step - sum(parts)
-            lines.append(f"| {name} | {f(step)} | {f(parts[0])} | {f(parts[1])} | {f(parts[2])} | {f(parts[3])} | {f(parts[4] + parts[5])} | {f(parts[6])} | {f(rest)} |")
-    return "\n".join(lines)
-

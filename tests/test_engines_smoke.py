@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from grpo_nb.tiny import free_port, make_arithmetic, spawn_call, tiny_model_dir, vllm_generate
+from grpo_nb.tiny import make_arithmetic, spawn_call, tiny_model_dir, vllm_generate
 
 
 def _processes_mentioning(text:str) -> list[int]:

@@ -2,7 +2,7 @@
 hand-computed cases, phases, the verdict search, and the `grpo_nb plan` command's JSON keys and exit codes."""
 import contextlib, io, json, math
 import pytest
-import grpo_nb.memory as mem
+from grpo_nb.results import accuracy_table
 from grpo_nb.memory import (ARCHS, PUBLISHED, ModelShape, ZeroKnobs, Overheads, param_counts, layer_modules, get_shape,
                             matches_published, weights_bytes, optimizer_bytes, grads_bytes, buffers_bytes, step_transient_bytes,
                             layer_activation_bytes, activations_bytes, logits_bytes, zero3_gathered, learner_memory,
@@ -209,12 +209,12 @@ def test_cli_router_reaches_plan():
 
 
 def test_accuracy_table(tmp_path):
-    assert "no measurements yet" in mem.accuracy_table(tmp_path / "missing.json")
+    assert "no measurements yet" in accuracy_table(tmp_path / "missing.json")
     rec = {"name": "x", "learners": 1, "zero": 3, "micro_batch": 2, "seq_len": 128, "grad_ckpt": True, "logits": "full",
            "predicted_bytes": 110 * 2**20, "measured_bytes": 100 * 2**20, "error": 0.1, "device": "NVIDIA H200",
            "predicted_phase": "loss", "steps": [{"fwd_bwd_peak": 100 * 2**20, "step_peak": 90 * 2**20}]}
     (tmp_path / "r.json").write_text(json.dumps({"meta": {}, "records": [rec]}))
-    t = mem.accuracy_table(tmp_path / "r.json")
+    t = accuracy_table(tmp_path / "r.json")
     assert "+10.0%" in t and "NVIDIA H200" in t and "1 within 10%" in t
 
 

@@ -72,3 +72,57 @@ def test_train_with_a_plugin_reward_imports_it_on_the_driver_and_the_workers(plu
     assert [x["step"] for x in recs if "reward/digits_match" in x] == [1, 2], recs
     pids = {p.name for p in (plugin / "marks").iterdir()}
     assert len(pids) >= 2, f"the plug-in was imported by {len(pids)} process(es); the driver and its Ray workers should all import it"
+
+
+LOADER = '''
+import os
+from pathlib import Path
+from grpo_nb.run import register_loader
+
+Path(os.environ.get("PLUGIN_MARKS", "."), f"loader-{os.getpid()}").touch()
+
+@register_loader(".tsv")
+def tsv_rows(path):   # prompt<TAB>answer a line
+    return [dict(zip(("prompt", "answer"), l.split("\\t"))) for l in Path(path).read_text().splitlines() if l]
+
+@register_loader("sums")
+def sum_rows(path):   # sums:N -> N problems a+1=
+    return [{"prompt": f"{a}+1=", "answer": str(a + 1)} for a in range(int(path.split(":", 1)[1]))]
+'''
+
+
+@pytest.fixture
+def loader(plugin):
+    (plugin / "my_loader.py").write_text(LOADER)
+    (plugin / "d.tsv").write_text("1+1=\t2\n2+2=\t4\n")
+    return plugin
+
+
+def test_a_row_loader_plugin_reads_a_suffix_and_a_name_through_preflight(loader, monkeypatch):
+    from grpo_nb.config import load_config
+    from grpo_nb.preflight import check_data
+    from grpo_nb.run import ROW_LOADERS, load_rows
+    monkeypatch.chdir(loader); monkeypatch.setenv("PLUGIN_MARKS", str(loader / "marks"))
+    try:
+        cfg = load_config("demo", ["--data.plugins=[my_loader.py]", "--data.train_path=d.tsv", "--data.eval_path=sums:5"])
+        status, detail = check_data(cfg)   # imports data.plugins, then reads both through load_rows
+        assert status == "PASS" and "train 2 rows" in detail and "eval 5 rows" in detail, detail
+        assert load_rows("sums:3")[2] == {"prompt": "2+1=", "answer": "3"}
+        with pytest.raises(Exception, match="the row loader sum_rows of .*my_loader.py failed"): load_rows("sums:x")
+    finally:
+        for k in (".tsv", "sums"): ROW_LOADERS.pop(k, None)
+
+
+def test_ddp_imports_data_and_reward_plugins(loader):
+    "The torchrun trainer, one rank without a launcher: rows from a plug-in loader, the reward from a plug-in."
+    out = loader / "ddp"
+    env = {**os.environ, "PLUGIN_MARKS": str(loader / "marks"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    r = subprocess.run([sys.executable, "-m", "grpo_nb.ddp", "ddp-tiny", f"--logging.output_dir={out}", "--total_steps=1", "--eval_every=0",
+                        "--checkpoint.every_steps=0", "--logging.tensorboard=false", "--data.plugins=[my_loader.py]", "--data.train_path=sums:16",
+                        "--reward.plugins=[my_rewards.py]", "--reward.functions={digits_match: 1.0}"],
+                       cwd=loader, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    assert [x["step"] for x in recs] == [1], recs   # scored by digits_match: a name only the plug-in registers
+    marks = {p.name for p in (loader / "marks").iterdir()}
+    assert any(m.startswith("loader-") for m in marks) and any(not m.startswith("loader-") for m in marks), marks

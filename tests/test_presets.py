@@ -5,7 +5,8 @@ SLURM controller, may fail). Also the bad inputs: an unknown preset lists the on
 `extends`; a config of another trainer given to the GRPO trainer."""
 import contextlib, io, json
 import pytest
-from grpo_nb.config import ConfigError, TRAINERS, config_cli, config_data, load_config, shipped_presets, trainer_of
+from grpo_nb.cli import config_cli
+from grpo_nb.config import ConfigError, TRAINERS, config_data, load_config, shipped_presets, trainer_of
 
 PRESETS = shipped_presets()
 BY_TRAINER = {t: sorted(k for k, p in PRESETS.items() if trainer_of(config_data(p))[0] == t) for t in TRAINERS}

@@ -5,7 +5,8 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-from grpo_nb.rollout import (HFEngine, SamplingSpec, Sample, _cut, call, engine_env, gather, generate_batched, nucleus_mask,
+from grpo_nb.actors import call
+from grpo_nb.rollout import (HFEngine, SamplingSpec, Sample, _cut, engine_env, gather, generate_batched, nucleus_mask,
                              sampling_spec, split_evenly, submit)
 
 CFG = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,

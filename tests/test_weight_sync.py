@@ -7,8 +7,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from grpo_nb.results import bench_table
 from grpo_nb.rollout import HFEngine
-from grpo_nb.weight_sync import (NonFiniteWeightsError, SyncPlan, WeightSyncError, WeightSyncSource, bench_table,
+from grpo_nb.weight_sync import (NonFiniteWeightsError, SyncPlan, WeightSyncError, WeightSyncSource,
                                  connect_weight_sync, join_group, load_into_module, make_plan, module_checksums,
                                  nonfinite_flags, nonfinite_params, open_store, engine_layout,
                                  pack_bucket, plan_buckets, receive_buckets, send_weights, sequence_logprobs, sync_unit,

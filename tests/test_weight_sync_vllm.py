@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_nb.rollout import SamplingSpec, VllmEngine, call, create_engines, shutdown_engines
+from grpo_nb.actors import call
+from grpo_nb.rollout import SamplingSpec, VllmEngine, create_engines, shutdown_engines
 from grpo_nb.weight_sync import (NonFiniteWeightsError, WeightSyncError, WeightSyncSource, connect_weight_sync,
                                  make_plan, sync_unit, sync_weights, verify_weight_sync)
 
