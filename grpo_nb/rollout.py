@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_rollout.ipynb 4
 from __future__ import annotations
-import json, os
+import json, os, time
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, Sequence, runtime_checkable
