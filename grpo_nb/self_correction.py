@@ -4,11 +4,11 @@
 
 # %% ../nbs/12_self_correction.ipynb 3
 from __future__ import annotations
-import copy, hashlib, json, math, shlex, sys, time
+import copy, hashlib, json, math, os, shlex, sys, time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
-import torch
+import psutil, torch
 import torch.distributed as dist
 from .config import ConfigError, merge, config_data, from_dict, parse_overrides, run_cli, trainer_of
 from .checkpoint import find_resume, latest_checkpoint, rng_state, save_checkpoint_files, set_rng_state
@@ -25,9 +25,9 @@ from .stop import StopFlag, settle
 __all__ = ['ROLES', 'TRAINED', 'SEED_PLACEMENT', 'SAVED', 'SC_SBATCH', 'resolve_placement', 'polyak_update_', 'SCConfig',
            'load_sc_config', 'rank_placement', 'load_models', 'sample', 'completion_logprobs', 'Episodes',
            'run_episodes', 'MasterAdamW', 'make_optimizers', 'critic_values', 'micro_batches', 'sum_grads', 'update',
-           'param_digest', 'save_sc_checkpoint', 'load_sc_checkpoint', 'train', 'sc_role_memory', 'five_model_memory',
-           'sc_memory', 'device_totals', 'sc_gpu_table', 'self_correction_command', 'self_correction_cli',
-           'render_scripts']
+           'sc_role_memory', 'five_model_memory', 'sc_memory', 'device_totals', 'replace_fields', 'sc_fit_error',
+           'check_memory', 'param_digest', 'save_sc_checkpoint', 'load_sc_checkpoint', 'train', 'sc_gpu_table',
+           'self_correction_command', 'self_correction_cli', 'render_scripts']
 
 # %% ../nbs/12_self_correction.ipynb 6
 ROLES:tuple[str, ...] = ("policy", "guidance", "reference", "critic", "target_critic")
@@ -116,6 +116,8 @@ class SCConfig:
     checkpoint_every:int=0 # steps between checkpoints (0: only after the last step)
     keep_last:int=2 # complete checkpoints kept
     resume:str="auto" # "auto": the newest intact checkpoint in `checkpoint_dir`; "none"; or a checkpoint path
+    memory_check:bool=True # refuse before loading any model when the plan (`sc_fit_error`) puts a GPU or the host over its memory
+    host_mem_gib:float=0.0 # memory this node gives the run, in GiB, for that check (0: the machine's total; set it to the job's `--mem` under a SLURM memory limit)
 
 # %% ../nbs/12_self_correction.ipynb 16
 def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset name, dict, or None (the defaults)
@@ -133,6 +135,7 @@ def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset n
     cfg = from_dict(SCConfig, merge(data, over))
     for k in ("steps", "episodes", "max_new_tokens", "guidance_every", "polyak_chunk", "keep_last", "logprob_chunk"):
         if getattr(cfg, k) < 1: raise ConfigError(k, f"must be at least 1 (got {getattr(cfg, k)}).", f"--{k}=1")
+    if cfg.host_mem_gib < 0: raise ConfigError("host_mem_gib", f"must be 0 (this machine's memory) or more (got {cfg.host_mem_gib}).", "--host_mem_gib=0")
     for k in ("micro_batch", "checkpoint_every"):
         if getattr(cfg, k) < 0: raise ConfigError(k, f"must be 0 or more (got {getattr(cfg, k)}).", f"--{k}=0")
     if cfg.reward not in REWARDS:
@@ -442,6 +445,137 @@ def update(models:dict, # role -> module
     return m
 
 # %% ../nbs/12_self_correction.ipynb 48
+def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_shape`)
+                   trained:bool, # policy, guidance, critic
+                   score:bool=False, # a one-label head instead of the LM head
+                   micro_batch:int=4, # episodes per forward and backward
+                   seq_len:int=1024, # tokens per episode (prompt, attempt, guidance, revision)
+                   sample_batch:int=64, # episodes sampled at once (a rank's share of `episodes`)
+                   grad_ckpt:bool=True, # gradient checkpointing
+                   master_weights:bool=True, # fp32 master weights and moments (`MasterAdamW`)
+                   optimizer_offload:bool=False, # masters and moments in CPU memory
+                   dtype_bytes:int=2, # 2: bfloat16 weights, 4: float32
+                   logprob_chunk:int=1024, # tokens per chunk of the log-prob head
+                  ) -> dict: # device bytes by phase ("sample", "backward", "step"), "resident" (held throughout), "bytes" (the largest phase), "host_bytes"
+    "Memory of one role of the self-correction trainer as shipped: weights, gradients, `MasterAdamW` states, activations, KV cache."
+    P, w = param_counts(s)["total"], dtype_bytes
+    copies = trained and (optimizer_offload or (master_weights and w < 4))
+    opt = 0 if not trained or optimizer_offload else (4 + 8 if copies else 8) * P               # fp32 masters + moments
+    tokens = micro_batch * seq_len
+    kv = sample_batch * seq_len * 2 * s.layers * s.kv_heads * s.head_dim * w if trained and not score else 0   # the KV cache of sampling (policy, guidance)
+    if not trained:   # a no-grad forward over one micro-batch: a few live [tokens, h] tensors (and, for the LM, one chunk of logits)
+        fwd = tokens * s.hidden * w * 4 + (0 if score else 4 * min(logprob_chunk, tokens) * s.vocab)
+        return {"sample": w * P + kv, "backward": w * P + fwd, "step": w * P, "resident": w * P, "bytes": w * P + max(kv, fwd), "host_bytes": 0}
+    act = activations_bytes(s, tokens, seq_len, grad_ckpt, "sdpa")
+    head = tokens * s.hidden * 2 if score else logits_bytes(tokens, s.vocab, s.hidden, "chunked", logprob_chunk)
+    phases = {"sample": w * P + opt + kv,                                                       # gradients are freed after each step
+              "backward": w * P + opt + w * P + act["saved"] + act["working"] + head,
+              "step": w * P + opt + w * P + (4 * P if copies and not optimizer_offload else 0)}   # + the fp32 copies of the gradients
+    host = (4 + 8 + 4) * P if optimizer_offload else 0                                         # masters, moments, fp32 gradient copies
+    return {**phases, "resident": w * P + opt, "bytes": max(phases.values()), "host_bytes": host}
+
+# %% ../nbs/12_self_correction.ipynb 50
+def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
+                      critic:str="Llama-3.2-1B", # critic and target critic base
+                      placement:dict=SEED_PLACEMENT, # role -> device
+                      micro_batch:int=4, # episodes per forward and backward
+                      seq_len:int=1024, # tokens per episode
+                      sample_batch:int=64, # episodes sampled at once
+                      grad_ckpt:bool=True, # gradient checkpointing
+                      master_weights:bool=True, # fp32 master weights and moments
+                      optimizer_offload:bool=False, # masters and moments in CPU memory
+                      dtype:str="bfloat16", # weights dtype
+                      guidance:str|None=None, # guidance model (None: the policy's)
+                     ) -> list[dict]: # one row per role: role, model, device, trained, bytes (its peak), resident (always held), host_bytes
+    "Per-role memory of the five-model setup on its device, for the trainer as shipped."
+    where = resolve_placement(placement, gpus=64)
+    kw = dict(micro_batch=micro_batch, seq_len=seq_len, sample_batch=sample_batch, grad_ckpt=grad_ckpt, master_weights=master_weights,
+              optimizer_offload=optimizer_offload, dtype_bytes=torch.tensor([], dtype=getattr(torch, dtype)).element_size())
+    rows = []
+    for r in ROLES:
+        score = r in ("critic", "target_critic")
+        base = critic if score else (guidance or policy) if r == "guidance" else policy
+        m = sc_role_memory(classifier_shape(base) if score else get_shape(base), r in ("policy", "guidance", "critic"), score, **kw)
+        rows.append({"role": r, "model": base, "device": where[r], "trained": r in ("policy", "guidance", "critic"),
+                     "bytes": m["bytes"], "resident": m["resident"], "host_bytes": m["host_bytes"], "phases": {k: m[k] for k in ("sample", "backward", "step")}})
+    return rows
+
+# %% ../nbs/12_self_correction.ipynb 52
+def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in names, HF dirs, or `random:<shape>`)
+              seq_len:int|None=None, # tokens per episode (None: a 64-token problem + 3 × max_new_tokens)
+              world:int=1, # data-parallel ranks (each samples episodes / world)
+             ) -> list[dict]:
+    "`five_model_memory` for a config, as `train` would run it."
+    shape = lambda n: n[7:] if n.startswith("random:") else resolve_model(n) if builtin_model(n) else n   # a built-in shape name, or a model
+    return five_model_memory(shape(cfg.policy), shape(cfg.critic), cfg.placement, cfg.micro_batch or math.ceil(cfg.episodes / world),
+                             seq_len or 64 + 3 * cfg.max_new_tokens, math.ceil(cfg.episodes / world), cfg.grad_ckpt,
+                             cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance))
+
+# %% ../nbs/12_self_correction.ipynb 54
+def device_totals(rows:list[dict]) -> dict[str, int]:
+    "Peak bytes per device of `five_model_memory` rows: what every role there holds, plus the largest working set (roles run one at a time)."
+    resident, work = {}, {}
+    for r in rows:
+        d = r["device"]
+        resident[d] = resident.get(d, 0) + r["resident"]
+        work[d] = max(work.get(d, 0), r["bytes"] - r["resident"])
+        if r["host_bytes"]: resident["cpu"] = resident.get("cpu", 0) + r["host_bytes"]; work.setdefault("cpu", 0)
+    return {d: resident[d] + work[d] for d in resident}
+
+# %% ../nbs/12_self_correction.ipynb 60
+def replace_fields(cfg:SCConfig, kw:dict) -> SCConfig:
+    "A copy of `cfg` with some fields changed (dataclasses.replace, named for the fixes above)."
+    return from_dict(SCConfig, {**asdict(cfg), **kw})
+
+# %% ../nbs/12_self_correction.ipynb 61
+def _fix_candidates(cfg:SCConfig) -> list[tuple[str, dict]]:
+    "Single changes that lower a device's or the host's peak: (the flag as a user types it, the fields it sets)."
+    c = [("--optimizer_offload=true (fp32 masters and moments in CPU memory)", dict(optimizer_offload=True))] if not cfg.optimizer_offload else \
+        [("--optimizer_offload=false (masters and moments back on the GPU)", dict(optimizer_offload=False))]
+    if not cfg.grad_ckpt: c.append(("--grad_ckpt=true", dict(grad_ckpt=True)))
+    mb = cfg.micro_batch or cfg.episodes
+    if mb > 1: c.append((f"--micro_batch={mb // 2}", dict(micro_batch=mb // 2)))
+    frozen = {r: "cpu" for r in ("reference", "target_critic") if resolve_placement(cfg.placement, 1 << 16)[r] != "cpu"}
+    if frozen: c.append((" ".join(f"--placement.{r}=cpu" for r in frozen), dict(placement={**cfg.placement, **frozen})))
+    return c
+
+# %% ../nbs/12_self_correction.ipynb 62
+def sc_fit_error(cfg:SCConfig, # the run
+                 gpu_bytes:dict[str, int], # memory of each GPU of the spec ("cuda:0" -> bytes); GPUs not listed are not checked
+                 host_bytes:int, # memory of the node for this job
+                 world:int=1, # data-parallel ranks in all
+                 ranks_per_node:int=1, # ranks sharing this node's host memory
+                ) -> ConfigError|None: # None: it fits (or the planner does not know a model's shape)
+    "The error to raise when the plan puts a GPU over its memory or the host over 90% of its own, naming the changes that fit."
+    def over(c):   # [(device, need, have)] over capacity
+        t = device_totals(sc_memory(c, world=world))
+        o = [(d, t[d], gpu_bytes[d]) for d in sorted(t) if d in gpu_bytes and t[d] > gpu_bytes[d]]
+        need = t.get("cpu", 0) * ranks_per_node
+        return o + ([("host", need, int(0.9 * host_bytes))] if host_bytes and need > 0.9 * host_bytes else [])
+    try: bad = over(cfg)
+    except (ValueError, KeyError, OSError): return None
+    if not bad: return None
+    fits = [flag for flag, kw in _fix_candidates(cfg) if not over(replace_fields(cfg, kw))]
+    what = "; ".join(f"{d} needs {n / GiB:.1f} GiB" + (f" ({ranks_per_node} ranks)" if d == "host" and ranks_per_node > 1 else "")
+                     + f" of {h / GiB:.1f} GiB" + (" (90% of the node's)" if d == "host" else "") for d, n, h in bad)
+    fix = (" or ".join(fits) if fits else "no single change fits: combine " + ", ".join(f for f, _ in _fix_candidates(cfg)) + ", or use bigger GPUs or nodes")
+    return ConfigError("memory", f"the plan does not fit: {what}.", fix + " (or --memory_check=false to try anyway)")
+
+# %% ../nbs/12_self_correction.ipynb 65
+def check_memory(cfg:SCConfig, # the run
+                 local_rank:int=0, # this process's index on its node
+                 world:int=1, # data-parallel ranks
+                ) -> None:
+    "Raise `sc_fit_error`'s error for this machine: this rank's GPUs and the node's memory (`host_mem_gib`, else psutil's total)."
+    if not cfg.memory_check: return
+    spec = resolve_placement(cfg.placement, 1 << 16)
+    mine = rank_placement(spec, local_rank)
+    gpus = {d: torch.cuda.get_device_properties(int(mine[r][5:])).total_memory for r, d in spec.items()
+            if d != "cpu" and torch.cuda.is_available() and int(mine[r][5:]) < torch.cuda.device_count()}
+    host = int(cfg.host_mem_gib * GiB) if cfg.host_mem_gib else psutil.virtual_memory().total
+    if err := sc_fit_error(cfg, gpus, host, world, int(os.environ.get("LOCAL_WORLD_SIZE", 1))): raise err
+
+# %% ../nbs/12_self_correction.ipynb 68
 def param_digest(model:torch.nn.Module) -> str:
     "SHA-256 (16 hex digits) of a model's parameters, in name order."
     h = hashlib.sha256()
@@ -449,7 +583,7 @@ def param_digest(model:torch.nn.Module) -> str:
         h.update(n.encode()); h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
-# %% ../nbs/12_self_correction.ipynb 50
+# %% ../nbs/12_self_correction.ipynb 70
 SAVED:tuple[str, ...] = ("policy", "guidance", "critic", "target_critic")
 "Roles whose weights a checkpoint holds (the reference is the starting policy: rebuilt, and checked by digest)."
 
@@ -467,7 +601,7 @@ def save_sc_checkpoint(cfg:SCConfig, # the run (`checkpoint_dir`, `keep_last`)
     return save_checkpoint_files(cfg.checkpoint_dir, step, blobs, state, rank, world, cfg.keep_last,
                                  rank_blob={"rng": rng_state(), "sampler": gen.get_state()})
 
-# %% ../nbs/12_self_correction.ipynb 52
+# %% ../nbs/12_self_correction.ipynb 72
 def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
                        models:dict, # role -> module (as `load_models` built them)
                        opts:dict, # role -> `MasterAdamW`
@@ -492,7 +626,7 @@ def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
     set_rng_state(rs["rng"]); gen.set_state(rs["sampler"])
     return state
 
-# %% ../nbs/12_self_correction.ipynb 55
+# %% ../nbs/12_self_correction.ipynb 75
 def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
     "(RankEnv, models, tokenizer, placement, optimizers, sampling generator, rows): the process group and everything a run holds."
     env = rank_env()
@@ -500,6 +634,7 @@ def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
         cuda = all(d != "cpu" for r, d in resolve_placement(cfg.placement, 1 << 16).items() if r in ("policy", "guidance", "critic"))
         init_process_group("nccl" if cuda else "gloo", f"cuda:{env.local_rank}" if cuda else "cpu")
     if cfg.episodes < env.world_size: raise ConfigError("episodes", f"{cfg.episodes} episodes cannot be shared by {env.world_size} ranks.", f"--episodes={env.world_size} or more")
+    check_memory(cfg, env.local_rank, env.world_size)   # before any model is loaded
     torch.manual_seed(cfg.seed)
     models, tok, where = load_models(cfg, gpus, env.local_rank)
     opts = make_optimizers(models, cfg)
@@ -511,7 +646,7 @@ def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
                           "--resume=auto to continue it, or a new --checkpoint_dir")
     return env, models, tok, where, opts, gen, rows
 
-# %% ../nbs/12_self_correction.ipynb 56
+# %% ../nbs/12_self_correction.ipynb 76
 def train(cfg:SCConfig, # the run
           gpus:int|None=None, # visible GPUs (None: ask torch)
           on_step:Callable|None=None, # called as on_step(step, models) after each update (tests snapshot here)
@@ -544,85 +679,7 @@ def train(cfg:SCConfig, # the run
             "last_step": step, "stopped_by": flag.reason if step < cfg.steps else None,
             "params": {r: sum(p.numel() for p in m.parameters()) for r, m in models.items()}}
 
-# %% ../nbs/12_self_correction.ipynb 62
-def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_shape`)
-                   trained:bool, # policy, guidance, critic
-                   score:bool=False, # a one-label head instead of the LM head
-                   micro_batch:int=4, # episodes per forward and backward
-                   seq_len:int=1024, # tokens per episode (prompt, attempt, guidance, revision)
-                   sample_batch:int=64, # episodes sampled at once (a rank's share of `episodes`)
-                   grad_ckpt:bool=True, # gradient checkpointing
-                   master_weights:bool=True, # fp32 master weights and moments (`MasterAdamW`)
-                   optimizer_offload:bool=False, # masters and moments in CPU memory
-                   dtype_bytes:int=2, # 2: bfloat16 weights, 4: float32
-                   logprob_chunk:int=1024, # tokens per chunk of the log-prob head
-                  ) -> dict: # device bytes by phase ("sample", "backward", "step"), "resident" (held throughout), "bytes" (the largest phase), "host_bytes"
-    "Memory of one role of the self-correction trainer as shipped: weights, gradients, `MasterAdamW` states, activations, KV cache."
-    P, w = param_counts(s)["total"], dtype_bytes
-    copies = trained and (optimizer_offload or (master_weights and w < 4))
-    opt = 0 if not trained or optimizer_offload else (4 + 8 if copies else 8) * P               # fp32 masters + moments
-    tokens = micro_batch * seq_len
-    kv = sample_batch * seq_len * 2 * s.layers * s.kv_heads * s.head_dim * w if trained and not score else 0   # the KV cache of sampling (policy, guidance)
-    if not trained:   # a no-grad forward over one micro-batch: a few live [tokens, h] tensors (and, for the LM, one chunk of logits)
-        fwd = tokens * s.hidden * w * 4 + (0 if score else 4 * min(logprob_chunk, tokens) * s.vocab)
-        return {"sample": w * P + kv, "backward": w * P + fwd, "step": w * P, "resident": w * P, "bytes": w * P + max(kv, fwd), "host_bytes": 0}
-    act = activations_bytes(s, tokens, seq_len, grad_ckpt, "sdpa")
-    head = tokens * s.hidden * 2 if score else logits_bytes(tokens, s.vocab, s.hidden, "chunked", logprob_chunk)
-    phases = {"sample": w * P + opt + kv,                                                       # gradients are freed after each step
-              "backward": w * P + opt + w * P + act["saved"] + act["working"] + head,
-              "step": w * P + opt + w * P + (4 * P if copies and not optimizer_offload else 0)}   # + the fp32 copies of the gradients
-    host = (4 + 8 + 4) * P if optimizer_offload else 0                                         # masters, moments, fp32 gradient copies
-    return {**phases, "resident": w * P + opt, "bytes": max(phases.values()), "host_bytes": host}
-
-# %% ../nbs/12_self_correction.ipynb 64
-def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
-                      critic:str="Llama-3.2-1B", # critic and target critic base
-                      placement:dict=SEED_PLACEMENT, # role -> device
-                      micro_batch:int=4, # episodes per forward and backward
-                      seq_len:int=1024, # tokens per episode
-                      sample_batch:int=64, # episodes sampled at once
-                      grad_ckpt:bool=True, # gradient checkpointing
-                      master_weights:bool=True, # fp32 master weights and moments
-                      optimizer_offload:bool=False, # masters and moments in CPU memory
-                      dtype:str="bfloat16", # weights dtype
-                      guidance:str|None=None, # guidance model (None: the policy's)
-                     ) -> list[dict]: # one row per role: role, model, device, trained, bytes (its peak), resident (always held), host_bytes
-    "Per-role memory of the five-model setup on its device, for the trainer as shipped."
-    where = resolve_placement(placement, gpus=64)
-    kw = dict(micro_batch=micro_batch, seq_len=seq_len, sample_batch=sample_batch, grad_ckpt=grad_ckpt, master_weights=master_weights,
-              optimizer_offload=optimizer_offload, dtype_bytes=torch.tensor([], dtype=getattr(torch, dtype)).element_size())
-    rows = []
-    for r in ROLES:
-        score = r in ("critic", "target_critic")
-        base = critic if score else (guidance or policy) if r == "guidance" else policy
-        m = sc_role_memory(classifier_shape(base) if score else get_shape(base), r in ("policy", "guidance", "critic"), score, **kw)
-        rows.append({"role": r, "model": base, "device": where[r], "trained": r in ("policy", "guidance", "critic"),
-                     "bytes": m["bytes"], "resident": m["resident"], "host_bytes": m["host_bytes"], "phases": {k: m[k] for k in ("sample", "backward", "step")}})
-    return rows
-
-# %% ../nbs/12_self_correction.ipynb 66
-def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in names, HF dirs, or `random:<shape>`)
-              seq_len:int|None=None, # tokens per episode (None: a 64-token problem + 3 × max_new_tokens)
-              world:int=1, # data-parallel ranks (each samples episodes / world)
-             ) -> list[dict]:
-    "`five_model_memory` for a config, as `train` would run it."
-    shape = lambda n: n[7:] if n.startswith("random:") else resolve_model(n) if builtin_model(n) else n   # a built-in shape name, or a model
-    return five_model_memory(shape(cfg.policy), shape(cfg.critic), cfg.placement, cfg.micro_batch or math.ceil(cfg.episodes / world),
-                             seq_len or 64 + 3 * cfg.max_new_tokens, math.ceil(cfg.episodes / world), cfg.grad_ckpt,
-                             cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance))
-
-# %% ../nbs/12_self_correction.ipynb 68
-def device_totals(rows:list[dict]) -> dict[str, int]:
-    "Peak bytes per device of `five_model_memory` rows: what every role there holds, plus the largest working set (roles run one at a time)."
-    resident, work = {}, {}
-    for r in rows:
-        d = r["device"]
-        resident[d] = resident.get(d, 0) + r["resident"]
-        work[d] = max(work.get(d, 0), r["bytes"] - r["resident"])
-        if r["host_bytes"]: resident["cpu"] = resident.get("cpu", 0) + r["host_bytes"]; work.setdefault("cpu", 0)
-    return {d: resident[d] + work[d] for d in resident}
-
-# %% ../nbs/12_self_correction.ipynb 74
+# %% ../nbs/12_self_correction.ipynb 82
 def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     "The committed GPU measurements against the prediction, or a note that none are committed."
     p = Path(path)
@@ -645,7 +702,7 @@ def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     note = "" if worst is None else f"\n\nLargest gap between prediction and measurement: {100 * worst:.0f}% ({'within' if worst <= 0.1 else 'outside'} the 10% the planner aims for)."
     return "\n".join([head] + [l for r in recs for l in lines(r)]) + note
 
-# %% ../nbs/12_self_correction.ipynb 77
+# %% ../nbs/12_self_correction.ipynb 85
 def self_correction_command(config:str|None=None, # a YAML file or preset with `trainer: self-correction` (default: the fields' defaults)
                             *overrides:str, # fields as --field=value
                             out:str="runs/self_correction", # directory for summary.json and metrics.jsonl
@@ -668,10 +725,10 @@ def self_correction_cli(argv:list[str]|None=None) -> int:
     return run_cli(self_correction_command, argv, "grpo_nb self-correction",
                    epilog="Fields: " + ", ".join(f"--{f}" for f in SCConfig.__dataclass_fields__))
 
-# %% ../nbs/12_self_correction.ipynb 78
+# %% ../nbs/12_self_correction.ipynb 86
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(self_correction_cli()))
 
-# %% ../nbs/12_self_correction.ipynb 81
+# %% ../nbs/12_self_correction.ipynb 89
 SC_SBATCH = r'''#!/bin/bash
 # self_correction.sbatch: two-turn self-correction (policy, guidance, reference, critic, target critic) on one node.
 # Generated by grpo_nb.self_correction (nbs/12_self_correction.ipynb); do not edit by hand.

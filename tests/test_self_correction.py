@@ -201,3 +201,30 @@ def test_signals_after_the_last_checkpoint_are_a_clean_stop(tmp_path):
     finally:
         if p.poll() is None: p.kill()
     assert p.returncode == 0, (p.returncode, log[-2000:])
+
+
+# ---- the memory check before loading, the new options --------------------------------------------------------------------
+
+def test_memory_check_refuses_before_loading_and_names_the_fix(tmp_path):
+    "A plan over the host's memory is refused by the command line before any model is built (a 3B model would take minutes on this CPU)."
+    import sys, time
+    from grpo_nb.self_correction import SCConfig, sc_fit_error, load_sc_config
+    from grpo_nb.memory import GiB
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "grpo_nb.self_correction", "--policy=random:Llama-3.2-3B", "--guidance=random:Llama-3.2-3B",
+                        "--critic=random:Llama-3.2-1B", "--host_mem_gib=16", f"--out={tmp_path}"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "host needs" in r.stderr and "Fix:" in r.stderr and "--memory_check=false" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "summary.json").exists()
+    # the GPUs: the seed's preset without the offloaded optimizer is over both 44.5 GiB GPUs; the fix named is the offload
+    cfg = load_sc_config("seed004-score-2gpu", ["--policy=random:Llama-3.2-3B", "--guidance=random:Llama-3.2-3B", "--critic=random:Llama-3.2-1B",
+                                                "--optimizer_offload=false"])
+    gpus = {"cuda:0": int(44.53 * GiB), "cuda:1": int(44.53 * GiB)}
+    e = sc_fit_error(cfg, gpus, 512 * GiB)
+    assert e is not None and "cuda:0 needs" in str(e) and "cuda:1 needs" in str(e) and e.fix.startswith("--optimizer_offload=true"), e
+    assert sc_fit_error(load_sc_config("seed004-score-2gpu", ["--policy=random:Llama-3.2-3B", "--guidance=random:Llama-3.2-3B",
+                                                              "--critic=random:Llama-3.2-1B"]), gpus, 512 * GiB) is None
+    # two ranks on the node need twice the host memory
+    one = load_sc_config("seed004-score-2gpu", ["--policy=random:Llama-3.2-3B", "--guidance=random:Llama-3.2-3B", "--critic=random:Llama-3.2-1B"])
+    assert sc_fit_error(one, gpus, 200 * GiB) is None and "(2 ranks)" in str(sc_fit_error(one, gpus, 200 * GiB, world=2, ranks_per_node=2))
