@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_self_correction.ipynb 3
 from __future__ import annotations
-import copy, hashlib, json, math, os, shlex, sys, time
+import copy, hashlib, importlib.util, json, math, os, shlex, sys, time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -22,12 +22,12 @@ from .run import MetricsLog, STOP_AND_REQUEUE, fill, init_process_group, load_ro
 from .stop import StopFlag, settle
 
 # %% auto 0
-__all__ = ['ROLES', 'TRAINED', 'SEED_PLACEMENT', 'SAVED', 'SC_SBATCH', 'resolve_placement', 'polyak_update_', 'SCConfig',
-           'load_sc_config', 'rank_placement', 'load_models', 'sample', 'completion_logprobs', 'Episodes',
-           'run_episodes', 'MasterAdamW', 'make_optimizers', 'critic_values', 'micro_batches', 'sum_grads', 'update',
-           'sc_role_memory', 'five_model_memory', 'sc_memory', 'device_totals', 'replace_fields', 'sc_fit_error',
-           'check_memory', 'param_digest', 'save_sc_checkpoint', 'load_sc_checkpoint', 'train', 'sc_gpu_table',
-           'self_correction_command', 'self_correction_cli', 'render_scripts']
+__all__ = ['ROLES', 'TRAINED', 'SEED_PLACEMENT', 'ATTENTION', 'SAVED', 'SC_SBATCH', 'resolve_placement', 'polyak_update_',
+           'SCConfig', 'role_attention', 'load_sc_config', 'rank_placement', 'load_models', 'sample',
+           'completion_logprobs', 'Episodes', 'run_episodes', 'MasterAdamW', 'make_optimizers', 'critic_values',
+           'micro_batches', 'sum_grads', 'update', 'sc_role_memory', 'five_model_memory', 'sc_memory', 'device_totals',
+           'replace_fields', 'sc_fit_error', 'check_memory', 'param_digest', 'save_sc_checkpoint', 'load_sc_checkpoint',
+           'train', 'sc_gpu_table', 'self_correction_command', 'self_correction_cli', 'render_scripts']
 
 # %% ../nbs/12_self_correction.ipynb 6
 ROLES:tuple[str, ...] = ("policy", "guidance", "reference", "critic", "target_critic")
@@ -111,6 +111,7 @@ class SCConfig:
     optimizer_offload:bool=False # master weights and moments in CPU memory; the GPU holds weights and gradients only, the step runs on the CPU
     grad_ckpt:bool=False # gradient checkpointing in the trained models (recompute each layer in backward)
     kv_cache:bool=True # sample with a KV cache (False: re-run the whole sequence for every new token)
+    attn_implementation:str="sdpa" # attention kernel of every model: "sdpa", "flash_attention_2" (GPU roles; needs the flash-attn package and bf16/fp16), "eager"
     logprob_chunk:int=1024 # tokens per chunk of the log-prob head (bounds its [chunk, V] buffers)
     checkpoint_dir:str="" # where checkpoints go ("": none)
     checkpoint_every:int=0 # steps between checkpoints (0: only after the last step)
@@ -120,6 +121,16 @@ class SCConfig:
     host_mem_gib:float=0.0 # memory this node gives the run, in GiB, for that check (0: the machine's total; set it to the job's `--mem` under a SLURM memory limit)
 
 # %% ../nbs/12_self_correction.ipynb 16
+ATTENTION:tuple[str, ...] = ("sdpa", "flash_attention_2", "eager")
+"The attention kernels a self-correction run can ask for (transformers' names)."
+
+def role_attention(attn:str, # `SCConfig.attn_implementation`
+                   device:str, # the role's device ("cpu" or "cuda:i")
+                  ) -> str: # the kernel that role's model uses
+    "The attention kernel of a role on its device: flash-attn's kernels exist on GPUs only, CPU roles use sdpa."
+    return "sdpa" if attn == "flash_attention_2" and device == "cpu" else attn
+
+# %% ../nbs/12_self_correction.ipynb 19
 def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset name, dict, or None (the defaults)
                    overrides:list[str]|dict|None=None, # `--field=value` strings (`--placement.policy=cuda:0` or a JSON `--placement`) or plain data
                   ) -> SCConfig:
@@ -142,6 +153,13 @@ def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset n
         raise ConfigError("reward", f"{cfg.reward!r} is not a reward function.", f"one of {sorted(REWARDS)}, e.g. --reward=math")
     if cfg.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError("dtype", f"{cfg.dtype!r} is not a weights dtype this trainer runs.", "--dtype=bfloat16 (GPUs with bf16), float16 or float32")
+    if cfg.attn_implementation not in ATTENTION:
+        raise ConfigError("attn_implementation", f"{cfg.attn_implementation!r} is not an attention kernel.", f"one of {list(ATTENTION)}, e.g. --attn_implementation=sdpa")
+    if cfg.attn_implementation == "flash_attention_2":
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError("attn_implementation", "flash_attention_2 needs the flash-attn package, which is not installed here.",
+                              "pip install flash-attn --no-build-isolation (on a GPU node with CUDA), or --attn_implementation=sdpa")
+        if cfg.dtype == "float32": raise ConfigError("attn_implementation", "flash_attention_2 runs in bf16 or fp16 only.", "--dtype=bfloat16, or --attn_implementation=sdpa")
     if cfg.resume not in ("auto", "none") and not Path(cfg.resume).is_dir():
         raise ConfigError("resume", f"{cfg.resume!r} is neither auto, none nor a checkpoint directory.", "--resume=auto")
     if cfg.checkpoint_every and not cfg.checkpoint_dir:
@@ -150,7 +168,7 @@ def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset n
     except ValueError as e: raise ConfigError("placement", str(e)) from None
     return cfg
 
-# %% ../nbs/12_self_correction.ipynb 19
+# %% ../nbs/12_self_correction.ipynb 22
 def rank_placement(where:dict[str, str], # role -> device for one process
                    local_rank:int=0, # this process's index on its node
                   ) -> dict[str, str]: # role -> device of this rank
@@ -158,13 +176,14 @@ def rank_placement(where:dict[str, str], # role -> device for one process
     k = 1 + max([int(d[5:]) for d in where.values() if d != "cpu"], default=-1)
     return {r: d if d == "cpu" else f"cuda:{local_rank * k + int(d[5:])}" for r, d in where.items()}
 
-# %% ../nbs/12_self_correction.ipynb 21
+# %% ../nbs/12_self_correction.ipynb 24
 def _role_model(name:str, # see `SCConfig.policy`
                 where:str, # the config field naming it (policy, guidance, critic), for errors
                 seed:int, # tiny models: which of the built-in seeds; `random:` shapes: the init seed
                 kind:str, # "lm" (causal LM) | "score" (one-label sequence classifier)
                 dtype:torch.dtype, # weights dtype
                 device:str, # where it goes
+                attn:str="sdpa", # attention kernel (`role_attention`)
                ) -> torch.nn.Module:
     "One role's model: loaded from a directory or tiny model, or built with random weights from a shape."
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
@@ -173,10 +192,10 @@ def _role_model(name:str, # see `SCConfig.policy`
         try: cfg = AutoConfig.for_model(**shape_to_hf(get_shape(name[7:])), **kw)
         except ValueError as e: raise ConfigError(where, str(e), "random:<built-in shape>, e.g. random:Llama-3.2-3B") from None
         torch.manual_seed(seed)
-        with torch.device(device): return cls.from_config(cfg, dtype=dtype)   # built where it runs: no host copy
+        with torch.device(device): return cls.from_config(cfg, dtype=dtype, attn_implementation=attn)   # built where it runs: no host copy
     path = resolve_model(name, where, seed, need_config=True)
     torch.manual_seed(seed)   # the classifier head is new: its init follows the seed
-    return cls.from_pretrained(path, dtype=dtype, **kw).to(device)
+    return cls.from_pretrained(path, dtype=dtype, attn_implementation=attn, **kw).to(device)
 
 def load_models(cfg:SCConfig, # the run
                 gpus:int|None=None, # visible GPUs (None: ask torch)
@@ -193,9 +212,10 @@ def load_models(cfg:SCConfig, # the run
     level = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
     try:
         with no_progress_bars():
-            pol = _role_model(cfg.policy, "policy", 0, "lm", dt, where["policy"])
-            gui = _role_model(cfg.guidance, "guidance", 1, "lm", dt, where["guidance"])
-            cri = _role_model(cfg.critic, "critic", 2, "score", dt, where["critic"])
+            at = lambda r: role_attention(cfg.attn_implementation, where[r])
+            pol = _role_model(cfg.policy, "policy", 0, "lm", dt, where["policy"], at("policy"))
+            gui = _role_model(cfg.guidance, "guidance", 1, "lm", dt, where["guidance"], at("guidance"))
+            cri = _role_model(cfg.critic, "critic", 2, "score", dt, where["critic"], at("critic"))
     finally: hf_logging.set_verbosity(level)
     tok_src = cfg.policy if not cfg.policy.startswith("random:") else "tiny-arith"   # random shapes: the tiny character tokenizer
     tok = AutoTokenizer.from_pretrained(resolve_model(tok_src, "policy"))
@@ -203,13 +223,15 @@ def load_models(cfg:SCConfig, # the run
     models = {"policy": pol, "guidance": gui, "reference": copy.deepcopy(pol).to(where["reference"]), "critic": cri,
               "target_critic": copy.deepcopy(cri).to(where["target_critic"])}
     for r, m in models.items():
-        if r in ("reference", "target_critic"): m.requires_grad_(False).eval()
+        if r in ("reference", "target_critic"):
+            m.requires_grad_(False).eval()
+            m.set_attn_implementation(role_attention(cfg.attn_implementation, where[r]))   # a copy may sit where its source's kernel does not run
         else:
             m.train()   # (the models have no dropout; train mode is what turns gradient checkpointing on)
             if cfg.grad_ckpt: m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return models, tok, where
 
-# %% ../nbs/12_self_correction.ipynb 24
+# %% ../nbs/12_self_correction.ipynb 27
 def sample(model, # a causal LM
            tok, # its tokenizer
            texts:list[str], # B prompts
@@ -247,7 +269,7 @@ def sample(model, # a causal LM
     finally: model.train(was_training)
     return out
 
-# %% ../nbs/12_self_correction.ipynb 27
+# %% ../nbs/12_self_correction.ipynb 30
 def completion_logprobs(model, # a causal LM
                         prompts:list[list[int]], # B prompt token ids
                         completions:list[list[int]], # B completion token ids
@@ -273,7 +295,7 @@ def completion_logprobs(model, # a causal LM
     ent_seq = torch.stack([e.mean() if len(e) else hidden.new_zeros((), dtype=torch.float32) for e in ents])       # B
     return list(lps), (ent_seq if with_entropy else None)
 
-# %% ../nbs/12_self_correction.ipynb 30
+# %% ../nbs/12_self_correction.ipynb 33
 @dataclass
 class Episodes:
     "A batch of two-turn episodes."
@@ -308,7 +330,7 @@ def run_episodes(models:dict, # role -> module
     r2 = score([tok.decode(c, skip_special_tokens=True) for c in t2], ans, ctx)
     return Episodes(probs, ans, t1, gp, g, t2p, t2, list(map(float, r1)), list(map(float, r2)))
 
-# %% ../nbs/12_self_correction.ipynb 33
+# %% ../nbs/12_self_correction.ipynb 36
 class MasterAdamW:
     "AdamW for a low-precision model: fp32 master weights and moments (on the GPU, or in CPU memory), copied back after each step."
     def __init__(self, params, # the model's parameters (those with requires_grad are trained)
@@ -346,14 +368,14 @@ class MasterAdamW:
             with torch.no_grad():
                 for m, s in zip(self.masters, sd["masters"]): m.copy_(s)
 
-# %% ../nbs/12_self_correction.ipynb 35
+# %% ../nbs/12_self_correction.ipynb 38
 def make_optimizers(models:dict, # role -> module
                     cfg:SCConfig, # the run (`lr`, `master_weights`, `optimizer_offload`)
                    ) -> dict:
     "`MasterAdamW` (no weight decay) for each trained role; frozen roles get none."
     return {r: MasterAdamW(models[r].parameters(), cfg.lr, cfg.master_weights, cfg.optimizer_offload) for r in ("policy", "guidance", "critic")}
 
-# %% ../nbs/12_self_correction.ipynb 38
+# %% ../nbs/12_self_correction.ipynb 41
 def critic_values(critic, # a one-label sequence classifier
                   tok, # tokenizer
                   texts:list[str], # B states
@@ -365,7 +387,7 @@ def critic_values(critic, # a one-label sequence classifier
     x = torch.tensor([i + [tok.pad_token_id] * (T - len(i)) for i in ids], device=dev)
     return critic(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), use_cache=False).logits[:, 0].float()
 
-# %% ../nbs/12_self_correction.ipynb 40
+# %% ../nbs/12_self_correction.ipynb 43
 def micro_batches(n:int, # a rank's episodes
                   size:int=0, # episodes per micro-batch (0: all at once)
                  ) -> list[list[int]]: # episode indices of each micro-batch
@@ -373,7 +395,7 @@ def micro_batches(n:int, # a rank's episodes
     size = size or n
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
-# %% ../nbs/12_self_correction.ipynb 42
+# %% ../nbs/12_self_correction.ipynb 45
 def sum_grads(model:torch.nn.Module) -> None:
     "Sum every gradient over the ranks (each rank's loss is already divided by the global number of episodes)."
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1: return
@@ -382,7 +404,7 @@ def sum_grads(model:torch.nn.Module) -> None:
             if p.grad is None: p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad)
 
-# %% ../nbs/12_self_correction.ipynb 45
+# %% ../nbs/12_self_correction.ipynb 48
 def _k3(lp:torch.Tensor, ref:torch.Tensor) -> torch.Tensor:   # KL(π‖π_ref) per token, k3 estimator, mean over the completion
     d = ref.to(lp.device) - lp
     return (torch.exp(d) - d - 1).mean() if len(lp) else lp.new_zeros(())
@@ -444,7 +466,7 @@ def update(models:dict, # role -> module
     if not guided: m.pop("guidance_loss")
     return m
 
-# %% ../nbs/12_self_correction.ipynb 48
+# %% ../nbs/12_self_correction.ipynb 51
 def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_shape`)
                    trained:bool, # policy, guidance, critic
                    score:bool=False, # a one-label head instead of the LM head
@@ -456,6 +478,7 @@ def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_s
                    optimizer_offload:bool=False, # masters and moments in CPU memory
                    dtype_bytes:int=2, # 2: bfloat16 weights, 4: float32
                    logprob_chunk:int=1024, # tokens per chunk of the log-prob head
+                   attn:str="sdpa", # attention kernel ("sdpa", "flash_attention_2", "eager")
                   ) -> dict: # device bytes by phase ("sample", "backward", "step"), "resident" (held throughout), "bytes" (the largest phase), "host_bytes"
     "Memory of one role of the self-correction trainer as shipped: weights, gradients, `MasterAdamW` states, activations, KV cache."
     P, w = param_counts(s)["total"], dtype_bytes
@@ -466,7 +489,7 @@ def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_s
     if not trained:   # a no-grad forward over one micro-batch: a few live [tokens, h] tensors (and, for the LM, one chunk of logits)
         fwd = tokens * s.hidden * w * 4 + (0 if score else 4 * min(logprob_chunk, tokens) * s.vocab)
         return {"sample": w * P + kv, "backward": w * P + fwd, "step": w * P, "resident": w * P, "bytes": w * P + max(kv, fwd), "host_bytes": 0}
-    act = activations_bytes(s, tokens, seq_len, grad_ckpt, "sdpa")
+    act = activations_bytes(s, tokens, seq_len, grad_ckpt, attn)
     head = tokens * s.hidden * 2 if score else logits_bytes(tokens, s.vocab, s.hidden, "chunked", logprob_chunk)
     phases = {"sample": w * P + opt + kv,                                                       # gradients are freed after each step
               "backward": w * P + opt + w * P + act["saved"] + act["working"] + head,
@@ -474,7 +497,7 @@ def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_s
     host = (4 + 8 + 4) * P if optimizer_offload else 0                                         # masters, moments, fp32 gradient copies
     return {**phases, "resident": w * P + opt, "bytes": max(phases.values()), "host_bytes": host}
 
-# %% ../nbs/12_self_correction.ipynb 50
+# %% ../nbs/12_self_correction.ipynb 53
 def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                       critic:str="Llama-3.2-1B", # critic and target critic base
                       placement:dict=SEED_PLACEMENT, # role -> device
@@ -486,21 +509,23 @@ def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                       optimizer_offload:bool=False, # masters and moments in CPU memory
                       dtype:str="bfloat16", # weights dtype
                       guidance:str|None=None, # guidance model (None: the policy's)
+                      attn:str="sdpa", # attention kernel of the GPU roles
                      ) -> list[dict]: # one row per role: role, model, device, trained, bytes (its peak), resident (always held), host_bytes
     "Per-role memory of the five-model setup on its device, for the trainer as shipped."
     where = resolve_placement(placement, gpus=64)
     kw = dict(micro_batch=micro_batch, seq_len=seq_len, sample_batch=sample_batch, grad_ckpt=grad_ckpt, master_weights=master_weights,
               optimizer_offload=optimizer_offload, dtype_bytes=torch.tensor([], dtype=getattr(torch, dtype)).element_size())
+    kw_of = lambda r: {**kw, "attn": role_attention(attn, where[r])}
     rows = []
     for r in ROLES:
         score = r in ("critic", "target_critic")
         base = critic if score else (guidance or policy) if r == "guidance" else policy
-        m = sc_role_memory(classifier_shape(base) if score else get_shape(base), r in ("policy", "guidance", "critic"), score, **kw)
+        m = sc_role_memory(classifier_shape(base) if score else get_shape(base), r in ("policy", "guidance", "critic"), score, **kw_of(r))
         rows.append({"role": r, "model": base, "device": where[r], "trained": r in ("policy", "guidance", "critic"),
                      "bytes": m["bytes"], "resident": m["resident"], "host_bytes": m["host_bytes"], "phases": {k: m[k] for k in ("sample", "backward", "step")}})
     return rows
 
-# %% ../nbs/12_self_correction.ipynb 52
+# %% ../nbs/12_self_correction.ipynb 55
 def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in names, HF dirs, or `random:<shape>`)
               seq_len:int|None=None, # tokens per episode (None: a 64-token problem + 3 × max_new_tokens)
               world:int=1, # data-parallel ranks (each samples episodes / world)
@@ -509,9 +534,9 @@ def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in nam
     shape = lambda n: n[7:] if n.startswith("random:") else resolve_model(n) if builtin_model(n) else n   # a built-in shape name, or a model
     return five_model_memory(shape(cfg.policy), shape(cfg.critic), cfg.placement, cfg.micro_batch or math.ceil(cfg.episodes / world),
                              seq_len or 64 + 3 * cfg.max_new_tokens, math.ceil(cfg.episodes / world), cfg.grad_ckpt,
-                             cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance))
+                             cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance), cfg.attn_implementation)
 
-# %% ../nbs/12_self_correction.ipynb 54
+# %% ../nbs/12_self_correction.ipynb 57
 def device_totals(rows:list[dict]) -> dict[str, int]:
     "Peak bytes per device of `five_model_memory` rows: what every role there holds, plus the largest working set (roles run one at a time)."
     resident, work = {}, {}
@@ -522,12 +547,12 @@ def device_totals(rows:list[dict]) -> dict[str, int]:
         if r["host_bytes"]: resident["cpu"] = resident.get("cpu", 0) + r["host_bytes"]; work.setdefault("cpu", 0)
     return {d: resident[d] + work[d] for d in resident}
 
-# %% ../nbs/12_self_correction.ipynb 60
+# %% ../nbs/12_self_correction.ipynb 63
 def replace_fields(cfg:SCConfig, kw:dict) -> SCConfig:
     "A copy of `cfg` with some fields changed (dataclasses.replace, named for the fixes above)."
     return from_dict(SCConfig, {**asdict(cfg), **kw})
 
-# %% ../nbs/12_self_correction.ipynb 61
+# %% ../nbs/12_self_correction.ipynb 64
 def _fix_candidates(cfg:SCConfig) -> list[tuple[str, dict]]:
     "Single changes that lower a device's or the host's peak: (the flag as a user types it, the fields it sets)."
     c = [("--optimizer_offload=true (fp32 masters and moments in CPU memory)", dict(optimizer_offload=True))] if not cfg.optimizer_offload else \
@@ -539,7 +564,7 @@ def _fix_candidates(cfg:SCConfig) -> list[tuple[str, dict]]:
     if frozen: c.append((" ".join(f"--placement.{r}=cpu" for r in frozen), dict(placement={**cfg.placement, **frozen})))
     return c
 
-# %% ../nbs/12_self_correction.ipynb 62
+# %% ../nbs/12_self_correction.ipynb 65
 def sc_fit_error(cfg:SCConfig, # the run
                  gpu_bytes:dict[str, int], # memory of each GPU of the spec ("cuda:0" -> bytes); GPUs not listed are not checked
                  host_bytes:int, # memory of the node for this job
@@ -561,7 +586,7 @@ def sc_fit_error(cfg:SCConfig, # the run
     fix = (" or ".join(fits) if fits else "no single change fits: combine " + ", ".join(f for f, _ in _fix_candidates(cfg)) + ", or use bigger GPUs or nodes")
     return ConfigError("memory", f"the plan does not fit: {what}.", fix + " (or --memory_check=false to try anyway)")
 
-# %% ../nbs/12_self_correction.ipynb 65
+# %% ../nbs/12_self_correction.ipynb 68
 def check_memory(cfg:SCConfig, # the run
                  local_rank:int=0, # this process's index on its node
                  world:int=1, # data-parallel ranks
@@ -575,7 +600,7 @@ def check_memory(cfg:SCConfig, # the run
     host = int(cfg.host_mem_gib * GiB) if cfg.host_mem_gib else psutil.virtual_memory().total
     if err := sc_fit_error(cfg, gpus, host, world, int(os.environ.get("LOCAL_WORLD_SIZE", 1))): raise err
 
-# %% ../nbs/12_self_correction.ipynb 68
+# %% ../nbs/12_self_correction.ipynb 71
 def param_digest(model:torch.nn.Module) -> str:
     "SHA-256 (16 hex digits) of a model's parameters, in name order."
     h = hashlib.sha256()
@@ -583,7 +608,7 @@ def param_digest(model:torch.nn.Module) -> str:
         h.update(n.encode()); h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
-# %% ../nbs/12_self_correction.ipynb 70
+# %% ../nbs/12_self_correction.ipynb 73
 SAVED:tuple[str, ...] = ("policy", "guidance", "critic", "target_critic")
 "Roles whose weights a checkpoint holds (the reference is the starting policy: rebuilt, and checked by digest)."
 
@@ -601,7 +626,7 @@ def save_sc_checkpoint(cfg:SCConfig, # the run (`checkpoint_dir`, `keep_last`)
     return save_checkpoint_files(cfg.checkpoint_dir, step, blobs, state, rank, world, cfg.keep_last,
                                  rank_blob={"rng": rng_state(), "sampler": gen.get_state()})
 
-# %% ../nbs/12_self_correction.ipynb 72
+# %% ../nbs/12_self_correction.ipynb 75
 def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
                        models:dict, # role -> module (as `load_models` built them)
                        opts:dict, # role -> `MasterAdamW`
@@ -626,7 +651,7 @@ def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
     set_rng_state(rs["rng"]); gen.set_state(rs["sampler"])
     return state
 
-# %% ../nbs/12_self_correction.ipynb 75
+# %% ../nbs/12_self_correction.ipynb 78
 def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
     "(RankEnv, models, tokenizer, placement, optimizers, sampling generator, rows): the process group and everything a run holds."
     env = rank_env()
@@ -646,7 +671,7 @@ def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
                           "--resume=auto to continue it, or a new --checkpoint_dir")
     return env, models, tok, where, opts, gen, rows
 
-# %% ../nbs/12_self_correction.ipynb 76
+# %% ../nbs/12_self_correction.ipynb 79
 def train(cfg:SCConfig, # the run
           gpus:int|None=None, # visible GPUs (None: ask torch)
           on_step:Callable|None=None, # called as on_step(step, models) after each update (tests snapshot here)
@@ -679,7 +704,7 @@ def train(cfg:SCConfig, # the run
             "last_step": step, "stopped_by": flag.reason if step < cfg.steps else None,
             "params": {r: sum(p.numel() for p in m.parameters()) for r, m in models.items()}}
 
-# %% ../nbs/12_self_correction.ipynb 82
+# %% ../nbs/12_self_correction.ipynb 85
 def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     "The committed GPU measurements against the prediction, or a note that none are committed."
     p = Path(path)
@@ -702,7 +727,7 @@ def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     note = "" if worst is None else f"\n\nLargest gap between prediction and measurement: {100 * worst:.0f}% ({'within' if worst <= 0.1 else 'outside'} the 10% the planner aims for)."
     return "\n".join([head] + [l for r in recs for l in lines(r)]) + note
 
-# %% ../nbs/12_self_correction.ipynb 85
+# %% ../nbs/12_self_correction.ipynb 88
 def self_correction_command(config:str|None=None, # a YAML file or preset with `trainer: self-correction` (default: the fields' defaults)
                             *overrides:str, # fields as --field=value
                             out:str="runs/self_correction", # directory for summary.json and metrics.jsonl
@@ -725,10 +750,10 @@ def self_correction_cli(argv:list[str]|None=None) -> int:
     return run_cli(self_correction_command, argv, "grpo_nb self-correction",
                    epilog="Fields: " + ", ".join(f"--{f}" for f in SCConfig.__dataclass_fields__))
 
-# %% ../nbs/12_self_correction.ipynb 86
+# %% ../nbs/12_self_correction.ipynb 89
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(self_correction_cli()))
 
-# %% ../nbs/12_self_correction.ipynb 89
+# %% ../nbs/12_self_correction.ipynb 92
 SC_SBATCH = r'''#!/bin/bash
 # self_correction.sbatch: two-turn self-correction (policy, guidance, reference, critic, target critic) on one node.
 # Generated by grpo_nb.self_correction (nbs/12_self_correction.ipynb); do not edit by hand.
