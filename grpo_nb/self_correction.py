@@ -13,7 +13,7 @@ import torch.distributed as dist
 from .config import ConfigError, merge, config_data, from_dict, parse_overrides, run_cli, trainer_of
 from .checkpoint import find_resume, latest_checkpoint, rng_state, save_checkpoint_files, set_rng_state
 from .loss import token_logprobs
-from .memory import GiB, ModelShape, activations_bytes, get_shape, logits_bytes, param_counts, shape_to_hf
+from .memory import GiB, ModelShape, activations_bytes, get_shape, logits_bytes, moment_bytes_per_param, param_counts, shape_to_hf
 from .reward_model import classifier_shape
 from .rewards import REWARDS, RewardContext
 from .models import resolve_model
@@ -24,10 +24,11 @@ from .stop import StopFlag, settle
 # %% auto 0
 __all__ = ['ROLES', 'TRAINED', 'SEED_PLACEMENT', 'ATTENTION', 'SAVED', 'SC_SBATCH', 'resolve_placement', 'polyak_update_',
            'SCConfig', 'role_attention', 'load_sc_config', 'rank_placement', 'load_models', 'sample',
-           'completion_logprobs', 'Episodes', 'run_episodes', 'MasterAdamW', 'make_optimizers', 'critic_values',
-           'micro_batches', 'sum_grads', 'update', 'sc_role_memory', 'five_model_memory', 'sc_memory', 'device_totals',
-           'replace_fields', 'sc_fit_error', 'check_memory', 'param_digest', 'save_sc_checkpoint', 'load_sc_checkpoint',
-           'train', 'sc_gpu_table', 'self_correction_command', 'self_correction_cli', 'render_scripts']
+           'completion_logprobs', 'Episodes', 'run_episodes', 'adamw_8bit', 'MasterAdamW', 'make_optimizers',
+           'critic_values', 'micro_batches', 'sum_grads', 'update', 'sc_role_memory', 'five_model_memory', 'sc_memory',
+           'device_totals', 'replace_fields', 'sc_fit_error', 'check_memory', 'param_digest', 'save_sc_checkpoint',
+           'load_sc_checkpoint', 'train', 'sc_gpu_table', 'self_correction_command', 'self_correction_cli',
+           'render_scripts']
 
 # %% ../nbs/12_self_correction.ipynb 6
 ROLES:tuple[str, ...] = ("policy", "guidance", "reference", "critic", "target_critic")
@@ -109,6 +110,7 @@ class SCConfig:
     dtype:str="float32" # weights dtype (bfloat16 on GPUs)
     master_weights:bool=True # trained models keep fp32 master weights and AdamW moments when `dtype` is lower (False: AdamW updates the low-precision weights in place)
     optimizer_offload:bool=False # master weights and moments in CPU memory; the GPU holds weights and gradients only, the step runs on the CPU
+    optimizer:str="adamw" # "adamw" (fp32 moments) | "adamw-8bit" (bitsandbytes' blockwise 8-bit moments, about 2 bytes a parameter instead of 8; needs bitsandbytes)
     grad_ckpt:bool=False # gradient checkpointing in the trained models (recompute each layer in backward)
     kv_cache:bool=True # sample with a KV cache (False: re-run the whole sequence for every new token)
     attn_implementation:str="sdpa" # attention kernel of every model: "sdpa", "flash_attention_2" (GPU roles; needs the flash-attn package and bf16/fp16), "eager"
@@ -153,6 +155,9 @@ def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset n
         raise ConfigError("reward", f"{cfg.reward!r} is not a reward function.", f"one of {sorted(REWARDS)}, e.g. --reward=math")
     if cfg.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError("dtype", f"{cfg.dtype!r} is not a weights dtype this trainer runs.", "--dtype=bfloat16 (GPUs with bf16), float16 or float32")
+    if cfg.optimizer not in ("adamw", "adamw-8bit"): raise ConfigError("optimizer", f"{cfg.optimizer!r} is not an optimizer of this trainer.", "--optimizer=adamw or --optimizer=adamw-8bit")
+    if cfg.optimizer == "adamw-8bit" and importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError("optimizer", "adamw-8bit needs the bitsandbytes package, which is not installed here.", "pip install bitsandbytes, or --optimizer=adamw")
     if cfg.attn_implementation not in ATTENTION:
         raise ConfigError("attn_implementation", f"{cfg.attn_implementation!r} is not an attention kernel.", f"one of {list(ATTENTION)}, e.g. --attn_implementation=sdpa")
     if cfg.attn_implementation == "flash_attention_2":
@@ -330,7 +335,14 @@ def run_episodes(models:dict, # role -> module
     r2 = score([tok.decode(c, skip_special_tokens=True) for c in t2], ans, ctx)
     return Episodes(probs, ans, t1, gp, g, t2p, t2, list(map(float, r1)), list(map(float, r2)))
 
-# %% ../nbs/12_self_correction.ipynb 36
+# %% ../nbs/12_self_correction.ipynb 37
+def adamw_8bit() -> type:
+    "bitsandbytes' 8-bit AdamW class, or a `ConfigError` naming the install when bitsandbytes is absent."
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError("optimizer", "adamw-8bit needs the bitsandbytes package, which is not installed here.", "pip install bitsandbytes, or --optimizer=adamw")
+    return importlib.import_module("bitsandbytes.optim").AdamW8bit
+
+# %% ../nbs/12_self_correction.ipynb 39
 class MasterAdamW:
     "AdamW for a low-precision model: fp32 master weights and moments (on the GPU, or in CPU memory), copied back after each step."
     def __init__(self, params, # the model's parameters (those with requires_grad are trained)
@@ -338,6 +350,7 @@ class MasterAdamW:
                  master:bool=True, # fp32 master copies when the weights are lower precision
                  offload:bool=False, # masters and moments in CPU memory (the step runs on the CPU)
                  weight_decay:float=0.0, # AdamW decay
+                 optimizer:str="adamw", # "adamw" (torch, fp32 moments) | "adamw-8bit" (bitsandbytes, 8-bit blockwise moments)
                 ):
         self.params = [p for p in params if p.requires_grad]
         self.copies = offload or (master and any(p.dtype != torch.float32 for p in self.params))
@@ -345,8 +358,10 @@ class MasterAdamW:
             where = lambda p: torch.device("cpu") if offload else p.device
             self.masters = [p.detach().to(where(p), torch.float32, copy=True) for p in self.params]
         else: self.masters = self.params
-        fast = {"fused": True} if all(t.is_cuda for t in self.masters) else {"foreach": True}
-        self.opt = torch.optim.AdamW(self.masters, lr=lr, weight_decay=weight_decay, **fast)
+        if optimizer == "adamw-8bit": self.opt = adamw_8bit()(self.masters, lr=lr, weight_decay=weight_decay)
+        else:
+            fast = {"fused": True} if all(t.is_cuda for t in self.masters) else {"foreach": True}
+            self.opt = torch.optim.AdamW(self.masters, lr=lr, weight_decay=weight_decay, **fast)
 
     def zero_grad(self):
         for p in self.params: p.grad = None
@@ -368,14 +383,15 @@ class MasterAdamW:
             with torch.no_grad():
                 for m, s in zip(self.masters, sd["masters"]): m.copy_(s)
 
-# %% ../nbs/12_self_correction.ipynb 38
-def make_optimizers(models:dict, # role -> module
-                    cfg:SCConfig, # the run (`lr`, `master_weights`, `optimizer_offload`)
-                   ) -> dict:
-    "`MasterAdamW` (no weight decay) for each trained role; frozen roles get none."
-    return {r: MasterAdamW(models[r].parameters(), cfg.lr, cfg.master_weights, cfg.optimizer_offload) for r in ("policy", "guidance", "critic")}
-
 # %% ../nbs/12_self_correction.ipynb 41
+def make_optimizers(models:dict, # role -> module
+                    cfg:SCConfig, # the run (`lr`, `master_weights`, `optimizer_offload`, `optimizer`)
+                   ) -> dict:
+    "`MasterAdamW` (no weight decay, `cfg.optimizer`'s moments) for each trained role; frozen roles get none."
+    return {r: MasterAdamW(models[r].parameters(), cfg.lr, cfg.master_weights, cfg.optimizer_offload, optimizer=cfg.optimizer)
+            for r in ("policy", "guidance", "critic")}
+
+# %% ../nbs/12_self_correction.ipynb 44
 def critic_values(critic, # a one-label sequence classifier
                   tok, # tokenizer
                   texts:list[str], # B states
@@ -387,7 +403,7 @@ def critic_values(critic, # a one-label sequence classifier
     x = torch.tensor([i + [tok.pad_token_id] * (T - len(i)) for i in ids], device=dev)
     return critic(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), use_cache=False).logits[:, 0].float()
 
-# %% ../nbs/12_self_correction.ipynb 43
+# %% ../nbs/12_self_correction.ipynb 46
 def micro_batches(n:int, # a rank's episodes
                   size:int=0, # episodes per micro-batch (0: all at once)
                  ) -> list[list[int]]: # episode indices of each micro-batch
@@ -395,7 +411,7 @@ def micro_batches(n:int, # a rank's episodes
     size = size or n
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
-# %% ../nbs/12_self_correction.ipynb 45
+# %% ../nbs/12_self_correction.ipynb 48
 def sum_grads(model:torch.nn.Module) -> None:
     "Sum every gradient over the ranks (each rank's loss is already divided by the global number of episodes)."
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1: return
@@ -404,7 +420,7 @@ def sum_grads(model:torch.nn.Module) -> None:
             if p.grad is None: p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad)
 
-# %% ../nbs/12_self_correction.ipynb 48
+# %% ../nbs/12_self_correction.ipynb 51
 def _k3(lp:torch.Tensor, ref:torch.Tensor) -> torch.Tensor:   # KL(π‖π_ref) per token, k3 estimator, mean over the completion
     d = ref.to(lp.device) - lp
     return (torch.exp(d) - d - 1).mean() if len(lp) else lp.new_zeros(())
@@ -466,7 +482,7 @@ def update(models:dict, # role -> module
     if not guided: m.pop("guidance_loss")
     return m
 
-# %% ../nbs/12_self_correction.ipynb 51
+# %% ../nbs/12_self_correction.ipynb 54
 def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_shape`)
                    trained:bool, # policy, guidance, critic
                    score:bool=False, # a one-label head instead of the LM head
@@ -479,11 +495,13 @@ def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_s
                    dtype_bytes:int=2, # 2: bfloat16 weights, 4: float32
                    logprob_chunk:int=1024, # tokens per chunk of the log-prob head
                    attn:str="sdpa", # attention kernel ("sdpa", "flash_attention_2", "eager")
+                   optimizer:str="adamw", # "adamw" (8 bytes of moments a parameter) | "adamw-8bit" (about 2)
                   ) -> dict: # device bytes by phase ("sample", "backward", "step"), "resident" (held throughout), "bytes" (the largest phase), "host_bytes"
     "Memory of one role of the self-correction trainer as shipped: weights, gradients, `MasterAdamW` states, activations, KV cache."
     P, w = param_counts(s)["total"], dtype_bytes
     copies = trained and (optimizer_offload or (master_weights and w < 4))
-    opt = 0 if not trained or optimizer_offload else (4 + 8 if copies else 8) * P               # fp32 masters + moments
+    mb = moment_bytes_per_param(optimizer)
+    opt = 0 if not trained or optimizer_offload else int(((4 if copies else 0) + mb) * P)     # fp32 masters + moments
     tokens = micro_batch * seq_len
     kv = sample_batch * seq_len * 2 * s.layers * s.kv_heads * s.head_dim * w if trained and not score else 0   # the KV cache of sampling (policy, guidance)
     if not trained:   # a no-grad forward over one micro-batch: a few live [tokens, h] tensors (and, for the LM, one chunk of logits)
@@ -494,10 +512,10 @@ def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_s
     phases = {"sample": w * P + opt + kv,                                                       # gradients are freed after each step
               "backward": w * P + opt + w * P + act["saved"] + act["working"] + head,
               "step": w * P + opt + w * P + (4 * P if copies and not optimizer_offload else 0)}   # + the fp32 copies of the gradients
-    host = (4 + 8 + 4) * P if optimizer_offload else 0                                         # masters, moments, fp32 gradient copies
+    host = int((4 + mb + 4) * P) if optimizer_offload and trained else 0                       # masters, moments, fp32 gradient copies
     return {**phases, "resident": w * P + opt, "bytes": max(phases.values()), "host_bytes": host}
 
-# %% ../nbs/12_self_correction.ipynb 53
+# %% ../nbs/12_self_correction.ipynb 56
 def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                       critic:str="Llama-3.2-1B", # critic and target critic base
                       placement:dict=SEED_PLACEMENT, # role -> device
@@ -510,11 +528,12 @@ def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                       dtype:str="bfloat16", # weights dtype
                       guidance:str|None=None, # guidance model (None: the policy's)
                       attn:str="sdpa", # attention kernel of the GPU roles
+                      optimizer:str="adamw", # "adamw" | "adamw-8bit"
                      ) -> list[dict]: # one row per role: role, model, device, trained, bytes (its peak), resident (always held), host_bytes
     "Per-role memory of the five-model setup on its device, for the trainer as shipped."
     where = resolve_placement(placement, gpus=64)
     kw = dict(micro_batch=micro_batch, seq_len=seq_len, sample_batch=sample_batch, grad_ckpt=grad_ckpt, master_weights=master_weights,
-              optimizer_offload=optimizer_offload, dtype_bytes=torch.tensor([], dtype=getattr(torch, dtype)).element_size())
+              optimizer_offload=optimizer_offload, optimizer=optimizer, dtype_bytes=torch.tensor([], dtype=getattr(torch, dtype)).element_size())
     kw_of = lambda r: {**kw, "attn": role_attention(attn, where[r])}
     rows = []
     for r in ROLES:
@@ -525,7 +544,7 @@ def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                      "bytes": m["bytes"], "resident": m["resident"], "host_bytes": m["host_bytes"], "phases": {k: m[k] for k in ("sample", "backward", "step")}})
     return rows
 
-# %% ../nbs/12_self_correction.ipynb 55
+# %% ../nbs/12_self_correction.ipynb 58
 def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in names, HF dirs, or `random:<shape>`)
               seq_len:int|None=None, # tokens per episode (None: a 64-token problem + 3 × max_new_tokens)
               world:int=1, # data-parallel ranks (each samples episodes / world)
@@ -534,9 +553,9 @@ def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in nam
     shape = lambda n: n[7:] if n.startswith("random:") else resolve_model(n) if builtin_model(n) else n   # a built-in shape name, or a model
     return five_model_memory(shape(cfg.policy), shape(cfg.critic), cfg.placement, cfg.micro_batch or math.ceil(cfg.episodes / world),
                              seq_len or 64 + 3 * cfg.max_new_tokens, math.ceil(cfg.episodes / world), cfg.grad_ckpt,
-                             cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance), cfg.attn_implementation)
+                             cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance), cfg.attn_implementation, cfg.optimizer)
 
-# %% ../nbs/12_self_correction.ipynb 57
+# %% ../nbs/12_self_correction.ipynb 60
 def device_totals(rows:list[dict]) -> dict[str, int]:
     "Peak bytes per device of `five_model_memory` rows: what every role there holds, plus the largest working set (roles run one at a time)."
     resident, work = {}, {}
@@ -547,16 +566,17 @@ def device_totals(rows:list[dict]) -> dict[str, int]:
         if r["host_bytes"]: resident["cpu"] = resident.get("cpu", 0) + r["host_bytes"]; work.setdefault("cpu", 0)
     return {d: resident[d] + work[d] for d in resident}
 
-# %% ../nbs/12_self_correction.ipynb 63
+# %% ../nbs/12_self_correction.ipynb 66
 def replace_fields(cfg:SCConfig, kw:dict) -> SCConfig:
     "A copy of `cfg` with some fields changed (dataclasses.replace, named for the fixes above)."
     return from_dict(SCConfig, {**asdict(cfg), **kw})
 
-# %% ../nbs/12_self_correction.ipynb 64
+# %% ../nbs/12_self_correction.ipynb 67
 def _fix_candidates(cfg:SCConfig) -> list[tuple[str, dict]]:
     "Single changes that lower a device's or the host's peak: (the flag as a user types it, the fields it sets)."
     c = [("--optimizer_offload=true (fp32 masters and moments in CPU memory)", dict(optimizer_offload=True))] if not cfg.optimizer_offload else \
         [("--optimizer_offload=false (masters and moments back on the GPU)", dict(optimizer_offload=False))]
+    if cfg.optimizer == "adamw": c.append(("--optimizer=adamw-8bit (8-bit moments; needs bitsandbytes)", dict(optimizer="adamw-8bit")))
     if not cfg.grad_ckpt: c.append(("--grad_ckpt=true", dict(grad_ckpt=True)))
     mb = cfg.micro_batch or cfg.episodes
     if mb > 1: c.append((f"--micro_batch={mb // 2}", dict(micro_batch=mb // 2)))
@@ -564,7 +584,7 @@ def _fix_candidates(cfg:SCConfig) -> list[tuple[str, dict]]:
     if frozen: c.append((" ".join(f"--placement.{r}=cpu" for r in frozen), dict(placement={**cfg.placement, **frozen})))
     return c
 
-# %% ../nbs/12_self_correction.ipynb 65
+# %% ../nbs/12_self_correction.ipynb 68
 def sc_fit_error(cfg:SCConfig, # the run
                  gpu_bytes:dict[str, int], # memory of each GPU of the spec ("cuda:0" -> bytes); GPUs not listed are not checked
                  host_bytes:int, # memory of the node for this job
@@ -586,7 +606,7 @@ def sc_fit_error(cfg:SCConfig, # the run
     fix = (" or ".join(fits) if fits else "no single change fits: combine " + ", ".join(f for f, _ in _fix_candidates(cfg)) + ", or use bigger GPUs or nodes")
     return ConfigError("memory", f"the plan does not fit: {what}.", fix + " (or --memory_check=false to try anyway)")
 
-# %% ../nbs/12_self_correction.ipynb 68
+# %% ../nbs/12_self_correction.ipynb 71
 def check_memory(cfg:SCConfig, # the run
                  local_rank:int=0, # this process's index on its node
                  world:int=1, # data-parallel ranks
@@ -600,7 +620,7 @@ def check_memory(cfg:SCConfig, # the run
     host = int(cfg.host_mem_gib * GiB) if cfg.host_mem_gib else psutil.virtual_memory().total
     if err := sc_fit_error(cfg, gpus, host, world, int(os.environ.get("LOCAL_WORLD_SIZE", 1))): raise err
 
-# %% ../nbs/12_self_correction.ipynb 71
+# %% ../nbs/12_self_correction.ipynb 74
 def param_digest(model:torch.nn.Module) -> str:
     "SHA-256 (16 hex digits) of a model's parameters, in name order."
     h = hashlib.sha256()
@@ -608,7 +628,7 @@ def param_digest(model:torch.nn.Module) -> str:
         h.update(n.encode()); h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
-# %% ../nbs/12_self_correction.ipynb 73
+# %% ../nbs/12_self_correction.ipynb 76
 SAVED:tuple[str, ...] = ("policy", "guidance", "critic", "target_critic")
 "Roles whose weights a checkpoint holds (the reference is the starting policy: rebuilt, and checked by digest)."
 
@@ -626,7 +646,7 @@ def save_sc_checkpoint(cfg:SCConfig, # the run (`checkpoint_dir`, `keep_last`)
     return save_checkpoint_files(cfg.checkpoint_dir, step, blobs, state, rank, world, cfg.keep_last,
                                  rank_blob={"rng": rng_state(), "sampler": gen.get_state()})
 
-# %% ../nbs/12_self_correction.ipynb 75
+# %% ../nbs/12_self_correction.ipynb 78
 def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
                        models:dict, # role -> module (as `load_models` built them)
                        opts:dict, # role -> `MasterAdamW`
@@ -651,7 +671,7 @@ def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
     set_rng_state(rs["rng"]); gen.set_state(rs["sampler"])
     return state
 
-# %% ../nbs/12_self_correction.ipynb 78
+# %% ../nbs/12_self_correction.ipynb 81
 def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
     "(RankEnv, models, tokenizer, placement, optimizers, sampling generator, rows): the process group and everything a run holds."
     env = rank_env()
@@ -671,7 +691,7 @@ def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
                           "--resume=auto to continue it, or a new --checkpoint_dir")
     return env, models, tok, where, opts, gen, rows
 
-# %% ../nbs/12_self_correction.ipynb 79
+# %% ../nbs/12_self_correction.ipynb 82
 def train(cfg:SCConfig, # the run
           gpus:int|None=None, # visible GPUs (None: ask torch)
           on_step:Callable|None=None, # called as on_step(step, models) after each update (tests snapshot here)
@@ -704,7 +724,7 @@ def train(cfg:SCConfig, # the run
             "last_step": step, "stopped_by": flag.reason if step < cfg.steps else None,
             "params": {r: sum(p.numel() for p in m.parameters()) for r, m in models.items()}}
 
-# %% ../nbs/12_self_correction.ipynb 85
+# %% ../nbs/12_self_correction.ipynb 88
 def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     "The committed GPU measurements against the prediction, or a note that none are committed."
     p = Path(path)
@@ -727,7 +747,7 @@ def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     note = "" if worst is None else f"\n\nLargest gap between prediction and measurement: {100 * worst:.0f}% ({'within' if worst <= 0.1 else 'outside'} the 10% the planner aims for)."
     return "\n".join([head] + [l for r in recs for l in lines(r)]) + note
 
-# %% ../nbs/12_self_correction.ipynb 88
+# %% ../nbs/12_self_correction.ipynb 91
 def self_correction_command(config:str|None=None, # a YAML file or preset with `trainer: self-correction` (default: the fields' defaults)
                             *overrides:str, # fields as --field=value
                             out:str="runs/self_correction", # directory for summary.json and metrics.jsonl
@@ -750,10 +770,10 @@ def self_correction_cli(argv:list[str]|None=None) -> int:
     return run_cli(self_correction_command, argv, "grpo_nb self-correction",
                    epilog="Fields: " + ", ".join(f"--{f}" for f in SCConfig.__dataclass_fields__))
 
-# %% ../nbs/12_self_correction.ipynb 89
+# %% ../nbs/12_self_correction.ipynb 92
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(self_correction_cli()))
 
-# %% ../nbs/12_self_correction.ipynb 92
+# %% ../nbs/12_self_correction.ipynb 95
 SC_SBATCH = r'''#!/bin/bash
 # self_correction.sbatch: two-turn self-correction (policy, guidance, reference, critic, target critic) on one node.
 # Generated by grpo_nb.self_correction (nbs/12_self_correction.ipynb); do not edit by hand.

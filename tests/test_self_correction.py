@@ -228,3 +228,22 @@ def test_memory_check_refuses_before_loading_and_names_the_fix(tmp_path):
     # two ranks on the node need twice the host memory
     one = load_sc_config("seed004-score-2gpu", ["--policy=random:Llama-3.2-3B", "--guidance=random:Llama-3.2-3B", "--critic=random:Llama-3.2-1B"])
     assert sc_fit_error(one, gpus, 200 * GiB) is None and "(2 ranks)" in str(sc_fit_error(one, gpus, 200 * GiB, world=2, ranks_per_node=2))
+
+def test_adamw_8bit_runs_where_bitsandbytes_is_installed_and_is_refused_where_not():
+    import importlib.util
+    from grpo_nb.config import ConfigError
+    from grpo_nb.self_correction import SCConfig, load_sc_config, train, make_optimizers, load_models
+    if importlib.util.find_spec("bitsandbytes") is None:
+        with pytest.raises(ConfigError, match="pip install bitsandbytes"): load_sc_config(None, ["--optimizer=adamw-8bit"])
+        return
+    cfg = load_sc_config(None, ["--optimizer=adamw-8bit", "--steps=2", "--episodes=2", "--guidance_every=1"])
+    res = train(cfg)
+    assert all(d[2] != d[0] for r, d in res["digests"].items() if r in ("policy", "guidance", "critic"))   # every trained role moved
+    models, _, _ = load_models(SCConfig(critic="tiny-arith"))
+    opt = make_optimizers(models, cfg)["policy"]
+    big = max(opt.params, key=lambda p: p.numel())
+    big.grad = torch.ones_like(big)
+    for p in opt.params:
+        if p.grad is None: p.grad = torch.zeros_like(p)
+    opt.step()
+    assert opt.opt.state[big]["state1"].dtype == torch.uint8   # 8-bit moments
