@@ -22,8 +22,8 @@ from .run import MetricsLog, STOP_AND_REQUEUE, fill, init_process_group, load_ro
 from .stop import StopFlag, settle
 
 # %% auto 0
-__all__ = ['ROLES', 'TRAINED', 'SEED_PLACEMENT', 'ATTENTION', 'SAVED', 'SC_SBATCH', 'resolve_placement', 'polyak_update_',
-           'SCConfig', 'role_attention', 'load_sc_config', 'rank_placement', 'load_models', 'sample',
+__all__ = ['ROLES', 'VALUE', 'TRAINED', 'SEED_PLACEMENT', 'ATTENTION', 'SAVED', 'SC_SBATCH', 'resolve_placement',
+           'polyak_update_', 'SCConfig', 'role_attention', 'load_sc_config', 'rank_placement', 'load_models', 'sample',
            'completion_logprobs', 'Episodes', 'run_episodes', 'adamw_8bit', 'MasterAdamW', 'make_optimizers',
            'critic_values', 'micro_batches', 'sum_grads', 'update', 'sc_role_memory', 'five_model_memory', 'sc_memory',
            'device_totals', 'replace_fields', 'sc_fit_error', 'check_memory', 'param_digest', 'save_sc_checkpoint',
@@ -34,8 +34,11 @@ __all__ = ['ROLES', 'TRAINED', 'SEED_PLACEMENT', 'ATTENTION', 'SAVED', 'SC_SBATC
 ROLES:tuple[str, ...] = ("policy", "guidance", "reference", "critic", "target_critic")
 "The five models of a self-correction run."
 
+VALUE:str = "value"
+"The optional sixth role: the value function V(s) of a problem, trained apart from the critics (`value_model`)."
+
 TRAINED:dict[str, str] = {"policy": "every step", "guidance": "every `guidance_every` steps", "reference": "never",
-                          "critic": "every step", "target_critic": "by Polyak averaging only"}
+                          "critic": "every step", "target_critic": "by Polyak averaging only", VALUE: "every step (when `value_model` is set)"}
 "When each role's parameters change."
 
 SEED_PLACEMENT:dict[str, str] = {"policy": "cuda:0", "critic": "cuda:0", "guidance": "cuda:1",
@@ -45,12 +48,12 @@ SEED_PLACEMENT:dict[str, str] = {"policy": "cuda:0", "critic": "cuda:0", "guidan
 def resolve_placement(spec:dict[str, str], # role (or "*") -> "cuda:i" | "cpu"
                       gpus:int|None=None, # visible GPUs (None: torch.cuda.device_count())
                      ) -> dict[str, str]: # role -> device, for every role
-    "Every role's device, validated against the machine."
+    "Every role's device, validated against the machine (the value function's defaults to `*`, else the critic's)."
     gpus = torch.cuda.device_count() if gpus is None else gpus
-    if bad := sorted(set(spec) - set(ROLES) - {"*"}): raise ValueError(f"placement: unknown role(s) {bad}; roles are {list(ROLES)} (and '*').")
+    if bad := sorted(set(spec) - set(ROLES) - {VALUE, "*"}): raise ValueError(f"placement: unknown role(s) {bad}; roles are {list(ROLES) + [VALUE]} (and '*').")
     out = {}
-    for r in ROLES:
-        d = spec.get(r, spec.get("*"))
+    for r in (*ROLES, VALUE):
+        d = spec.get(r, spec.get("*", out.get("critic")))
         if d is None: raise ValueError(f"placement: no device for {r!r}; add {r}: cpu (or cuda:0), or a default '*'.")
         if d != "cpu":
             if not d.startswith("cuda:") or not d[5:].isdigit(): raise ValueError(f"placement.{r}: {d!r} is not 'cpu' or 'cuda:<index>'.")
@@ -91,6 +94,7 @@ class SCConfig:
     policy:str="tiny-arith" # causal LM: a HF directory, a tiny model name (`tiny-arith@N` warm-started), or `random:<shape>` (random weights, e.g. `random:Llama-3.2-3B`)
     guidance:str="tiny-arith" # causal LM for the critique (a separate model; tiny: another seed)
     critic:str="tiny-1kv-tied" # base of the critic (a one-label classifier head is added)
+    value_model:str="" # base of the value function V(s) of a problem (a one-label classifier, trained apart from the critics; the guidance's baseline); "": none
     placement:dict[str,str]=field(default_factory=lambda: {"*": "cpu"}) # role (or "*") -> "cuda:i" | "cpu" (under torchrun: GPUs counted from the rank's first)
     steps:int=4 # updates
     episodes:int=4 # `B` problems per update, over all ranks
@@ -100,7 +104,7 @@ class SCConfig:
     reward:str="arith" # the reward function of both turns, a name in `grpo_nb.rewards.REWARDS` (arith, math, ...)
     micro_batch:int=0 # episodes per forward and backward (0: all of a rank's episodes at once); gradients accumulate
     max_new_tokens:int=4 # tokens per attempt and per critique
-    lr:float=1e-3 # AdamW learning rate of policy, guidance and critic
+    lr:float=1e-3 # AdamW learning rate of policy, guidance, critic and value function
     kl_beta:float=0.05 # KL(policy ‖ reference) coefficient on turn 2
     entropy_coef:float=0.01 # entropy bonus of policy and guidance (keeps gradients alive when rewards tie)
     tau:float=0.1 # Polyak coefficient of the target critic
@@ -206,7 +210,7 @@ def load_models(cfg:SCConfig, # the run
                 gpus:int|None=None, # visible GPUs (None: ask torch)
                 local_rank:int=0, # this process's index on its node (data parallelism)
                ) -> tuple[dict, object, dict]: # (role -> module on its device, tokenizer, role -> device)
-    "The five models, each on the device the placement spec gives it."
+    "The five models (six with `value_model`), each on the device the placement spec gives it."
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
     where = rank_placement(resolve_placement(cfg.placement), local_rank)
@@ -221,12 +225,14 @@ def load_models(cfg:SCConfig, # the run
             pol = _role_model(cfg.policy, "policy", 0, "lm", dt, where["policy"], at("policy"))
             gui = _role_model(cfg.guidance, "guidance", 1, "lm", dt, where["guidance"], at("guidance"))
             cri = _role_model(cfg.critic, "critic", 2, "score", dt, where["critic"], at("critic"))
+            val = _role_model(cfg.value_model, "value_model", 3, "score", dt, where[VALUE], at(VALUE)) if cfg.value_model else None
     finally: hf_logging.set_verbosity(level)
     tok_src = cfg.policy if not cfg.policy.startswith("random:") else "tiny-arith"   # random shapes: the tiny character tokenizer
     tok = AutoTokenizer.from_pretrained(resolve_model(tok_src, "policy"))
     cri.config.pad_token_id = tok.pad_token_id
     models = {"policy": pol, "guidance": gui, "reference": copy.deepcopy(pol).to(where["reference"]), "critic": cri,
-              "target_critic": copy.deepcopy(cri).to(where["target_critic"])}
+              "target_critic": copy.deepcopy(cri).to(where["target_critic"]), **({VALUE: val} if val is not None else {})}
+    if val is not None: val.config.pad_token_id = tok.pad_token_id
     for r, m in models.items():
         if r in ("reference", "target_critic"):
             m.requires_grad_(False).eval()
@@ -389,7 +395,7 @@ def make_optimizers(models:dict, # role -> module
                    ) -> dict:
     "`MasterAdamW` (no weight decay, `cfg.optimizer`'s moments) for each trained role; frozen roles get none."
     return {r: MasterAdamW(models[r].parameters(), cfg.lr, cfg.master_weights, cfg.optimizer_offload, optimizer=cfg.optimizer)
-            for r in ("policy", "guidance", "critic")}
+            for r in ("policy", "guidance", "critic", VALUE) if r in models}
 
 # %% ../nbs/12_self_correction.ipynb 44
 def critic_values(critic, # a one-label sequence classifier
@@ -425,6 +431,51 @@ def _k3(lp:torch.Tensor, ref:torch.Tensor) -> torch.Tensor:   # KL(π‖π_ref) 
     d = ref.to(lp.device) - lp
     return (torch.exp(d) - d - 1).mean() if len(lp) else lp.new_zeros(())
 
+def _pick(xs:list, idx:list[int]) -> list: return [xs[i] for i in idx]
+
+def _values(model, tok, texts:list[str], mbs:list[list[int]]) -> torch.Tensor:   # (B,) no-grad values on the CPU, in micro-batches
+    with torch.no_grad(): return torch.cat([critic_values(model, tok, _pick(texts, idx)).cpu() for idx in mbs])
+
+def _policy_part(models, opts, tok, ep, mbs, cfg, N, base) -> dict:
+    "The policy's REINFORCE step on turn 2 against the target critic's values `base`, with the KL to the reference and an entropy bonus."
+    pol, ref, dev = models["policy"], models["reference"], next(models["policy"].parameters()).device
+    p2, out = [tok(t).input_ids for t in ep.turn2_prompts], dict(policy_loss=0.0, kl=0.0)
+    opts["policy"].zero_grad()
+    for idx in mbs:
+        adv = torch.tensor(_pick(ep.reward2, idx), device=dev) - base[idx].to(dev)                             # b
+        with torch.no_grad(): ref_lp, _ = completion_logprobs(ref, _pick(p2, idx), _pick(ep.turn2, idx), chunk=cfg.logprob_chunk)
+        lp, ent = completion_logprobs(pol, _pick(p2, idx), _pick(ep.turn2, idx), with_entropy=True, chunk=cfg.logprob_chunk)
+        pg = -torch.stack([a * l.sum() for a, l in zip(adv, lp)]).sum()
+        kl = torch.stack([_k3(l, r) for l, r in zip(lp, ref_lp)]).sum()
+        loss = (pg + cfg.kl_beta * kl - cfg.entropy_coef * ent.sum()) / N
+        loss.backward(); out["policy_loss"] += loss.item(); out["kl"] += kl.item() / N
+    sum_grads(pol); opts["policy"].step()
+    return out
+
+def _regression_part(models, opts, tok, role, texts, target, mbs, N) -> float:
+    "A one-label model (`critic` on turn-2 states, `value` on problems) regressed on the turn-2 reward: `Σ (V - r₂)² / N`."
+    opts[role].zero_grad(); total = 0.0
+    for idx in mbs:
+        v = critic_values(models[role], tok, _pick(texts, idx))                                                # b
+        loss = ((v - torch.tensor(_pick(target, idx), device=v.device)) ** 2).sum() / N
+        loss.backward(); total += loss.item()
+    sum_grads(models[role]); opts[role].step()
+    return total
+
+# %% ../nbs/12_self_correction.ipynb 52
+def _guidance_part(models, opts, tok, ep, mbs, cfg, N, baseline) -> float:
+    "The guidance's REINFORCE step on its critique: advantage `r₂ - baseline` (r₁, or V(s) with a value function), entropy bonus."
+    gp, total = [tok(t).input_ids for t in ep.guidance_prompts], 0.0
+    opts["guidance"].zero_grad()
+    for idx in mbs:
+        glp, gent = completion_logprobs(models["guidance"], _pick(gp, idx), _pick(ep.guidance, idx), with_entropy=True, chunk=cfg.logprob_chunk)
+        adv = torch.tensor(_pick(ep.reward2, idx), device=gent.device) - baseline[idx].to(gent.device)        # b
+        loss = (-torch.stack([a * l.sum() for a, l in zip(adv, glp)]).sum() - cfg.entropy_coef * gent.sum()) / N
+        loss.backward(); total += loss.item()
+    sum_grads(models["guidance"]); opts["guidance"].step()
+    return total
+
+# %% ../nbs/12_self_correction.ipynb 53
 def update(models:dict, # role -> module
            opts:dict, # from `make_optimizers`
            tok, # tokenizer
@@ -434,55 +485,26 @@ def update(models:dict, # role -> module
            total:int|None=None, # episodes of this update over all ranks (None: this rank's)
           ) -> dict: # metrics (over all ranks)
     "One update of every role by its rule: losses are sums over episodes divided by `total`, in micro-batches, gradients summed over ranks."
-    N = total or len(ep.problems)
-    pol, ref, dev = models["policy"], models["reference"], next(models["policy"].parameters()).device
-    p2 = [tok(t).input_ids for t in ep.turn2_prompts]
-    mbs = micro_batches(len(ep.problems), cfg.micro_batch)
-    pick = lambda xs, idx: [xs[i] for i in idx]
-    sums = dict(policy_loss=0.0, kl=0.0, critic_loss=0.0, guidance_loss=0.0)
-
-    opts["policy"].zero_grad()
-    for idx in mbs:
-        r2 = torch.tensor(pick(ep.reward2, idx), device=dev)                                                   # b
-        with torch.no_grad():
-            base = critic_values(models["target_critic"], tok, pick(ep.turn2_prompts, idx)).to(dev)           # b
-            ref_lp, _ = completion_logprobs(ref, pick(p2, idx), pick(ep.turn2, idx), chunk=cfg.logprob_chunk)
-        lp, ent = completion_logprobs(pol, pick(p2, idx), pick(ep.turn2, idx), with_entropy=True, chunk=cfg.logprob_chunk)
-        pg = -torch.stack([a * l.sum() for a, l in zip(r2 - base, lp)]).sum()
-        kl = torch.stack([_k3(l, r) for l, r in zip(lp, ref_lp)]).sum()
-        loss = (pg + cfg.kl_beta * kl - cfg.entropy_coef * ent.sum()) / N
-        loss.backward()
-        sums["policy_loss"] += loss.item(); sums["kl"] += kl.item() / N
-    sum_grads(pol); opts["policy"].step()
-
-    opts["critic"].zero_grad()
-    for idx in mbs:
-        v = critic_values(models["critic"], tok, pick(ep.turn2_prompts, idx))                                  # b
-        vloss = ((v - torch.tensor(pick(ep.reward2, idx), device=v.device)) ** 2).sum() / N
-        vloss.backward(); sums["critic_loss"] += vloss.item()
-    sum_grads(models["critic"]); opts["critic"].step()
+    N, mbs, dev = total or len(ep.problems), micro_batches(len(ep.problems), cfg.micro_batch), next(models["policy"].parameters()).device
+    base = _values(models["target_critic"], tok, ep.turn2_prompts, mbs)                                      # B: V̄, read before any step
+    has_v = VALUE in models
+    gbase = _values(models[VALUE], tok, ep.problems, mbs) if has_v else torch.tensor(ep.reward1)              # B: the guidance's baseline
+    sums = {**_policy_part(models, opts, tok, ep, mbs, cfg, N, base), "critic_loss": 0.0, "guidance_loss": 0.0, "value_loss": 0.0}
+    sums["critic_loss"] = _regression_part(models, opts, tok, "critic", ep.turn2_prompts, ep.reward2, mbs, N)
     polyak_update_(models["target_critic"], models["critic"], cfg.tau, cfg.polyak_chunk)
-
+    if has_v: sums["value_loss"] = _regression_part(models, opts, tok, VALUE, ep.problems, ep.reward2, mbs, N)
     guided = step % cfg.guidance_every == 0
-    if guided:
-        gp = [tok(t).input_ids for t in ep.guidance_prompts]
-        opts["guidance"].zero_grad()
-        for idx in mbs:
-            glp, gent = completion_logprobs(models["guidance"], pick(gp, idx), pick(ep.guidance, idx), with_entropy=True, chunk=cfg.logprob_chunk)
-            gadv = torch.tensor([ep.reward2[i] - ep.reward1[i] for i in idx], device=gent.device)
-            gloss = (-torch.stack([a * l.sum() for a, l in zip(gadv, glp)]).sum() - cfg.entropy_coef * gent.sum()) / N
-            gloss.backward(); sums["guidance_loss"] += gloss.item()
-        sum_grads(models["guidance"]); opts["guidance"].step()
-
+    if guided: sums["guidance_loss"] = _guidance_part(models, opts, tok, ep, mbs, cfg, N, gbase)
     tot = torch.tensor([sum(ep.reward1), sum(ep.reward2), *sums.values()], dtype=torch.float64)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         tot = tot.to(dev if dist.get_backend() == "nccl" else "cpu"); dist.all_reduce(tot)
     r1, r2, *vals = tot.tolist()
     m = {"step": step, "reward1": r1 / N, "reward2": r2 / N, **dict(zip(sums, vals)), "guidance_updated": guided}
     if not guided: m.pop("guidance_loss")
+    if not has_v: m.pop("value_loss")
     return m
 
-# %% ../nbs/12_self_correction.ipynb 54
+# %% ../nbs/12_self_correction.ipynb 56
 def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_shape`)
                    trained:bool, # policy, guidance, critic
                    score:bool=False, # a one-label head instead of the LM head
@@ -515,7 +537,7 @@ def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_s
     host = int((4 + mb + 4) * P) if optimizer_offload and trained else 0                       # masters, moments, fp32 gradient copies
     return {**phases, "resident": w * P + opt, "bytes": max(phases.values()), "host_bytes": host}
 
-# %% ../nbs/12_self_correction.ipynb 56
+# %% ../nbs/12_self_correction.ipynb 58
 def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                       critic:str="Llama-3.2-1B", # critic and target critic base
                       placement:dict=SEED_PLACEMENT, # role -> device
@@ -529,6 +551,7 @@ def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                       guidance:str|None=None, # guidance model (None: the policy's)
                       attn:str="sdpa", # attention kernel of the GPU roles
                       optimizer:str="adamw", # "adamw" | "adamw-8bit"
+                      value:str|None=None, # base of the value function V(s) (None: no value function)
                      ) -> list[dict]: # one row per role: role, model, device, trained, bytes (its peak), resident (always held), host_bytes
     "Per-role memory of the five-model setup on its device, for the trainer as shipped."
     where = resolve_placement(placement, gpus=64)
@@ -536,15 +559,16 @@ def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
               optimizer_offload=optimizer_offload, optimizer=optimizer, dtype_bytes=torch.tensor([], dtype=getattr(torch, dtype)).element_size())
     kw_of = lambda r: {**kw, "attn": role_attention(attn, where[r])}
     rows = []
-    for r in ROLES:
-        score = r in ("critic", "target_critic")
-        base = critic if score else (guidance or policy) if r == "guidance" else policy
-        m = sc_role_memory(classifier_shape(base) if score else get_shape(base), r in ("policy", "guidance", "critic"), score, **kw_of(r))
-        rows.append({"role": r, "model": base, "device": where[r], "trained": r in ("policy", "guidance", "critic"),
+    for r in (*ROLES, *([VALUE] if value else [])):
+        score = r in ("critic", "target_critic", VALUE)
+        base = value if r == VALUE else critic if score else (guidance or policy) if r == "guidance" else policy
+        trained = r in ("policy", "guidance", "critic", VALUE)
+        m = sc_role_memory(classifier_shape(base) if score else get_shape(base), trained, score, **kw_of(r))
+        rows.append({"role": r, "model": base, "device": where[r], "trained": trained,
                      "bytes": m["bytes"], "resident": m["resident"], "host_bytes": m["host_bytes"], "phases": {k: m[k] for k in ("sample", "backward", "step")}})
     return rows
 
-# %% ../nbs/12_self_correction.ipynb 58
+# %% ../nbs/12_self_correction.ipynb 60
 def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in names, HF dirs, or `random:<shape>`)
               seq_len:int|None=None, # tokens per episode (None: a 64-token problem + 3 × max_new_tokens)
               world:int=1, # data-parallel ranks (each samples episodes / world)
@@ -553,9 +577,10 @@ def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in nam
     shape = lambda n: n[7:] if n.startswith("random:") else resolve_model(n) if builtin_model(n) else n   # a built-in shape name, or a model
     return five_model_memory(shape(cfg.policy), shape(cfg.critic), cfg.placement, cfg.micro_batch or math.ceil(cfg.episodes / world),
                              seq_len or 64 + 3 * cfg.max_new_tokens, math.ceil(cfg.episodes / world), cfg.grad_ckpt,
-                             cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance), cfg.attn_implementation, cfg.optimizer)
+                             cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance), cfg.attn_implementation, cfg.optimizer,
+                             shape(cfg.value_model) if cfg.value_model else None)
 
-# %% ../nbs/12_self_correction.ipynb 60
+# %% ../nbs/12_self_correction.ipynb 62
 def device_totals(rows:list[dict]) -> dict[str, int]:
     "Peak bytes per device of `five_model_memory` rows: what every role there holds, plus the largest working set (roles run one at a time)."
     resident, work = {}, {}
@@ -566,12 +591,12 @@ def device_totals(rows:list[dict]) -> dict[str, int]:
         if r["host_bytes"]: resident["cpu"] = resident.get("cpu", 0) + r["host_bytes"]; work.setdefault("cpu", 0)
     return {d: resident[d] + work[d] for d in resident}
 
-# %% ../nbs/12_self_correction.ipynb 66
+# %% ../nbs/12_self_correction.ipynb 68
 def replace_fields(cfg:SCConfig, kw:dict) -> SCConfig:
     "A copy of `cfg` with some fields changed (dataclasses.replace, named for the fixes above)."
     return from_dict(SCConfig, {**asdict(cfg), **kw})
 
-# %% ../nbs/12_self_correction.ipynb 67
+# %% ../nbs/12_self_correction.ipynb 69
 def _fix_candidates(cfg:SCConfig) -> list[tuple[str, dict]]:
     "Single changes that lower a device's or the host's peak: (the flag as a user types it, the fields it sets)."
     c = [("--optimizer_offload=true (fp32 masters and moments in CPU memory)", dict(optimizer_offload=True))] if not cfg.optimizer_offload else \
@@ -584,7 +609,7 @@ def _fix_candidates(cfg:SCConfig) -> list[tuple[str, dict]]:
     if frozen: c.append((" ".join(f"--placement.{r}=cpu" for r in frozen), dict(placement={**cfg.placement, **frozen})))
     return c
 
-# %% ../nbs/12_self_correction.ipynb 68
+# %% ../nbs/12_self_correction.ipynb 70
 def sc_fit_error(cfg:SCConfig, # the run
                  gpu_bytes:dict[str, int], # memory of each GPU of the spec ("cuda:0" -> bytes); GPUs not listed are not checked
                  host_bytes:int, # memory of the node for this job
@@ -606,7 +631,7 @@ def sc_fit_error(cfg:SCConfig, # the run
     fix = (" or ".join(fits) if fits else "no single change fits: combine " + ", ".join(f for f, _ in _fix_candidates(cfg)) + ", or use bigger GPUs or nodes")
     return ConfigError("memory", f"the plan does not fit: {what}.", fix + " (or --memory_check=false to try anyway)")
 
-# %% ../nbs/12_self_correction.ipynb 71
+# %% ../nbs/12_self_correction.ipynb 73
 def check_memory(cfg:SCConfig, # the run
                  local_rank:int=0, # this process's index on its node
                  world:int=1, # data-parallel ranks
@@ -620,7 +645,7 @@ def check_memory(cfg:SCConfig, # the run
     host = int(cfg.host_mem_gib * GiB) if cfg.host_mem_gib else psutil.virtual_memory().total
     if err := sc_fit_error(cfg, gpus, host, world, int(os.environ.get("LOCAL_WORLD_SIZE", 1))): raise err
 
-# %% ../nbs/12_self_correction.ipynb 74
+# %% ../nbs/12_self_correction.ipynb 76
 def param_digest(model:torch.nn.Module) -> str:
     "SHA-256 (16 hex digits) of a model's parameters, in name order."
     h = hashlib.sha256()
@@ -628,7 +653,7 @@ def param_digest(model:torch.nn.Module) -> str:
         h.update(n.encode()); h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
-# %% ../nbs/12_self_correction.ipynb 76
+# %% ../nbs/12_self_correction.ipynb 78
 SAVED:tuple[str, ...] = ("policy", "guidance", "critic", "target_critic")
 "Roles whose weights a checkpoint holds (the reference is the starting policy: rebuilt, and checked by digest)."
 
@@ -642,11 +667,11 @@ def save_sc_checkpoint(cfg:SCConfig, # the run (`checkpoint_dir`, `keep_last`)
                        world:int=1, # ranks
                       ) -> Path:
     "Collective: the trained models, their optimizers (masters and moments), each rank's random streams; atomic."
-    blobs = {**{f"{r}.pt": models[r].state_dict() for r in SAVED}, **{f"optimizer_{r}.pt": o.state_dict() for r, o in opts.items()}} if rank == 0 else {}
+    blobs = {**{f"{r}.pt": models[r].state_dict() for r in (*SAVED, VALUE) if r in models}, **{f"optimizer_{r}.pt": o.state_dict() for r, o in opts.items()}} if rank == 0 else {}
     return save_checkpoint_files(cfg.checkpoint_dir, step, blobs, state, rank, world, cfg.keep_last,
                                  rank_blob={"rng": rng_state(), "sampler": gen.get_state()})
 
-# %% ../nbs/12_self_correction.ipynb 78
+# %% ../nbs/12_self_correction.ipynb 80
 def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
                        models:dict, # role -> module (as `load_models` built them)
                        opts:dict, # role -> `MasterAdamW`
@@ -660,7 +685,9 @@ def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
     if state.get("reference_digest") not in (None, ref):
         raise ConfigError("policy", f"{path} was saved by a run whose starting policy (the reference) differs from this one's "
                           f"(digest {state['reference_digest']} vs {ref}).", "resume with the same --policy, or --resume=none with a new --checkpoint_dir")
-    for r in SAVED:
+    for r in (*SAVED, VALUE):
+        if r not in models: continue
+        if not (path / f"{r}.pt").exists(): raise ConfigError("value_model", f"{path} was saved without a value function.", "resume with the same --value_model (or none), or --resume=none with a new --checkpoint_dir")
         dev = next(models[r].parameters()).device
         models[r].load_state_dict(torch.load(path / f"{r}.pt", map_location=dev, weights_only=True))
     for r, o in opts.items(): o.load_state_dict(torch.load(path / f"optimizer_{r}.pt", map_location="cpu", weights_only=True))
@@ -671,7 +698,7 @@ def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
     set_rng_state(rs["rng"]); gen.set_state(rs["sampler"])
     return state
 
-# %% ../nbs/12_self_correction.ipynb 81
+# %% ../nbs/12_self_correction.ipynb 83
 def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
     "(RankEnv, models, tokenizer, placement, optimizers, sampling generator, rows): the process group and everything a run holds."
     env = rank_env()
@@ -691,7 +718,7 @@ def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
                           "--resume=auto to continue it, or a new --checkpoint_dir")
     return env, models, tok, where, opts, gen, rows
 
-# %% ../nbs/12_self_correction.ipynb 82
+# %% ../nbs/12_self_correction.ipynb 84
 def train(cfg:SCConfig, # the run
           gpus:int|None=None, # visible GPUs (None: ask torch)
           on_step:Callable|None=None, # called as on_step(step, models) after each update (tests snapshot here)
@@ -724,7 +751,7 @@ def train(cfg:SCConfig, # the run
             "last_step": step, "stopped_by": flag.reason if step < cfg.steps else None,
             "params": {r: sum(p.numel() for p in m.parameters()) for r, m in models.items()}}
 
-# %% ../nbs/12_self_correction.ipynb 88
+# %% ../nbs/12_self_correction.ipynb 92
 def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     "The committed GPU measurements against the prediction, or a note that none are committed."
     p = Path(path)
@@ -747,7 +774,7 @@ def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     note = "" if worst is None else f"\n\nLargest gap between prediction and measurement: {100 * worst:.0f}% ({'within' if worst <= 0.1 else 'outside'} the 10% the planner aims for)."
     return "\n".join([head] + [l for r in recs for l in lines(r)]) + note
 
-# %% ../nbs/12_self_correction.ipynb 91
+# %% ../nbs/12_self_correction.ipynb 95
 def self_correction_command(config:str|None=None, # a YAML file or preset with `trainer: self-correction` (default: the fields' defaults)
                             *overrides:str, # fields as --field=value
                             out:str="runs/self_correction", # directory for summary.json and metrics.jsonl
@@ -770,10 +797,10 @@ def self_correction_cli(argv:list[str]|None=None) -> int:
     return run_cli(self_correction_command, argv, "grpo_nb self-correction",
                    epilog="Fields: " + ", ".join(f"--{f}" for f in SCConfig.__dataclass_fields__))
 
-# %% ../nbs/12_self_correction.ipynb 92
+# %% ../nbs/12_self_correction.ipynb 96
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(self_correction_cli()))
 
-# %% ../nbs/12_self_correction.ipynb 95
+# %% ../nbs/12_self_correction.ipynb 99
 SC_SBATCH = r'''#!/bin/bash
 # self_correction.sbatch: two-turn self-correction (policy, guidance, reference, critic, target critic) on one node.
 # Generated by grpo_nb.self_correction (nbs/12_self_correction.ipynb); do not edit by hand.

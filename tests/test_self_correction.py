@@ -49,7 +49,7 @@ def test_placement_and_cli_errors():
     from grpo_nb.self_correction import resolve_placement, self_correction_cli, SEED_PLACEMENT
     assert resolve_placement(SEED_PLACEMENT, gpus=2)["target_critic"] == "cpu"
     with pytest.raises(ValueError, match="cuda:1 but 1 GPU"): resolve_placement(SEED_PLACEMENT, gpus=1)
-    with pytest.raises(ValueError, match="unknown role"): resolve_placement({"*": "cpu", "value": "cpu"}, gpus=0)
+    with pytest.raises(ValueError, match="unknown role"): resolve_placement({"*": "cpu", "values": "cpu"}, gpus=0)
     assert self_correction_cli(["--placement", '{"*": "cuda:7"}']) == 2
 
 def test_launch_script(tmp_path):
@@ -247,3 +247,24 @@ def test_adamw_8bit_runs_where_bitsandbytes_is_installed_and_is_refused_where_no
         if p.grad is None: p.grad = torch.zeros_like(p)
     opt.step()
     assert opt.opt.state[big]["state1"].dtype == torch.uint8   # 8-bit moments
+
+def test_value_function_is_its_own_model_placed_planned_and_checkpointed(tmp_path):
+    "V(s): its own placement, memory row and optimizer; trained every step; saved, and a resumed run continues exactly."
+    from grpo_nb.config import ConfigError
+    from grpo_nb.self_correction import SCConfig, VALUE, train, five_model_memory, device_totals, SEED_PLACEMENT
+    rows = five_model_memory(placement={**SEED_PLACEMENT, VALUE: "cuda:1"}, value="Llama-3.2-1B")
+    v = next(r for r in rows if r["role"] == VALUE)
+    assert v["device"] == "cuda:1" and v["trained"] and v["resident"] > 0
+    assert device_totals(rows)["cuda:1"] > device_totals(five_model_memory())["cuda:1"]   # the guidance's GPU carries it
+    cfg = SCConfig(steps=2, episodes=2, guidance_every=1, value_model="tiny-1kv-tied", checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1)
+    whole = train(SCConfig(**{**cfg.__dict__, "checkpoint_dir": "", "checkpoint_every": 0}))
+    assert len(set(whole["digests"][VALUE])) == 3 and whole["params"][VALUE] > 0
+    def stop_at_1(step, models):
+        if step == 1: raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt): train(cfg, on_step=stop_at_1)
+    assert (tmp_path / "ck" / "step_00000001" / f"{VALUE}.pt").exists()
+    resumed = train(cfg)
+    assert resumed["digests"] == whole["digests"]
+    with pytest.raises(ConfigError, match="without a value function"):   # a checkpoint of a run without V cannot seed one with it
+        train(SCConfig(steps=1, episodes=2, checkpoint_dir=str(tmp_path / "ck0")), digests=False)
+        train(SCConfig(steps=2, episodes=2, checkpoint_dir=str(tmp_path / "ck0"), value_model="tiny-1kv-tied"), digests=False)
