@@ -110,6 +110,7 @@ class SCConfig:
     tau:float=0.1 # Polyak coefficient of the target critic
     polyak_chunk:int=1 << 16 # elements per Polyak piece
     guidance_every:int=2 # guidance is updated on steps divisible by this
+    fullgrad_coef:float=0.0 # "full gradient flow" into the guidance: the weight of the policy's own turn-2 advantage r₂ - V̄ in the guidance's update (the BiLevel SCoRe run: 0.01); 0: off
     seed:int=0 # sampling and data seed
     dtype:str="float32" # weights dtype (bfloat16 on GPUs)
     master_weights:bool=True # trained models keep fp32 master weights and AdamW moments when `dtype` is lower (False: AdamW updates the low-precision weights in place)
@@ -152,6 +153,7 @@ def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset n
     cfg = from_dict(SCConfig, merge(data, over))
     for k in ("steps", "episodes", "max_new_tokens", "guidance_every", "polyak_chunk", "keep_last", "logprob_chunk"):
         if getattr(cfg, k) < 1: raise ConfigError(k, f"must be at least 1 (got {getattr(cfg, k)}).", f"--{k}=1")
+    if cfg.fullgrad_coef < 0: raise ConfigError("fullgrad_coef", f"must be 0 or more (got {cfg.fullgrad_coef}).", "--fullgrad_coef=0.01 (or 0: off)")
     if cfg.host_mem_gib < 0: raise ConfigError("host_mem_gib", f"must be 0 (this machine's memory) or more (got {cfg.host_mem_gib}).", "--host_mem_gib=0")
     for k in ("micro_batch", "checkpoint_every"):
         if getattr(cfg, k) < 0: raise ConfigError(k, f"must be 0 or more (got {getattr(cfg, k)}).", f"--{k}=0")
@@ -463,13 +465,14 @@ def _regression_part(models, opts, tok, role, texts, target, mbs, N) -> float:
     return total
 
 # %% ../nbs/12_self_correction.ipynb 52
-def _guidance_part(models, opts, tok, ep, mbs, cfg, N, baseline) -> float:
-    "The guidance's REINFORCE step on its critique: advantage `r₂ - baseline` (r₁, or V(s) with a value function), entropy bonus."
+def _guidance_part(models, opts, tok, ep, mbs, cfg, N, baseline, base) -> float:
+    "The guidance's REINFORCE step on its critique: advantage `r₂ - baseline` (r₁, or V(s)) plus `fullgrad_coef·(r₂ - V̄)`, entropy bonus."
     gp, total = [tok(t).input_ids for t in ep.guidance_prompts], 0.0
     opts["guidance"].zero_grad()
     for idx in mbs:
         glp, gent = completion_logprobs(models["guidance"], _pick(gp, idx), _pick(ep.guidance, idx), with_entropy=True, chunk=cfg.logprob_chunk)
-        adv = torch.tensor(_pick(ep.reward2, idx), device=gent.device) - baseline[idx].to(gent.device)        # b
+        r2 = torch.tensor(_pick(ep.reward2, idx), device=gent.device)                                           # b
+        adv = (r2 - baseline[idx].to(gent.device)) + cfg.fullgrad_coef * (r2 - base[idx].to(gent.device))
         loss = (-torch.stack([a * l.sum() for a, l in zip(adv, glp)]).sum() - cfg.entropy_coef * gent.sum()) / N
         loss.backward(); total += loss.item()
     sum_grads(models["guidance"]); opts["guidance"].step()
@@ -494,7 +497,7 @@ def update(models:dict, # role -> module
     polyak_update_(models["target_critic"], models["critic"], cfg.tau, cfg.polyak_chunk)
     if has_v: sums["value_loss"] = _regression_part(models, opts, tok, VALUE, ep.problems, ep.reward2, mbs, N)
     guided = step % cfg.guidance_every == 0
-    if guided: sums["guidance_loss"] = _guidance_part(models, opts, tok, ep, mbs, cfg, N, gbase)
+    if guided: sums["guidance_loss"] = _guidance_part(models, opts, tok, ep, mbs, cfg, N, gbase, base)
     tot = torch.tensor([sum(ep.reward1), sum(ep.reward2), *sums.values()], dtype=torch.float64)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         tot = tot.to(dev if dist.get_backend() == "nccl" else "cpu"); dist.all_reduce(tot)
@@ -504,7 +507,7 @@ def update(models:dict, # role -> module
     if not has_v: m.pop("value_loss")
     return m
 
-# %% ../nbs/12_self_correction.ipynb 56
+# %% ../nbs/12_self_correction.ipynb 58
 def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_shape`)
                    trained:bool, # policy, guidance, critic
                    score:bool=False, # a one-label head instead of the LM head
@@ -537,7 +540,7 @@ def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_s
     host = int((4 + mb + 4) * P) if optimizer_offload and trained else 0                       # masters, moments, fp32 gradient copies
     return {**phases, "resident": w * P + opt, "bytes": max(phases.values()), "host_bytes": host}
 
-# %% ../nbs/12_self_correction.ipynb 58
+# %% ../nbs/12_self_correction.ipynb 60
 def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                       critic:str="Llama-3.2-1B", # critic and target critic base
                       placement:dict=SEED_PLACEMENT, # role -> device
@@ -568,7 +571,7 @@ def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                      "bytes": m["bytes"], "resident": m["resident"], "host_bytes": m["host_bytes"], "phases": {k: m[k] for k in ("sample", "backward", "step")}})
     return rows
 
-# %% ../nbs/12_self_correction.ipynb 60
+# %% ../nbs/12_self_correction.ipynb 62
 def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in names, HF dirs, or `random:<shape>`)
               seq_len:int|None=None, # tokens per episode (None: a 64-token problem + 3 × max_new_tokens)
               world:int=1, # data-parallel ranks (each samples episodes / world)
@@ -580,7 +583,7 @@ def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in nam
                              cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance), cfg.attn_implementation, cfg.optimizer,
                              shape(cfg.value_model) if cfg.value_model else None)
 
-# %% ../nbs/12_self_correction.ipynb 62
+# %% ../nbs/12_self_correction.ipynb 64
 def device_totals(rows:list[dict]) -> dict[str, int]:
     "Peak bytes per device of `five_model_memory` rows: what every role there holds, plus the largest working set (roles run one at a time)."
     resident, work = {}, {}
@@ -591,12 +594,12 @@ def device_totals(rows:list[dict]) -> dict[str, int]:
         if r["host_bytes"]: resident["cpu"] = resident.get("cpu", 0) + r["host_bytes"]; work.setdefault("cpu", 0)
     return {d: resident[d] + work[d] for d in resident}
 
-# %% ../nbs/12_self_correction.ipynb 68
+# %% ../nbs/12_self_correction.ipynb 70
 def replace_fields(cfg:SCConfig, kw:dict) -> SCConfig:
     "A copy of `cfg` with some fields changed (dataclasses.replace, named for the fixes above)."
     return from_dict(SCConfig, {**asdict(cfg), **kw})
 
-# %% ../nbs/12_self_correction.ipynb 69
+# %% ../nbs/12_self_correction.ipynb 71
 def _fix_candidates(cfg:SCConfig) -> list[tuple[str, dict]]:
     "Single changes that lower a device's or the host's peak: (the flag as a user types it, the fields it sets)."
     c = [("--optimizer_offload=true (fp32 masters and moments in CPU memory)", dict(optimizer_offload=True))] if not cfg.optimizer_offload else \
@@ -609,7 +612,7 @@ def _fix_candidates(cfg:SCConfig) -> list[tuple[str, dict]]:
     if frozen: c.append((" ".join(f"--placement.{r}=cpu" for r in frozen), dict(placement={**cfg.placement, **frozen})))
     return c
 
-# %% ../nbs/12_self_correction.ipynb 70
+# %% ../nbs/12_self_correction.ipynb 72
 def sc_fit_error(cfg:SCConfig, # the run
                  gpu_bytes:dict[str, int], # memory of each GPU of the spec ("cuda:0" -> bytes); GPUs not listed are not checked
                  host_bytes:int, # memory of the node for this job
@@ -631,7 +634,7 @@ def sc_fit_error(cfg:SCConfig, # the run
     fix = (" or ".join(fits) if fits else "no single change fits: combine " + ", ".join(f for f, _ in _fix_candidates(cfg)) + ", or use bigger GPUs or nodes")
     return ConfigError("memory", f"the plan does not fit: {what}.", fix + " (or --memory_check=false to try anyway)")
 
-# %% ../nbs/12_self_correction.ipynb 73
+# %% ../nbs/12_self_correction.ipynb 75
 def check_memory(cfg:SCConfig, # the run
                  local_rank:int=0, # this process's index on its node
                  world:int=1, # data-parallel ranks
@@ -645,7 +648,7 @@ def check_memory(cfg:SCConfig, # the run
     host = int(cfg.host_mem_gib * GiB) if cfg.host_mem_gib else psutil.virtual_memory().total
     if err := sc_fit_error(cfg, gpus, host, world, int(os.environ.get("LOCAL_WORLD_SIZE", 1))): raise err
 
-# %% ../nbs/12_self_correction.ipynb 76
+# %% ../nbs/12_self_correction.ipynb 78
 def param_digest(model:torch.nn.Module) -> str:
     "SHA-256 (16 hex digits) of a model's parameters, in name order."
     h = hashlib.sha256()
@@ -653,7 +656,7 @@ def param_digest(model:torch.nn.Module) -> str:
         h.update(n.encode()); h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
-# %% ../nbs/12_self_correction.ipynb 78
+# %% ../nbs/12_self_correction.ipynb 80
 SAVED:tuple[str, ...] = ("policy", "guidance", "critic", "target_critic")
 "Roles whose weights a checkpoint holds (the reference is the starting policy: rebuilt, and checked by digest)."
 
@@ -671,7 +674,7 @@ def save_sc_checkpoint(cfg:SCConfig, # the run (`checkpoint_dir`, `keep_last`)
     return save_checkpoint_files(cfg.checkpoint_dir, step, blobs, state, rank, world, cfg.keep_last,
                                  rank_blob={"rng": rng_state(), "sampler": gen.get_state()})
 
-# %% ../nbs/12_self_correction.ipynb 80
+# %% ../nbs/12_self_correction.ipynb 82
 def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
                        models:dict, # role -> module (as `load_models` built them)
                        opts:dict, # role -> `MasterAdamW`
@@ -698,7 +701,7 @@ def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
     set_rng_state(rs["rng"]); gen.set_state(rs["sampler"])
     return state
 
-# %% ../nbs/12_self_correction.ipynb 83
+# %% ../nbs/12_self_correction.ipynb 85
 def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
     "(RankEnv, models, tokenizer, placement, optimizers, sampling generator, rows): the process group and everything a run holds."
     env = rank_env()
@@ -718,7 +721,7 @@ def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
                           "--resume=auto to continue it, or a new --checkpoint_dir")
     return env, models, tok, where, opts, gen, rows
 
-# %% ../nbs/12_self_correction.ipynb 84
+# %% ../nbs/12_self_correction.ipynb 86
 def train(cfg:SCConfig, # the run
           gpus:int|None=None, # visible GPUs (None: ask torch)
           on_step:Callable|None=None, # called as on_step(step, models) after each update (tests snapshot here)
@@ -751,7 +754,7 @@ def train(cfg:SCConfig, # the run
             "last_step": step, "stopped_by": flag.reason if step < cfg.steps else None,
             "params": {r: sum(p.numel() for p in m.parameters()) for r, m in models.items()}}
 
-# %% ../nbs/12_self_correction.ipynb 92
+# %% ../nbs/12_self_correction.ipynb 94
 def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     "The committed GPU measurements against the prediction, or a note that none are committed."
     p = Path(path)
@@ -774,7 +777,7 @@ def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     note = "" if worst is None else f"\n\nLargest gap between prediction and measurement: {100 * worst:.0f}% ({'within' if worst <= 0.1 else 'outside'} the 10% the planner aims for)."
     return "\n".join([head] + [l for r in recs for l in lines(r)]) + note
 
-# %% ../nbs/12_self_correction.ipynb 95
+# %% ../nbs/12_self_correction.ipynb 97
 def self_correction_command(config:str|None=None, # a YAML file or preset with `trainer: self-correction` (default: the fields' defaults)
                             *overrides:str, # fields as --field=value
                             out:str="runs/self_correction", # directory for summary.json and metrics.jsonl
@@ -797,10 +800,10 @@ def self_correction_cli(argv:list[str]|None=None) -> int:
     return run_cli(self_correction_command, argv, "grpo_nb self-correction",
                    epilog="Fields: " + ", ".join(f"--{f}" for f in SCConfig.__dataclass_fields__))
 
-# %% ../nbs/12_self_correction.ipynb 96
+# %% ../nbs/12_self_correction.ipynb 98
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(self_correction_cli()))
 
-# %% ../nbs/12_self_correction.ipynb 99
+# %% ../nbs/12_self_correction.ipynb 101
 SC_SBATCH = r'''#!/bin/bash
 # self_correction.sbatch: two-turn self-correction (policy, guidance, reference, critic, target critic) on one node.
 # Generated by grpo_nb.self_correction (nbs/12_self_correction.ipynb); do not edit by hand.
