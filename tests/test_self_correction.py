@@ -268,3 +268,12 @@ def test_value_function_is_its_own_model_placed_planned_and_checkpointed(tmp_pat
     with pytest.raises(ConfigError, match="without a value function"):   # a checkpoint of a run without V cannot seed one with it
         train(SCConfig(steps=1, episodes=2, checkpoint_dir=str(tmp_path / "ck0")), digests=False)
         train(SCConfig(steps=2, episodes=2, checkpoint_dir=str(tmp_path / "ck0"), value_model="tiny-1kv-tied"), digests=False)
+
+def test_overlapped_updates_equal_the_sequential_order_and_are_refused_under_torchrun(monkeypatch):
+    "overlap=threads: the same parameters bit for bit (offloaded optimizer, value function, full gradient flow on); refused with several ranks."
+    from grpo_nb.config import ConfigError
+    from grpo_nb.self_correction import SCConfig, train
+    kw = dict(steps=2, episodes=3, guidance_every=1, value_model="tiny-1kv-tied", fullgrad_coef=0.5, optimizer_offload=True, micro_batch=2)
+    assert train(SCConfig(**kw, overlap="threads"))["digests"] == train(SCConfig(**kw))["digests"]
+    monkeypatch.setenv("WORLD_SIZE", "2"); monkeypatch.setenv("RANK", "0"); monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(ConfigError, match="--overlap=none"): train(SCConfig(**kw, overlap="threads"))
