@@ -42,9 +42,9 @@ TRAINED:dict[str, str] = {"policy": "every step", "guidance": "every `guidance_e
                           "critic": "every step", "target_critic": "by Polyak averaging only", VALUE: "every step (when `value_model` is set)"}
 "When each role's parameters change."
 
-SEED_PLACEMENT:dict[str, str] = {"policy": "cuda:0", "critic": "cuda:0", "guidance": "cuda:1",
+SEED_PLACEMENT:dict[str, str] = {"policy": "cuda:0", "critic": "cuda:0", "guidance": "cuda:1", VALUE: "cuda:1",
                                  "reference": "cpu", "target_critic": "cpu"}
-"The seed guide's placement: trained models on two GPUs, the frozen ones offloaded to the CPU."
+"The SCoRe guide's placement: trained models on two GPUs (the value function, when there is one, beside the guidance), the frozen ones offloaded to the CPU."
 
 def resolve_placement(spec:dict[str, str], # role (or "*") -> "cuda:i" | "cpu"
                       gpus:int|None=None, # visible GPUs (None: torch.cuda.device_count())

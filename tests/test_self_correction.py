@@ -252,7 +252,7 @@ def test_value_function_is_its_own_model_placed_planned_and_checkpointed(tmp_pat
     "V(s): its own placement, memory row and optimizer; trained every step; saved, and a resumed run continues exactly."
     from grpo_nb.config import ConfigError
     from grpo_nb.self_correction import SCConfig, VALUE, train, five_model_memory, device_totals, SEED_PLACEMENT
-    rows = five_model_memory(placement={**SEED_PLACEMENT, VALUE: "cuda:1"}, value="Llama-3.2-1B")
+    rows = five_model_memory(placement=SEED_PLACEMENT, value="Llama-3.2-1B")
     v = next(r for r in rows if r["role"] == VALUE)
     assert v["device"] == "cuda:1" and v["trained"] and v["resident"] > 0
     assert device_totals(rows)["cuda:1"] > device_totals(five_model_memory())["cuda:1"]   # the guidance's GPU carries it
