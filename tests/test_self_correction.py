@@ -49,7 +49,7 @@ def test_placement_and_cli_errors():
     from grpo_nb.self_correction import resolve_placement, self_correction_cli, SEED_PLACEMENT
     assert resolve_placement(SEED_PLACEMENT, gpus=2)["target_critic"] == "cpu"
     with pytest.raises(ValueError, match="cuda:1 but 1 GPU"): resolve_placement(SEED_PLACEMENT, gpus=1)
-    with pytest.raises(ValueError, match="unknown role"): resolve_placement({"*": "cpu", "value": "cpu"}, gpus=0)
+    with pytest.raises(ValueError, match="unknown role"): resolve_placement({"*": "cpu", "values": "cpu"}, gpus=0)
     assert self_correction_cli(["--placement", '{"*": "cuda:7"}']) == 2
 
 def test_launch_script(tmp_path):
@@ -201,3 +201,79 @@ def test_signals_after_the_last_checkpoint_are_a_clean_stop(tmp_path):
     finally:
         if p.poll() is None: p.kill()
     assert p.returncode == 0, (p.returncode, log[-2000:])
+
+
+# ---- the memory check before loading, the new options --------------------------------------------------------------------
+
+def test_memory_check_refuses_before_loading_and_names_the_fix(tmp_path):
+    "A plan over the host's memory is refused by the command line before any model is built (a 3B model would take minutes on this CPU)."
+    import sys, time
+    from grpo_nb.self_correction import SCConfig, sc_fit_error, load_sc_config
+    from grpo_nb.memory import GiB
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "grpo_nb.self_correction", "--policy=random:Llama-3.2-3B", "--guidance=random:Llama-3.2-3B",
+                        "--critic=random:Llama-3.2-1B", "--host_mem_gib=16", f"--out={tmp_path}"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "host needs" in r.stderr and "Fix:" in r.stderr and "--memory_check=false" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "summary.json").exists()
+    # the GPUs: the seed's preset without the offloaded optimizer is over both 44.5 GiB GPUs; the fix named is the offload
+    cfg = load_sc_config("seed004-score-2gpu", ["--policy=random:Llama-3.2-3B", "--guidance=random:Llama-3.2-3B", "--critic=random:Llama-3.2-1B",
+                                                "--optimizer_offload=false"])
+    gpus = {"cuda:0": int(44.53 * GiB), "cuda:1": int(44.53 * GiB)}
+    e = sc_fit_error(cfg, gpus, 512 * GiB)
+    assert e is not None and "cuda:0 needs" in str(e) and "cuda:1 needs" in str(e) and e.fix.startswith("--optimizer_offload=true"), e
+    assert sc_fit_error(load_sc_config("seed004-score-2gpu", ["--policy=random:Llama-3.2-3B", "--guidance=random:Llama-3.2-3B",
+                                                              "--critic=random:Llama-3.2-1B"]), gpus, 512 * GiB) is None
+    # two ranks on the node need twice the host memory
+    one = load_sc_config("seed004-score-2gpu", ["--policy=random:Llama-3.2-3B", "--guidance=random:Llama-3.2-3B", "--critic=random:Llama-3.2-1B"])
+    assert sc_fit_error(one, gpus, 200 * GiB) is None and "(2 ranks)" in str(sc_fit_error(one, gpus, 200 * GiB, world=2, ranks_per_node=2))
+
+def test_adamw_8bit_runs_where_bitsandbytes_is_installed_and_is_refused_where_not():
+    import importlib.util
+    from grpo_nb.config import ConfigError
+    from grpo_nb.self_correction import SCConfig, load_sc_config, train, make_optimizers, load_models
+    if importlib.util.find_spec("bitsandbytes") is None:
+        with pytest.raises(ConfigError, match="pip install bitsandbytes"): load_sc_config(None, ["--optimizer=adamw-8bit"])
+        return
+    cfg = load_sc_config(None, ["--optimizer=adamw-8bit", "--steps=2", "--episodes=2", "--guidance_every=1"])
+    res = train(cfg)
+    assert all(d[2] != d[0] for r, d in res["digests"].items() if r in ("policy", "guidance", "critic"))   # every trained role moved
+    models, _, _ = load_models(SCConfig(critic="tiny-arith"))
+    opt = make_optimizers(models, cfg)["policy"]
+    big = max(opt.params, key=lambda p: p.numel())
+    big.grad = torch.ones_like(big)
+    for p in opt.params:
+        if p.grad is None: p.grad = torch.zeros_like(p)
+    opt.step()
+    assert opt.opt.state[big]["state1"].dtype == torch.uint8   # 8-bit moments
+
+def test_value_function_is_its_own_model_placed_planned_and_checkpointed(tmp_path):
+    "V(s): its own placement, memory row and optimizer; trained every step; saved, and a resumed run continues exactly."
+    from grpo_nb.config import ConfigError
+    from grpo_nb.self_correction import SCConfig, VALUE, train, five_model_memory, device_totals, SEED_PLACEMENT
+    rows = five_model_memory(placement=SEED_PLACEMENT, value="Llama-3.2-1B")
+    v = next(r for r in rows if r["role"] == VALUE)
+    assert v["device"] == "cuda:1" and v["trained"] and v["resident"] > 0
+    assert device_totals(rows)["cuda:1"] > device_totals(five_model_memory())["cuda:1"]   # the guidance's GPU carries it
+    cfg = SCConfig(steps=2, episodes=2, guidance_every=1, value_model="tiny-1kv-tied", checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1)
+    whole = train(SCConfig(**{**cfg.__dict__, "checkpoint_dir": "", "checkpoint_every": 0}))
+    assert len(set(whole["digests"][VALUE])) == 3 and whole["params"][VALUE] > 0
+    def stop_at_1(step, models):
+        if step == 1: raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt): train(cfg, on_step=stop_at_1)
+    assert (tmp_path / "ck" / "step_00000001" / f"{VALUE}.pt").exists()
+    resumed = train(cfg)
+    assert resumed["digests"] == whole["digests"]
+    with pytest.raises(ConfigError, match="without a value function"):   # a checkpoint of a run without V cannot seed one with it
+        train(SCConfig(steps=1, episodes=2, checkpoint_dir=str(tmp_path / "ck0")), digests=False)
+        train(SCConfig(steps=2, episodes=2, checkpoint_dir=str(tmp_path / "ck0"), value_model="tiny-1kv-tied"), digests=False)
+
+def test_overlapped_updates_equal_the_sequential_order_and_are_refused_under_torchrun(monkeypatch):
+    "overlap=threads: the same parameters bit for bit (offloaded optimizer, value function, full gradient flow on); refused with several ranks."
+    from grpo_nb.config import ConfigError
+    from grpo_nb.self_correction import SCConfig, train
+    kw = dict(steps=2, episodes=3, guidance_every=1, value_model="tiny-1kv-tied", fullgrad_coef=0.5, optimizer_offload=True, micro_batch=2)
+    assert train(SCConfig(**kw, overlap="threads"))["digests"] == train(SCConfig(**kw))["digests"]
+    monkeypatch.setenv("WORLD_SIZE", "2"); monkeypatch.setenv("RANK", "0"); monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(ConfigError, match="--overlap=none"): train(SCConfig(**kw, overlap="threads"))
