@@ -153,6 +153,7 @@ class RewardConfig:
     code_workers:int=8 # programs scored at once (threads in-process, or the service's workers)
     code_memory_mb:int=1024 # address space of each sandboxed program
     code_nproc:int=32 # processes + threads of one sandboxed program
+    code_packages:list[str]=field(default_factory=list) # packages sandboxed programs may import beyond the standard library (in-process runs; a code service is started with its own `--packages`)
 
 # %% ../nbs/00_config.ipynb 19
 @dataclass

@@ -364,7 +364,8 @@ class RewardContext:
         "From a `RewardConfig` (the `reward` section of a `TrainConfig`): every field of it, so no trainer drops one; `kw` overrides."
         R = reward_cfg
         base = dict(code_service_url=R.code_service_url, code_timeout_s=R.code_timeout_s, allow_unisolated=R.allow_unisolated,
-                    max_workers=R.code_workers, math_timeout_s=R.math_timeout_s, limits=Limits(memory_mb=R.code_memory_mb, nproc=R.code_nproc))
+                    max_workers=R.code_workers, math_timeout_s=R.math_timeout_s, limits=Limits(memory_mb=R.code_memory_mb, nproc=R.code_nproc),
+                    packages=tuple(getattr(R, "code_packages", ())))
         return cls(**{**base, **kw})
 
     def map(self, fn:Callable, *seqs) -> list:

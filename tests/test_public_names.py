@@ -29,11 +29,12 @@ def test_reward_context_reads_every_reward_field():
     from grpo_nb.config import RewardConfig
     from grpo_nb.rewards import RewardContext
     R = RewardConfig(code_service_url="http://x:1", code_timeout_s=3.0, allow_unisolated=True, math_timeout_s=1.5, code_workers=3,
-                     code_memory_mb=300, code_nproc=7)
+                     code_memory_mb=300, code_nproc=7, code_packages=["json5"])
     c = RewardContext.from_config(R)
+    assert c.packages == ("json5",)
     assert (c.code_service_url, c.code_timeout_s, c.allow_unisolated, c.math_timeout_s, c.max_workers) == ("http://x:1", 3.0, True, 1.5, 3)
     assert (c.limits.memory_mb, c.limits.nproc) == (300, 7)
-    used = {"code_service_url", "code_timeout_s", "allow_unisolated", "math_timeout_s", "code_workers", "code_memory_mb", "code_nproc"}
+    used = {"code_service_url", "code_timeout_s", "allow_unisolated", "math_timeout_s", "code_workers", "code_memory_mb", "code_nproc", "code_packages"}
     assert {f.name for f in fields(RewardConfig)} - {"functions", "plugins"} <= used, "a new reward field must reach RewardContext.from_config"   # plugins are imported before, not passed
     import inspect, grpo_nb.ddp, grpo_nb.trainer
     for mod in (grpo_nb.ddp, grpo_nb.trainer): assert "RewardContext.from_config(" in inspect.getsource(mod)
