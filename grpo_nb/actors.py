@@ -90,7 +90,7 @@ def local_ray_node(num_cpus:int, # logical CPUs of the node
                    attempts:int=3, # starts to try before giving up
                   ): # a started `ray.cluster_utils.Cluster`; `ray.init(address=c.address)` joins it, `c.shutdown()` stops it
     "A one-node Ray cluster that comes up on a saturated machine too: agent ports chosen once, a longer agent wait, retries; a `RuntimeError` naming the cause after the last try."
-    import os, psutil
+    import os, psutil, tempfile
     import ray._private.services as svc
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
@@ -100,6 +100,10 @@ def local_ray_node(num_cpus:int, # logical CPUs of the node
         if process_type == ray_constants.PROCESS_TYPE_RAYLET:
             command = [*command, f"--dashboard_agent_listen_port={ports['dashboard_agent_listen_port']}"]
         return start(command, process_type, *a, **kw)
+    root = temp_dir if temp_dir is not None else os.path.join(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(), "ray")
+    if len(str(root)) > 40:   # Ray's socket paths under its session root must stay within AF_UNIX's 107 bytes (a deep $TMPDIR breaks them)
+        temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+        if str(root).endswith("/ray"): os.makedirs(root, exist_ok=True)   # Ray still notes the cluster's address there
     had, last = os.environ.get("RAY_agent_register_timeout_ms"), None
     svc.start_ray_process = with_agent_port
     os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")   # read by the raylet when it starts
