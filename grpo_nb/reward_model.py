@@ -15,7 +15,7 @@ from .memory import GiB, ModelShape, get_shape, learner_memory, param_counts
 from .rewards import register
 from .checkpoint import find_resume, save_checkpoint_files, set_rng_state
 from .run import MetricsLog, STOP_AND_REQUEUE, fill, init_process_group, run_command, rank_env, stop_requested
-from .stop import StopFlag, settle
+from .stop import StopFlag, settle, exit_now
 from .models import resolve_model
 from .tiny import no_progress_bars
 
@@ -500,7 +500,7 @@ def reward_model_cli(argv:list[str]|None=None) -> int:
     return run_cli(reward_model_command, argv, "grpo_nb reward-model", fill={"presets": ", ".join(RM_PRESETS)})
 
 # %% ../nbs/11_reward_model.ipynb 63
-if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(reward_model_cli()))
+if __name__ == "__main__" and "__file__" in globals(): exit_now(settle(reward_model_cli()))   # no teardown after the last write (see `grpo_nb.stop.exit_now`)
 
 # %% ../nbs/11_reward_model.ipynb 66
 def spawned_rank(cfg:dict, # RMConfig as plain data (picklable)
