@@ -22,7 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
-from e2e_vs_trl import SAFE_ENV, stats   # noqa: E402  (the environment every GPU run needs; mean/median/p90)
+from common import free_port, step_stats as stats   # noqa: E402  (shared by the bench scripts: free ports, mean/median/p90)
+from e2e_vs_trl import SAFE_ENV   # noqa: E402  (the environment every GPU run needs)
 
 LAYOUTS = {"split": dict(gpus=4, learners=2, engines=1, tp=2), "colocated": dict(gpus=4, learners=4, engines=4, tp=1)}
 SHAPE = dict(prompts=16, prompt_len=512, G=8, gen=1024, steps=10, warmup=2)
@@ -102,7 +103,6 @@ def _floor_worker(rank:int, world:int, port:int, devs:list[int], nbytes:int, ite
 def sync_floor(nbytes:int, devs:list[int], iters:int=5) -> float|None:
     "Median time of one NCCL broadcast of `nbytes` from `devs[0]` to the other GPUs: the floor of a sync of those bytes."
     import torch.multiprocessing as mp
-    from grpo_nb.actors import free_port
     ctx, port = mp.get_context("spawn"), free_port()
     q = ctx.Queue()
     ps = [ctx.Process(target=_floor_worker, args=(r, len(devs), port, devs, nbytes, iters, q)) for r in range(len(devs))]

@@ -29,7 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
-from e2e_vs_trl import SAFE_ENV, SMOKE_MODEL, build_model, prompts, stats   # noqa: E402  (the same model and prompts builders)
+from common import step_stats as stats   # noqa: E402  (mean, median, p90)
+from e2e_vs_trl import SAFE_ENV, SMOKE_MODEL, build_model, prompts   # noqa: E402  (the same model and prompts builders)
 
 MODEL_15B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,
                  vocab_size=151936, tie_word_embeddings=True)   # the Qwen2.5-1.5B shape
