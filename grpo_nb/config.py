@@ -117,6 +117,7 @@ GPU_MIB:dict[str, int] = {
 }
 "Total memory of one GPU in MiB, as `nvidia-smi --query-gpu=memory.total` reports it, by the name `cluster.gpu` takes."
 
+# %% ../nbs/00_config.ipynb 17
 def gpu_mem_gib_of(name:str) -> float: # GiB (2^30 bytes)
     "The capacity `cluster.gpu=name` sets, in the planner's unit."
     close = difflib.get_close_matches(name, list(GPU_MIB), n=2, cutoff=0.5)
@@ -124,7 +125,7 @@ def gpu_mem_gib_of(name:str) -> float: # GiB (2^30 bytes)
                                               f"one of {sorted(GPU_MIB)}, or leave it empty and set --cluster.gpu_mem_gib")
     return GPU_MIB[name] / 1024
 
-# %% ../nbs/00_config.ipynb 17
+# %% ../nbs/00_config.ipynb 19
 @dataclass
 class ClusterConfig:
     "The machines: nodes, GPUs and how learners spread over them."
@@ -140,7 +141,7 @@ class ClusterConfig:
     cpus_per_learner:float=1.0 # CPUs Ray reserves for each learner process (placement bundles)
     cpus_per_engine_worker:float=1.0 # CPUs Ray reserves for each engine TP worker (placement bundles)
 
-# %% ../nbs/00_config.ipynb 18
+# %% ../nbs/00_config.ipynb 20
 @dataclass
 class RewardConfig:
     "Which verifiable rewards score a completion, and how code is run."
@@ -155,7 +156,7 @@ class RewardConfig:
     code_nproc:int=32 # processes + threads of one sandboxed program
     code_packages:list[str]=field(default_factory=list) # packages sandboxed programs may import beyond the standard library (in-process runs; a code service is started with its own `--packages`)
 
-# %% ../nbs/00_config.ipynb 19
+# %% ../nbs/00_config.ipynb 21
 @dataclass
 class LoggingConfig:
     "Where metrics go."
@@ -167,7 +168,7 @@ class LoggingConfig:
     run_name:str="" # run name (empty: derived from the output directory)
     progress_bar:bool=True # tqdm progress bar on rank 0
 
-# %% ../nbs/00_config.ipynb 20
+# %% ../nbs/00_config.ipynb 22
 @dataclass
 class CheckpointConfig:
     "When and where the run saves itself, and how it resumes."
@@ -177,7 +178,7 @@ class CheckpointConfig:
     resume:str="auto" # "auto": latest complete checkpoint if any, "none": start fresh, or a checkpoint path
     export_hf:bool=True # also write the policy as a HF safetensors directory at the end
 
-# %% ../nbs/00_config.ipynb 21
+# %% ../nbs/00_config.ipynb 23
 @dataclass
 class TrainConfig:
     "A whole GRPO run."
@@ -193,7 +194,7 @@ class TrainConfig:
     logging:LoggingConfig=field(default_factory=LoggingConfig) # metrics
     checkpoint:CheckpointConfig=field(default_factory=CheckpointConfig) # saving and resuming
 
-# %% ../nbs/00_config.ipynb 24
+# %% ../nbs/00_config.ipynb 26
 def field_docs(cls) -> dict[str, str]:
     "Dotted field name -> its one-line documentation, for a config dataclass and its sections."
     out, hints = {}, get_type_hints(cls)
@@ -205,7 +206,7 @@ def field_docs(cls) -> dict[str, str]:
         else: out[name] = doc or ""
     return out
 
-# %% ../nbs/00_config.ipynb 28
+# %% ../nbs/00_config.ipynb 30
 def _suggest(name:str, options) -> str:
     close = difflib.get_close_matches(name, list(options), n=3, cutoff=0.6)
     return f"did you mean {' or '.join(repr(c) for c in close)}?" if close else f"valid keys: {', '.join(sorted(options))}."
@@ -214,6 +215,7 @@ def _type_name(t) -> str:
     if get_origin(t) is Literal: return " | ".join(repr(a) for a in get_args(t))
     return getattr(t, "__name__", str(t)).replace("typing.", "")
 
+# %% ../nbs/00_config.ipynb 32
 def _coerce(value, t, where:str):
     "Convert `value` (from YAML or a command line) to annotation `t`, or raise `ConfigError`."
     origin, args = get_origin(t), get_args(t)
@@ -259,7 +261,7 @@ def _coerce(value, t, where:str):
     if dataclasses.is_dataclass(t): return from_dict(t, value, where)
     raise TypeError(f"{where}: unsupported annotation {t}")
 
-# %% ../nbs/00_config.ipynb 29
+# %% ../nbs/00_config.ipynb 33
 def from_dict(cls, data:dict|None, where:str=""):
     "Build dataclass `cls` from nested plain data, converting every value to its annotated type."
     data = {} if data is None else data
@@ -276,7 +278,7 @@ def from_dict(cls, data:dict|None, where:str=""):
         kw[key] = _coerce(value, hints[key], dotted)
     return cls(**kw)
 
-# %% ../nbs/00_config.ipynb 32
+# %% ../nbs/00_config.ipynb 36
 def parse_overrides(argv:list[str]) -> dict:
     "Turn `['--learner.learning_rate=1e-6', '--rollout.mode', 'sync']` into nested plain data."
     out, i = {}, 0
@@ -297,6 +299,7 @@ def parse_overrides(argv:list[str]) -> dict:
         i += 1
     return out
 
+# %% ../nbs/00_config.ipynb 38
 def merge(base:dict, # plain config data
           over:dict, # data that wins: nested dicts merge key by key, anything else replaces
          ) -> dict: # a new dict (neither argument changes)
@@ -306,7 +309,7 @@ def merge(base:dict, # plain config data
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
-# %% ../nbs/00_config.ipynb 35
+# %% ../nbs/00_config.ipynb 41
 @dataclass(frozen=True)
 class Derived:
     "Values that follow from a `TrainConfig`; computed only by `derive`."
@@ -320,6 +323,7 @@ class Derived:
     gpus_available:int # nodes × gpus_per_node
     checkpoint_dir:str # checkpoint.dir, or <output_dir>/checkpoints
 
+# %% ../nbs/00_config.ipynb 43
 def derive(cfg:TrainConfig) -> Derived:
     "Compute every derived value of `cfg` (assumes field-level validity; see `validate`)."
     L, R = cfg.learner, cfg.rollout
@@ -332,7 +336,7 @@ def derive(cfg:TrainConfig) -> Derived:
                    world + engine_gpus, cfg.cluster.nodes * cfg.cluster.gpus_per_node,
                    cfg.checkpoint.dir or str(Path(cfg.logging.output_dir) / "checkpoints"))
 
-# %% ../nbs/00_config.ipynb 39
+# %% ../nbs/00_config.ipynb 47
 def _check_colocated(cfg:TrainConfig):
     "What a colocated run needs of the rollout section (where learners and engines go is `grpo_nb.placement.plan_colocated`'s to check)."
     R = cfg.rollout
@@ -344,7 +348,7 @@ def _check_colocated(cfg:TrainConfig):
            "--rollout.gpu_memory_utilization=0.3 (or size the KV cache with --rollout.kv_cache_mib)")
 
 
-# %% ../nbs/00_config.ipynb 40
+# %% ../nbs/00_config.ipynb 49
 def _check(ok:bool, where:str, problem:str, fix:str=""):
     if not ok: raise ConfigError(where, problem, fix)
 
@@ -355,6 +359,7 @@ def _at_least(lo:int, fields:list[tuple[str, float]]):
 
 def _divisors(n:int) -> list[int]: return [k for k in range(1, n + 1) if n % k == 0]
 
+# %% ../nbs/00_config.ipynb 51
 def validate_learner(L:LearnerConfig) -> None:
     "The learner section on its own."
     _at_least(1, [(f"learner.{k}", getattr(L, k)) for k in ("micro_batch_size", "gradient_accumulation_steps", "epochs_per_batch", "logprob_chunk")])
@@ -375,6 +380,7 @@ def validate_learner(L:LearnerConfig) -> None:
     _check(L.kl_beta == 0 or L.ref_policy != "none", "learner.ref_policy",
            f"kl_beta={L.kl_beta} needs a reference policy.", "--learner.ref_policy=gpu (or cpu), or --learner.kl_beta=0")
 
+# %% ../nbs/00_config.ipynb 53
 def validate_rollout(R:RolloutConfig) -> None:
     "The rollout section on its own (a colocated rollout: `_check_colocated`, which needs the whole config)."
     _at_least(1, [(f"rollout.{k}", getattr(R, k)) for k in ("num_engines", "tensor_parallel_size", "prompts_per_step", "max_new_tokens",
@@ -388,6 +394,7 @@ def validate_rollout(R:RolloutConfig) -> None:
     _check(0 < R.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
            f"must be in (0, 1] (got {R.gpu_memory_utilization}).", "--rollout.gpu_memory_utilization=0.9")
 
+# %% ../nbs/00_config.ipynb 55
 def validate_cluster(C:ClusterConfig) -> None:
     "The cluster section on its own; a GPU name sets `gpu_mem_gib` (in place) to what nvidia-smi reports for it."
     _at_least(1, [("cluster.nodes", C.nodes)])
@@ -404,6 +411,7 @@ def validate_cluster(C:ClusterConfig) -> None:
         _check(not big, "cluster.learners_per_node", f"asks for {max(big or [0])} learners on a node with {C.gpus_per_node} GPUs.",
                f"--cluster.learners_per_node=[{','.join(str(min(n, C.gpus_per_node)) for n in C.learners_per_node)}] or more nodes")
 
+# %% ../nbs/00_config.ipynb 57
 def validate_reward(W:RewardConfig) -> None:
     "The reward section on its own."
     _at_least(1, [(f"reward.{k}", getattr(W, k)) for k in ("code_workers", "code_memory_mb", "code_nproc")])
@@ -419,6 +427,7 @@ def _find_plugins(specs:list[str], where:str):
         for s in specs: find_plugin(s, where)
     except PluginError as e: raise ConfigError(e.where, e.problem, e.fix) from None
 
+# %% ../nbs/00_config.ipynb 59
 def validate(cfg:TrainConfig) -> TrainConfig:
     "Raise `ConfigError` naming the field and the fix for the first bad value in `cfg`; return `cfg` if all is well."
     L, R, C, D = cfg.learner, cfg.rollout, cfg.cluster, cfg.data
@@ -448,7 +457,7 @@ def validate(cfg:TrainConfig) -> TrainConfig:
            "without a sequence in a mini-batch.", f"--learner.num_mini_batches={max(1, d.sequences_per_step // d.learner_world_size)}")
     return cfg
 
-# %% ../nbs/00_config.ipynb 46
+# %% ../nbs/00_config.ipynb 65
 PRESETS:dict[str, dict] = {
     "default": {},
     "demo": {  # a tiny policy learning arithmetic on a 2-core CPU with a real vLLM engine, DeepSpeed and Ray
@@ -465,6 +474,7 @@ PRESETS:dict[str, dict] = {
     },
 }
 
+# %% ../nbs/00_config.ipynb 67
 def configs_dirs() -> list[Path]:
     "Folders of shipped YAML presets, first match wins: $GRPO_NB_CONFIGS (os.pathsep-separated), ./configs, the repository's configs/."
     env = [Path(p) for p in os.environ.get("GRPO_NB_CONFIGS", "").split(os.pathsep) if p]
@@ -472,6 +482,7 @@ def configs_dirs() -> list[Path]:
     repo = [Path(spec.origin).resolve().parent.parent / "configs"] if spec and spec.origin else []
     return [*env, Path("configs"), *repo]
 
+# %% ../nbs/00_config.ipynb 69
 def shipped_presets() -> dict[str, Path]:
     "Preset name (a YAML file's stem) -> its file, over `configs_dirs()`."
     out = {}
@@ -480,6 +491,7 @@ def shipped_presets() -> dict[str, Path]:
             for p in sorted(d.glob("*.yaml")): out.setdefault(p.stem, p)
     return out
 
+# %% ../nbs/00_config.ipynb 71
 def config_data(source:str|Path|dict, # a dict, a preset name (embedded or shipped in configs/) or a YAML path
                 presets:dict|None=None, # name -> plain data (None: `PRESETS`)
                 _seen:tuple=(), # sources already being read (a cycle of `extends` is an error)
@@ -507,6 +519,7 @@ def config_data(source:str|Path|dict, # a dict, a preset name (embedded or shipp
         data = merge(config_data(base, presets, (*_seen, str(source))), {k: v for k, v in data.items() if k != "extends"})
     return data
 
+# %% ../nbs/00_config.ipynb 73
 TRAINERS:dict[str, str] = {
     "grpo": "grpo_nb train CONFIG",
     "ddp": "torchrun --nproc_per_node=N -m grpo_nb.ddp CONFIG",
@@ -515,6 +528,7 @@ TRAINERS:dict[str, str] = {
 }
 "A config file's top-level `trainer:` key (default `grpo`) -> how it is run (each trainer's loader is its own module's; `grpo_nb.cli.TRAINER_LOADERS` names them)."
 
+# %% ../nbs/00_config.ipynb 75
 def trainer_of(data:dict, # plain config data
                where:str="config", # its source, for the message
                default:str="grpo", # the trainer of data without a `trainer:` key
@@ -524,6 +538,7 @@ def trainer_of(data:dict, # plain config data
     if t not in TRAINERS: raise ConfigError(f"{where}: trainer", f"unknown trainer {t!r}; {_suggest(str(t), TRAINERS)}", f"one of {list(TRAINERS)}")
     return t, {k: v for k, v in data.items() if k != "trainer"}
 
+# %% ../nbs/00_config.ipynb 77
 def load_config(source:str|Path|dict|None=None, overrides:list[str]|dict|None=None) -> TrainConfig:
     "Load a config from a YAML path, a preset name or a dict (None: the `default` preset), apply overrides, validate."
     t, data = ("grpo", {}) if source is None else trainer_of(config_data(source), str(source)[:80])
@@ -533,15 +548,17 @@ def load_config(source:str|Path|dict|None=None, overrides:list[str]|dict|None=No
     if isinstance(overrides, (list, tuple)): overrides = parse_overrides(list(overrides))
     return validate(from_dict(TrainConfig, merge(data, overrides or {})))
 
+# %% ../nbs/00_config.ipynb 79
 def to_dict(cfg) -> dict:
     "Plain nested data of a config (what `load_config` reads back)."
     return dataclasses.asdict(cfg)
 
+# %% ../nbs/00_config.ipynb 81
 def to_yaml(cfg) -> str:
     "The config as YAML, every section in declaration order."
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
-# %% ../nbs/00_config.ipynb 51
+# %% ../nbs/00_config.ipynb 86
 def _arg_kwargs(anno, # a parameter's annotation
                 default, # its default
                ) -> dict:
@@ -557,7 +574,7 @@ def _fill(text:str|None, fill:dict|None) -> str|None:
     for k, v in (fill or {}).items(): text = text.replace("{" + k + "}", str(v)) if text else text
     return text
 
-# %% ../nbs/00_config.ipynb 52
+# %% ../nbs/00_config.ipynb 87
 def cli_parser(func, # the command: positional parameters are positional arguments, keyword-only ones --flags
                prog:str, # the command as its usage line shows it
                epilog:str="", # text after the overrides' and the exit codes' docments
@@ -586,7 +603,7 @@ def cli_parser(func, # the command: positional parameters are positional argumen
     if var: p.usage = p.format_usage().removeprefix("usage: ").rstrip().replace("%", "%%") + f" [{var} ...]"
     return p
 
-# %% ../nbs/00_config.ipynb 60
+# %% ../nbs/00_config.ipynb 95
 def _dashed(argv:list[str], func, prog:str) -> list[str]:
     "`argv` with the old underscore spelling of `func`'s flags (--start_below) rewritten to dashes (--start-below), each announced once as deprecated."
     old = {"--" + n.rstrip("_"): "--" + n.rstrip("_").replace("_", "-") for n, q in inspect.signature(func).parameters.items()

@@ -25,6 +25,7 @@ def _bool(v) -> bool:
 
 def _ints(v) -> list[int]: return [int(x) for x in (v if isinstance(v, list) else str(v).replace(",", " ").split())]
 
+# %% ../nbs/00a_open_instruct.ipynb 9
 @dataclass(frozen=True)
 class Rule:
     "How one open-instruct flag becomes grpo-nb config."
@@ -34,6 +35,7 @@ class Rule:
     note:str="" # shown in the mapping table and the printed mapping
     honoured:bool=True # False: named in a warning and not translated
 
+# %% ../nbs/00a_open_instruct.ipynb 11
 _R, _NO = Rule, (lambda flag, why: Rule(flag, None, str, why, honoured=False))
 RULES:list[Rule] = [
     _R("model_name_or_path", "model.name_or_path", str, "a local directory on clusters without hub access"),
@@ -100,9 +102,11 @@ RULES:list[Rule] = [
     _NO("ground_truths_key", "use data.answer_key"), _NO("sft_messages_key", "use data.prompt_key"),
 ]
 "open-instruct `grpo_fast` flags and what becomes of them."
+
+# %% ../nbs/00a_open_instruct.ipynb 13
 RULE:dict[str, Rule] = {r.flag: r for r in RULES}
 
-# %% ../nbs/00a_open_instruct.ipynb 9
+# %% ../nbs/00a_open_instruct.ipynb 15
 OI_DEFAULTS:dict[str, Any] = {
     "max_prompt_token_length": 256, "response_length": 256, "pack_length": 512, "num_unique_prompts_rollout": 16,
     "num_samples_per_prompt_rollout": 4, "async_steps": 1, "filter_zero_std_samples": True, "advantage_normalization_type": "standard",
@@ -113,13 +117,14 @@ OI_DEFAULTS:dict[str, Any] = {
 }
 "open-instruct `grpo_fast` defaults (its 0-3 `kl_estimator` versions) of the flags the translator maps: carried over when omitted."
 
+# %% ../nbs/00a_open_instruct.ipynb 17
 OI_KEPT:dict[str, str] = {
     "deepspeed_stage": "open-instruct's default ZeRO stage 0 gives every learner a whole copy of the model and its optimizer; grpo-nb keeps learner.zero_stage 3 (pass --deepspeed_stage 0 to copy it)",
     "truncated_importance_sampling_ratio_cap": "open-instruct's default 0 turns truncated importance sampling off; grpo-nb keeps learner.tis_cap 2.0, which a one-step-off run needs (pass the flag to choose)",
 }
 "Omitted flags whose open-instruct default is not carried over: grpo-nb keeps its own value, and the warning says why."
 
-# %% ../nbs/00a_open_instruct.ipynb 12
+# %% ../nbs/00a_open_instruct.ipynb 20
 def parse_flags(argv:list[str], # tokens after `grpo_fast.py`
                ) -> tuple[dict[str, Any], list[str]]: # (flag -> value, grpo-nb overrides)
     "Split an open-instruct command line into its flags and the grpo-nb `--section.field=value` overrides beside them."
@@ -135,7 +140,7 @@ def parse_flags(argv:list[str], # tokens after `grpo_fast.py`
         i += 1
     return flags, overrides
 
-# %% ../nbs/00a_open_instruct.ipynb 15
+# %% ../nbs/00a_open_instruct.ipynb 23
 @dataclass
 class Translation:
     "An open-instruct run as grpo-nb config data."
@@ -155,7 +160,7 @@ def _get(data:dict, dotted:str, default=None):
         node = node[p]
     return node
 
-# %% ../nbs/00a_open_instruct.ipynb 16
+# %% ../nbs/00a_open_instruct.ipynb 25
 def translate(flags:dict[str, Any], # open-instruct flag -> value (`parse_flags`, or an open-instruct YAML)
               overrides:list[str]|None=None, # grpo-nb `--section.field=value` applied last
              ) -> Translation:
@@ -221,7 +226,7 @@ def translate(flags:dict[str, Any], # open-instruct flag -> value (`parse_flags`
                           f"--cluster.gpu=NAME ({', '.join(GPU_MIB)}) so it uses the capacity nvidia-smi reports")
     return t
 
-# %% ../nbs/00a_open_instruct.ipynb 17
+# %% ../nbs/00a_open_instruct.ipynb 26
 def _kl(t:Translation, value, beta:float, put):
     "open-instruct's `kl_estimator`: an index 0-3 in current versions (2, the default, is k3), a name kl1-kl4 in older ones."
     s = str(value).strip().lower()
@@ -263,7 +268,7 @@ def _steps(t:Translation, flags:dict):
         if every and every > n:
             t.warnings.append(f"{dotted}={every} is more than the run's {n} steps: no {what} would happen; raise total_steps or lower {dotted}")
 
-# %% ../nbs/00a_open_instruct.ipynb 29
+# %% ../nbs/00a_open_instruct.ipynb 38
 def translate_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb config --from-open-instruct [FILE.yaml] [--flag value ...] [--section.field=value ...] [--out FILE]`."
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -292,7 +297,7 @@ def translate_cli(argv:list[str]|None=None) -> int:
     else: print(text, end="")
     return 0
 
-# %% ../nbs/00a_open_instruct.ipynb 32
+# %% ../nbs/00a_open_instruct.ipynb 41
 def mapping_table() -> str:
     "The mapping as a markdown table."
     rows = [f"| `--{r.flag}` | {f'`{r.field}`' if r.field else ('not translated' if not r.honoured else 'see note')} | {r.note} |" for r in RULES]
