@@ -25,6 +25,8 @@ __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer'
 
 # %% ../nbs/01_memory.ipynb 7
 GiB = 2**30
+
+# %% ../nbs/01_memory.ipynb 9
 Family = Literal["qwen2", "qwen3", "llama", "olmo2"]
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class ModelShape:
     @property
     def kv(self) -> int: return self.kv_heads * self.head_dim
 
-# %% ../nbs/01_memory.ipynb 9
+# %% ../nbs/01_memory.ipynb 11
 def _shape(name, family, h, i, L, a, k, d, V, tied, bias=False, qk="none"):
     return ModelShape(name, family, h, i, L, a, k, d, V, tied, bias, qk)
 
@@ -76,7 +78,7 @@ ARCHS:dict[str, ModelShape] = {s.name: s for s in [
 ]}
 "Built-in architectures: display name -> shape (published `config.json` values)."
 
-# %% ../nbs/01_memory.ipynb 11
+# %% ../nbs/01_memory.ipynb 13
 def layer_modules(s:ModelShape, # the model
                  ) -> dict[str, int]: # module name -> parameter count, in forward order
     "Parameters of one decoder layer, module by module (what ZeRO-3 gathers and releases)."
@@ -92,6 +94,7 @@ def layer_modules(s:ModelShape, # the model
              down_proj=s.intermediate * s.hidden)
     return m
 
+# %% ../nbs/01_memory.ipynb 15
 def param_counts(s:ModelShape, # the model
                 ) -> dict[str, int]: # embed, layer, layers, final_norm, lm_head, total, non_embedding
     "Exact parameter counts of `s`, derived from its shape."
@@ -101,7 +104,7 @@ def param_counts(s:ModelShape, # the model
     return dict(embed=embed, layer=layer, layers=s.layers * layer, final_norm=s.hidden, lm_head=head,
                 total=total, non_embedding=total - embed - head)
 
-# %% ../nbs/01_memory.ipynb 14
+# %% ../nbs/01_memory.ipynb 18
 PUBLISHED:dict[str, tuple[str, Optional[str]]] = {  # name -> (total, non-embedding) in billions, as published
     "Qwen2.5-0.5B": ("0.49", "0.36"), "Qwen2.5-1.5B": ("1.54", "1.31"), "Qwen2.5-3B": ("3.09", "2.77"),
     "Qwen2.5-7B": ("7.61", "6.53"), "Qwen2.5-14B": ("14.7", "13.1"), "Qwen2.5-32B": ("32.8", "31.0"),
@@ -113,6 +116,7 @@ PUBLISHED:dict[str, tuple[str, Optional[str]]] = {  # name -> (total, non-embedd
 }
 "Published sizes in billions: Qwen2.5/Qwen3 model cards (non-embedding as they state it), Llama and OLMo-2 HF safetensors totals."
 
+# %% ../nbs/01_memory.ipynb 20
 def matches_published(count:int, # exact parameter count
                       published:str, # the published figure in billions, e.g. "7.61"
                      ) -> bool:
@@ -120,7 +124,7 @@ def matches_published(count:int, # exact parameter count
     unit = 10 ** -len(published.partition(".")[2])
     return abs(count / 1e9 - float(published)) < unit
 
-# %% ../nbs/01_memory.ipynb 21
+# %% ../nbs/01_memory.ipynb 27
 _FAMILY_DEFAULTS = {"qwen2": (True, "none"), "qwen3": (False, "head"), "olmo2": (False, "full"), "llama": (False, "none")}
 
 def shape_from_hf(cfg:dict, # a parsed HF config.json (or `PretrainedConfig.to_dict()`)
@@ -137,6 +141,7 @@ def shape_from_hf(cfg:dict, # a parsed HF config.json (or `PretrainedConfig.to_d
                       a, cfg.get("num_key_value_heads") or a, cfg.get("head_dim") or h // a, cfg["vocab_size"],
                       bool(cfg.get("tie_word_embeddings", False)), bool(cfg.get("attention_bias", bias_default)), qk)
 
+# %% ../nbs/01_memory.ipynb 29
 def get_shape(model:str|Path|ModelShape, # built-in name (case-insensitive, org prefix and -Instruct ignored), HF dir or config.json
              ) -> ModelShape:
     "Resolve a model argument to its shape."
@@ -151,7 +156,7 @@ def get_shape(model:str|Path|ModelShape, # built-in name (case-insensitive, org 
     raise ValueError(f"unknown model {str(model)!r}: give a HF model directory (with config.json) or one of the "
                      f"built-in names: {', '.join(ARCHS)}.")
 
-# %% ../nbs/01_memory.ipynb 24
+# %% ../nbs/01_memory.ipynb 32
 def shape_to_hf(s:ModelShape, # the model
                ) -> dict: # HF config fields (`model_type` first), for `AutoConfig.for_model(**d)`
     "The HF config fields of a shape: the inverse of `shape_from_hf`."
@@ -159,7 +164,7 @@ def shape_to_hf(s:ModelShape, # the model
             "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim, "vocab_size": s.vocab,
             "tie_word_embeddings": s.tie_word_embeddings, "attention_bias": s.attention_bias}
 
-# %% ../nbs/01_memory.ipynb 27
+# %% ../nbs/01_memory.ipynb 35
 Zero = Literal[0, 1, 2, 3]
 Offload = Literal["none", "optimizer", "all"]
 
@@ -173,7 +178,7 @@ def weights_bytes(n_params:int, # `P`
     if zero < 3: return 2 * n_params
     return 2 * persistent + (0 if offload == "all" else 2 * math.ceil(n_params / learners))
 
-# %% ../nbs/01_memory.ipynb 30
+# %% ../nbs/01_memory.ipynb 38
 Optimizer = Literal["adamw", "adamw-8bit"]
 
 def moment_bytes_per_param(optimizer:str="adamw", # "adamw" (fp32 m, v) | "adamw-8bit" (int8 m, v + block scales)
@@ -183,6 +188,7 @@ def moment_bytes_per_param(optimizer:str="adamw", # "adamw" (fp32 m, v) | "adamw
     if optimizer == "adamw-8bit": return 2.0 + 2 * 4 / 256
     raise ValueError(f"optimizer must be 'adamw' or 'adamw-8bit' (got {optimizer!r}).")
 
+# %% ../nbs/01_memory.ipynb 40
 def optimizer_bytes(n_params:int, # `P`
                     zero:int, # ZeRO stage 0-3
                     learners:int, # `N`
@@ -194,7 +200,7 @@ def optimizer_bytes(n_params:int, # `P`
     owned = n_params if zero == 0 else math.ceil(n_params / learners)
     return int(owned * (4 + moment_bytes_per_param(optimizer)))
 
-# %% ../nbs/01_memory.ipynb 33
+# %% ../nbs/01_memory.ipynb 43
 @dataclass(frozen=True)
 class ZeroKnobs:
     "DeepSpeed `zero_optimization` settings that change memory (DeepSpeed's defaults)."
@@ -209,7 +215,7 @@ class ZeroKnobs:
 
     def overlap(self, zero:int) -> bool: return (zero == 3) if self.overlap_comm is None else self.overlap_comm
 
-# %% ../nbs/01_memory.ipynb 35
+# %% ../nbs/01_memory.ipynb 45
 ZERO3_BUCKETS:dict[str, ZeroKnobs] = {
     "deepspeed": ZeroKnobs(),
     "large": ZeroKnobs(stage3_prefetch_bucket_size=200_000_000, stage3_max_live_parameters=2_000_000_000,
@@ -224,7 +230,7 @@ def zero3_settings(name:str="large", # a key of `ZERO3_BUCKETS`
     return {f: getattr(k, f) for f in ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_param_persistence_threshold",
                                        "overlap_comm") if getattr(k, f) != getattr(d, f)}
 
-# %% ../nbs/01_memory.ipynb 37
+# %% ../nbs/01_memory.ipynb 48
 def grads_bytes(n_params:int, # `P`
                 zero:int, # ZeRO stage 0-3
                 learners:int, # `N`
@@ -235,6 +241,7 @@ def grads_bytes(n_params:int, # `P`
     if zero == 1: return 2 * n_params + 4 * n_params
     return 0 if offload != "none" else 2 * math.ceil(n_params / learners)
 
+# %% ../nbs/01_memory.ipynb 50
 def buffers_bytes(n_params:int, # `P`
                   zero:int, # ZeRO stage 0-3
                   learners:int, # `N`
@@ -244,7 +251,7 @@ def buffers_bytes(n_params:int, # `P`
     if zero <= 1: return (2 if zero == 0 else 4) * min(n_params, knobs.allreduce_bucket_size) if learners > 1 else 0
     return 2 * knobs.reduce_bucket_size * (2 if knobs.overlap(zero) else 1)
 
-# %% ../nbs/01_memory.ipynb 38
+# %% ../nbs/01_memory.ipynb 51
 def embedding_grad_bytes(s:ModelShape, # the model
                          zero:int, # ZeRO stage 0-3
                          phase:str, # "backward_start" (the head's gradient is waiting) or "backward_end" (the embedding's joins)
@@ -255,7 +262,7 @@ def embedding_grad_bytes(s:ModelShape, # the model
     if phase == "backward_start": return waiting
     return waiting + (vh2 if zero >= 2 or s.tie_word_embeddings else 0)
 
-# %% ../nbs/01_memory.ipynb 41
+# %% ../nbs/01_memory.ipynb 54
 def step_transient_bytes(n_params:int, # `P`
                          zero:int, # ZeRO stage 0-3
                          learners:int, # `N`
@@ -277,7 +284,7 @@ def step_transient_bytes(n_params:int, # `P`
     update = 4 * own + tmp - (2 * own if zero == 2 else 0)  # the fp32 copy during Adam (ZeRO-2 has freed its bf16 partition)
     return max(convert, update)
 
-# %% ../nbs/01_memory.ipynb 44
+# %% ../nbs/01_memory.ipynb 57
 Attn = Literal["sdpa", "flash_attention_2", "eager"]
 
 def layer_activation_bytes(s:ModelShape, # the model
@@ -291,18 +298,19 @@ def layer_activation_bytes(s:ModelShape, # the model
     if attn == "eager": b += 6 * s.heads * seq_len
     return b
 
+# %% ../nbs/01_memory.ipynb 59
 def backward_working_bytes(s:ModelShape, # the model
                           ) -> int: # bytes per token
     "Gradient tensors alive at once while one layer runs backward (bf16)."
     return 3 * 2 * s.intermediate + 2 * 2 * s.hidden
 
-# %% ../nbs/01_memory.ipynb 48
+# %% ../nbs/01_memory.ipynb 63
 def fused_saving_bytes(s:ModelShape, # the model
                       ) -> int: # bytes per token per layer
     "Activation bytes a layer no longer saves when its elementwise ops are fused: SwiGLU's product and RMSNorm's fp32 copies."
     return 2 * s.intermediate + 8 * s.hidden
 
-# %% ../nbs/01_memory.ipynb 50
+# %% ../nbs/01_memory.ipynb 65
 def activations_bytes(s:ModelShape, # the model
                       tokens:int, # B·T tokens in one micro-batch
                       seq_len:int, # `T`
@@ -317,7 +325,7 @@ def activations_bytes(s:ModelShape, # the model
     working = tokens * (backward_working_bytes(s) + (per_layer if grad_ckpt else 0))
     return {"saved": saved, "working": working}
 
-# %% ../nbs/01_memory.ipynb 53
+# %% ../nbs/01_memory.ipynb 68
 LogitsMode = Literal["chunked", "full"]
 
 def logits_bytes(tokens:int, # B·T tokens in the micro-batch
@@ -332,7 +340,7 @@ def logits_bytes(tokens:int, # B·T tokens in the micro-batch
     if mode == "chunked": return 8 * min(chunk, tokens) * vocab + 6 * vocab * hidden + 2 * tokens * hidden
     raise ValueError(f"logits mode must be 'chunked' or 'full' (got {mode!r}).")
 
-# %% ../nbs/01_memory.ipynb 56
+# %% ../nbs/01_memory.ipynb 71
 def _trace(s:ModelShape, grad_ckpt:bool, threshold:int) -> list[tuple[str, int, int]]:
     "(module, partitioned elements, its largest parameter) in the order a step uses them."
     mods = layer_modules(s)
@@ -373,13 +381,14 @@ def zero3_gathered(s:ModelShape, # the model
     at = [live(t) for t in range(len(tr))]
     return {"loss": at[L + 2], "backward_start": at[L + 3], "backward_end": at[len(tr) - 2], "peak": max(at)}
 
+# %% ../nbs/01_memory.ipynb 73
 def persistent_params(s:ModelShape, # the model
                       threshold:int=100_000, # stage3_param_persistence_threshold
                      ) -> int: # elements
     "Parameters ZeRO-3 never partitions (smaller than the threshold: norms, biases)."
     return sum(n for n in layer_modules(s).values() if n < threshold) * s.layers + s.hidden
 
-# %% ../nbs/01_memory.ipynb 59
+# %% ../nbs/01_memory.ipynb 76
 @dataclass(frozen=True)
 class Overheads:
     "Memory outside the formulas: inside the allocator (fixed) and outside it (context, NCCL, fragmentation)."
@@ -389,7 +398,7 @@ class Overheads:
     fragmentation:float=1.10 # reserved / allocated of PyTorch's caching allocator
     engine_cuda_graph_bytes:int=GiB // 2 # vLLM CUDA graphs (0 with enforce_eager)
 
-# %% ../nbs/01_memory.ipynb 61
+# %% ../nbs/01_memory.ipynb 78
 RefPolicy = Literal["none", "gpu", "cpu"]
 
 def ref_policy_bytes(n_params:int, # `P`
@@ -401,7 +410,7 @@ def ref_policy_bytes(n_params:int, # `P`
     if where != "gpu": return 0
     return 2 * (math.ceil(n_params / learners) if zero == 3 else n_params)
 
-# %% ../nbs/01_memory.ipynb 63
+# %% ../nbs/01_memory.ipynb 80
 @dataclass
 class LearnerMemory:
     "Per-GPU memory of one learner; the terms are their values at the peak phase and sum to `peak_bytes`."
@@ -421,10 +430,11 @@ class LearnerMemory:
     host_bytes:int # CPU memory for offloaded states and a CPU reference policy
     phases:dict # phase -> {term: bytes}
 
-# %% ../nbs/01_memory.ipynb 64
+# %% ../nbs/01_memory.ipynb 82
 TERMS = ["params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
          "gathered_params_bytes", "buffers_bytes", "step_transient_bytes", "ref_policy_bytes", "fixed_bytes"]
 
+# %% ../nbs/01_memory.ipynb 84
 def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelShape`
                    learners:int=1, # `N`: learner GPUs (ZeRO data-parallel world)
                    zero:int=3, # ZeRO stage 0-3
@@ -486,6 +496,7 @@ def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or
            + (2 * own if offload == "all" else 0) + (2 * P if ref_policy == "cpu" else 0)  # states + fp32 grads; bf16 params
     return LearnerMemory(**phases[phase], peak_bytes=peak, peak_phase=phase, total_bytes=total, host_bytes=host, phases=phases)
 
+# %% ../nbs/01_memory.ipynb 86
 def _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, chunk, optimizer, ref_policy):
     if zero not in (0, 1, 2, 3): raise ValueError(f"zero must be 0, 1, 2 or 3 (got {zero}).")
     if offload not in ("none", "optimizer", "all"): raise ValueError(f"offload must be none, optimizer or all (got {offload!r}).")
@@ -498,7 +509,7 @@ def _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, 
     moment_bytes_per_param(optimizer)
     if ref_policy not in ("none", "gpu", "cpu"): raise ValueError(f"ref_policy must be none, gpu or cpu (got {ref_policy!r}).")
 
-# %% ../nbs/01_memory.ipynb 73
+# %% ../nbs/01_memory.ipynb 95
 def kv_heads_per_gpu(s:ModelShape, # the model
                      tp:int=1, # GPUs of one engine
                     ) -> int:
@@ -513,12 +524,14 @@ def kv_heads_per_gpu(s:ModelShape, # the model
                                          f"valid TP: {', '.join(str(t) for t in valid_tps(s))}.")
     return s.kv_heads // tp
 
+# %% ../nbs/01_memory.ipynb 97
 def valid_tps(s:ModelShape, # the model
               limit:int=64, # largest TP considered
              ) -> list[int]:
     "Tensor-parallel sizes vLLM accepts for `s`."
     return [t for t in range(1, limit + 1) if s.heads % t == 0 and (s.kv_heads % t == 0 if t < s.kv_heads else t % s.kv_heads == 0)]
 
+# %% ../nbs/01_memory.ipynb 99
 def kv_bytes_per_token(s:ModelShape, # the model
                        tp:int=1, # GPUs of one engine
                        dtype_bytes:int=2, # 2 for bf16/fp16 cache, 1 for fp8
@@ -526,7 +539,7 @@ def kv_bytes_per_token(s:ModelShape, # the model
     "KV-cache bytes one token costs on each engine GPU: 2·L·(k/TP)·d·dtype_bytes."
     return 2 * s.layers * kv_heads_per_gpu(s, tp) * s.head_dim * dtype_bytes
 
-# %% ../nbs/01_memory.ipynb 75
+# %% ../nbs/01_memory.ipynb 102
 def engine_weights_bytes(s:ModelShape, # the model
                          tp:int=1, # GPUs of one engine
                          dtype_bytes:int=2, # bf16 weights
@@ -542,6 +555,7 @@ def engine_weights_bytes(s:ModelShape, # the model
     n = vocab * h * (1 if s.tie_word_embeddings else 2) + s.layers * layer + h
     return n * dtype_bytes
 
+# %% ../nbs/01_memory.ipynb 104
 def engine_activation_bytes(s:ModelShape, # the model
                             tp:int=1, # GPUs of one engine
                             max_num_batched_tokens:int=8192, # tokens of vLLM's profiling forward
@@ -551,7 +565,7 @@ def engine_activation_bytes(s:ModelShape, # the model
     per_token = 2 * (2 * s.hidden) + 2 * (3 * math.ceil(s.intermediate / tp))  # residual + normed; gate_up + act
     return max_num_batched_tokens * per_token + 2 * 4 * max_num_seqs * s.vocab
 
-# %% ../nbs/01_memory.ipynb 76
+# %% ../nbs/01_memory.ipynb 106
 @dataclass
 class EngineMemory:
     "Per-GPU memory of one rollout engine (vLLM) and what its KV cache holds."
@@ -567,6 +581,7 @@ class EngineMemory:
     max_concurrent_seqs:int # sequences of `tokens_per_seq` that fit at once (≤ max_num_seqs)
     fits:bool # weights fit and at least one whole sequence fits in the cache
 
+# %% ../nbs/01_memory.ipynb 108
 def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelShape`
                   tp:int=1, # tensor-parallel GPUs of one engine
                   gpu_memory_utilization:float=0.9, # `U`
@@ -592,7 +607,7 @@ def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or 
     return EngineMemory(tp, w, act, over, budget, kvt, cache, max_tokens, per_seq,
                         min(max_num_seqs, max_tokens // per_seq), max_tokens >= per_seq)
 
-# %% ../nbs/01_memory.ipynb 79
+# %% ../nbs/01_memory.ipynb 111
 def _learner_fits(m:LearnerMemory, gpu_mem_gib:float) -> bool: return m.total_bytes <= gpu_mem_gib * GiB
 
 def min_learner_gpus(model:str|ModelShape, # the model
@@ -610,6 +625,7 @@ def min_learner_gpus(model:str|ModelShape, # the model
         lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
     return lo
 
+# %% ../nbs/01_memory.ipynb 113
 def min_engine_tp(model:str|ModelShape, # the model
                   **kw, # any other `engine_memory` argument (gpu_memory_utilization, gpu_mem_gib, seq_len, ...)
                  ) -> Optional[int]: # smallest valid TP that fits, or None
@@ -617,7 +633,7 @@ def min_engine_tp(model:str|ModelShape, # the model
     s = get_shape(model)
     return next((t for t in valid_tps(s) if engine_memory(s, tp=t, **kw).fits), None)
 
-# %% ../nbs/01_memory.ipynb 81
+# %% ../nbs/01_memory.ipynb 115
 @dataclass
 class Plan:
     "A whole job's verdict: learner and engine memory per GPU, whether they fit, and what to change."
@@ -635,7 +651,7 @@ class Plan:
     @property
     def fits(self) -> bool: return self.learner_fits and self.engine_fits and self.gpus_fit and self.host_fit
 
-# %% ../nbs/01_memory.ipynb 82
+# %% ../nbs/01_memory.ipynb 116
 def _gib(b) -> str: return f"{b / GiB:.1f} GiB"
 
 def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool) -> list[str]:
@@ -676,7 +692,7 @@ def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool)
                    + f"; each engine holds {em.max_concurrent_seqs} sequences of {st['engine_seq_len']} tokens")
     return out
 
-# %% ../nbs/01_memory.ipynb 85
+# %% ../nbs/01_memory.ipynb 119
 def gpu_budget(learners:int, # learner GPUs
                engines:int, # rollout engines
                tp:int, # GPUs per engine
@@ -697,6 +713,7 @@ def gpu_budget(learners:int, # learner GPUs
                       else "more learners ") + "would use them")
     return True, f"GPUs: learners and engines use all {have}"
 
+# %% ../nbs/01_memory.ipynb 121
 def host_budget(host_bytes:int, # offloaded bytes of one learner (`LearnerMemory.host_bytes`)
                 learners_per_node:int, # learners on the busiest node
                 host_mem_gib:float=0, # memory of one node in GiB (0: unknown, nothing checked)
@@ -710,7 +727,7 @@ def host_budget(host_bytes:int, # offloaded bytes of one learner (`LearnerMemory
                        "Fix: --offload none (learner.offload), fewer learners a node, or nodes with more memory")
     return True, f"host memory: {_gib(need)} of offloaded states a node, of {host_mem_gib:.0f} GiB"
 
-# %% ../nbs/01_memory.ipynb 86
+# %% ../nbs/01_memory.ipynb 123
 _LEARNER_ARGS = ("learners", "zero", "offload", "micro_batch", "seq_len", "grad_ckpt", "attn", "logits",
                  "logprob_chunk", "optimizer", "ref_policy", "fused")
 
@@ -756,7 +773,7 @@ def plan(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelS
     advice = [a.replace("fits:", "memory per GPU fits:", 1) if not (gfit and hfit) else a for a in _advice(s, st, lm, em, lfit, efit)]
     return Plan(s, st, lm, em, lfit, efit, advice, gfit, hfit, [n for n in (gnote, hnote) if n])
 
-# %% ../nbs/01_memory.ipynb 90
+# %% ../nbs/01_memory.ipynb 127
 def plan_json(p:Plan, # a plan
              ) -> dict: # JSON-ready
     "The plan as plain data with the documented keys."
@@ -768,6 +785,7 @@ def plan_json(p:Plan, # a plan
             "learner_fits": p.learner_fits, "engine_fits": p.engine_fits, "gpus_fit": p.gpus_fit, "host_fit": p.host_fit,
             "fits": p.fits, "advice": p.advice, "notes": p.notes}
 
+# %% ../nbs/01_memory.ipynb 129
 def format_plan(p:Plan, # a plan
                ) -> str: # a readable table
     "The plan as a table (GiB = 2³⁰ bytes)."
@@ -791,7 +809,7 @@ def format_plan(p:Plan, # a plan
     rows += [f"  - {a}" for a in p.advice]
     return "\n".join(rows)
 
-# %% ../nbs/01_memory.ipynb 92
+# %% ../nbs/01_memory.ipynb 132
 def plan_command(*overrides:str, # with --config: its fields, as --section.field=value
                  config:str|None=None, # plan a whole training config (YAML file or preset, `grpo_nb config --list`); other flags are then its overrides
                  model:str|None=None, # built-in name ({models}) or a HF model directory / config.json
@@ -845,7 +863,7 @@ def plan_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb plan --model NAME|PATH ...` or `grpo_nb plan --config CONFIG [--section.field=value ...]`: per-GPU memory, the verdict and the fix."
     return run_cli(plan_command, argv, "grpo_nb plan", epilog="GiB = 2^30 bytes.", fill={"models": ", ".join(ARCHS)})
 
-# %% ../nbs/01_memory.ipynb 95
+# %% ../nbs/01_memory.ipynb 135
 def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 model:str|ModelShape|None=None, # override `cfg.model.name_or_path` (e.g. a shape for a built-in tiny model)
                ) -> Plan:
@@ -864,7 +882,7 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 zero3_buckets=L.zero3_buckets, engines=R.num_engines, nodes=C.nodes, gpus_per_node=C.gpus_per_node if C.device != "cpu" else 0,
                 learners_per_node=max(C.learners_per_node), host_mem_gib=C.host_mem_gib, colocated=R.placement == "colocated")
 
-# %% ../nbs/01_memory.ipynb 97
+# %% ../nbs/01_memory.ipynb 137
 @dataclass
 class ColocatedMemory:
     "Per-GPU memory of a learner and an engine that share the GPU, phase by phase."
@@ -875,6 +893,7 @@ class ColocatedMemory:
     fits:bool # peak ≤ capacity
     phase:str # "generate" | "learn": which phase sets the peak
 
+# %% ../nbs/01_memory.ipynb 139
 def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo_nb.memory.learner_memory`)
                      engine:EngineMemory, # the planner's engine terms (`grpo_nb.memory.engine_memory`)
                      gpu_mem_gib:float, # memory of the shared GPU, in GiB (2^30 bytes)
@@ -887,7 +906,7 @@ def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo
     cap = int(gpu_mem_gib * GiB)
     return ColocatedMemory(gen, learn, max(gen, learn), cap, max(gen, learn) <= cap, "generate" if gen >= learn else "learn")
 
-# %% ../nbs/01_memory.ipynb 98
+# %% ../nbs/01_memory.ipynb 140
 def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement="colocated"`
                    model=None, # override the model (a built-in name or `ModelShape`), as in `grpo_nb.memory.plan_config`
                   ) -> ColocatedMemory:
@@ -895,7 +914,7 @@ def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement
     p = plan_config(cfg, model)
     return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
 
-# %% ../nbs/01_memory.ipynb 101
+# %% ../nbs/01_memory.ipynb 143
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -919,7 +938,7 @@ def _plan_config_cli(source:str, # YAML file or preset
               f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
     return 0
 
-# %% ../nbs/01_memory.ipynb 105
+# %% ../nbs/01_memory.ipynb 147
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -942,7 +961,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(units.get(sweep, sweep)); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=9, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 109
+# %% ../nbs/01_memory.ipynb 151
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."
