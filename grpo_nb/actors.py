@@ -50,11 +50,12 @@ def gather(calls:Sequence, # results of `submit`
             for f in ready: done[futs.pop(f)] = f.result()         # re-raises the call's error
     return [done[i] for i in range(len(calls))]
 
-# %% ../nbs/02a_actors.ipynb 8
+# %% ../nbs/02a_actors.ipynb 9
 def call(obj, method:str, *args, **kwargs):
     "Call `obj.method(*args, **kwargs)` and wait for the result (local object or Ray actor)."
     return gather([submit(obj, method, *args, **kwargs)])[0]
 
+# %% ../nbs/02a_actors.ipynb 11
 def wait_ready(calls:Sequence, # results of `submit`
                timeout_s:float|None=None, # stop waiting after this many seconds
               ) -> None:
@@ -66,11 +67,11 @@ def wait_ready(calls:Sequence, # results of `submit`
         import ray
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
 
-# %% ../nbs/02a_actors.ipynb 13
+# %% ../nbs/02a_actors.ipynb 16
 GPU_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1", "NCCL_CUMEM_ENABLE": "0"}
 "Environment of every GPU process that takes part in a weight sync (NVLink multicast off; NCCL without cuMem)."
 
-# %% ../nbs/02a_actors.ipynb 15
+# %% ../nbs/02a_actors.ipynb 18
 def free_port() -> int:
     "A TCP port that was free on every interface a moment ago (a rendezvous, a Ray agent)."
     import socket
@@ -78,11 +79,12 @@ def free_port() -> int:
         s.bind(("", 0)); return s.getsockname()[1]
 
 
-# %% ../nbs/02a_actors.ipynb 16
+# %% ../nbs/02a_actors.ipynb 20
 def _children() -> set:
     import psutil
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
+# %% ../nbs/02a_actors.ipynb 22
 def local_ray_node(num_cpus:int, # logical CPUs of the node
                    num_gpus:int=0, # logical GPUs of the node (CPU-only tests may ask for some)
                    object_store_bytes:int|None=200 * 2**20, # the node's object store (None: Ray's default)
@@ -126,4 +128,3 @@ def local_ray_node(num_cpus:int, # logical CPUs of the node
     raise RuntimeError(f"Ray did not start on this machine in {attempts} tries (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs); "
                        f"the last try failed with: {type(last).__name__}: {last}. Fix: retry when the machine is less busy, or start Ray "
                        "yourself (`ray start --head`) and pass --cluster.ray_address=auto.")
-

@@ -62,11 +62,13 @@ def tree_digest(obj, # nested dicts / lists / tuples of tensors, arrays and scal
 class CheckpointError(RuntimeError):
     "A checkpoint that must not be loaded; the message says what is wrong and what to do."
 
+# %% ../nbs/02d_checkpoint.ipynb 19
 MANIFEST = "COMPLETE"
 
+# %% ../nbs/02d_checkpoint.ipynb 21
 def checkpoint_name(step:int) -> str: return f"step_{step:08d}"
 
-# %% ../nbs/02d_checkpoint.ipynb 19
+# %% ../nbs/02d_checkpoint.ipynb 23
 def _fsync(path:Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try: os.fsync(fd)
@@ -81,13 +83,13 @@ def file_digest(path:str|Path, # a file
     with open(path, "rb") as f: h = hashlib.file_digest(f, "sha256").hexdigest()
     return {"bytes": path.stat().st_size, "sha256": h}
 
-# %% ../nbs/02d_checkpoint.ipynb 21
+# %% ../nbs/02d_checkpoint.ipynb 25
 def checkpoint_files(root:str|Path, # a (temporary or final) checkpoint directory
                     ) -> list[str]: # relative paths of its files, sorted, manifest excluded
     root = Path(root)
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
 
-# %% ../nbs/02d_checkpoint.ipynb 24
+# %% ../nbs/02d_checkpoint.ipynb 28
 def commit_checkpoint(tmp:str|Path, # the temporary directory holding every file of the checkpoint
                       final:str|Path, # where it goes (…/step_XXXXXXXX)
                       digests:dict, # relative path -> `file_digest`, for every file under `tmp`
@@ -107,7 +109,7 @@ def commit_checkpoint(tmp:str|Path, # the temporary directory holding every file
     _fsync(final.parent)
     return final
 
-# %% ../nbs/02d_checkpoint.ipynb 25
+# %% ../nbs/02d_checkpoint.ipynb 30
 def verify_checkpoint(path:str|Path, # a checkpoint directory
                       full:bool=True, # recompute SHA-256 (False: sizes only)
                      ) -> dict: # the manifest
@@ -128,6 +130,7 @@ def verify_checkpoint(path:str|Path, # a checkpoint directory
             raise CheckpointError(f"{path}: file {rel} fails its SHA-256 check: corrupted on disk.")
     return man
 
+# %% ../nbs/02d_checkpoint.ipynb 32
 def list_checkpoints(root:str|Path, # the checkpoint directory
                     ) -> list[tuple[int, Path]]: # (step, path), newest first, complete or not
     "Every `step_XXXXXXXX` directory under `root`."
@@ -136,6 +139,7 @@ def list_checkpoints(root:str|Path, # the checkpoint directory
     out = [(int(p.name[5:]), p) for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit()]
     return sorted(out, reverse=True)
 
+# %% ../nbs/02d_checkpoint.ipynb 34
 def latest_checkpoint(root:str|Path, # the checkpoint directory
                       full:bool=True, # verify checksums (False: sizes only)
                      ) -> Path|None: # the newest checkpoint that verifies; None if there is none
@@ -147,7 +151,7 @@ def latest_checkpoint(root:str|Path, # the checkpoint directory
             _log.warning("skipping checkpoint of step %d: %s", step, e)
     return None
 
-# %% ../nbs/02d_checkpoint.ipynb 26
+# %% ../nbs/02d_checkpoint.ipynb 35
 def prune_checkpoints(root:str|Path, # the checkpoint directory
                       keep_last:int, # complete checkpoints to keep
                      ) -> list[Path]: # what was removed
@@ -158,7 +162,7 @@ def prune_checkpoints(root:str|Path, # the checkpoint directory
         shutil.rmtree(p, ignore_errors=True); removed.append(p)
     return removed
 
-# %% ../nbs/02d_checkpoint.ipynb 31
+# %% ../nbs/02d_checkpoint.ipynb 40
 def write_latest(ckpt_dir:str|Path, # the run's checkpoint directory
                  step:int, # the step of the checkpoint just completed
                  name:str="", # the checkpoint's directory name
@@ -178,13 +182,13 @@ def read_latest(ckpt_dir:str|Path) -> int|None:
     m = re.search(r"(\d+)\s*$", p.read_text())
     return int(m.group(1)) if m else None
 
-# %% ../nbs/02d_checkpoint.ipynb 34
+# %% ../nbs/02d_checkpoint.ipynb 43
 def barrier(world_size:int, # W (a torch.distributed group when > 1)
            ) -> None:
     "Wait for every rank (nothing to wait for with one)."
     if world_size > 1: torch.distributed.barrier()
 
-# %% ../nbs/02d_checkpoint.ipynb 35
+# %% ../nbs/02d_checkpoint.ipynb 44
 def save_checkpoint_files(root:str|Path, # the checkpoint directory
                           step:int, # steps completed
                           blobs:dict, # file name -> object for `torch.save`, written by rank 0
@@ -213,7 +217,7 @@ def save_checkpoint_files(root:str|Path, # the checkpoint directory
     barrier(world_size)
     return final
 
-# %% ../nbs/02d_checkpoint.ipynb 36
+# %% ../nbs/02d_checkpoint.ipynb 45
 def find_resume(resume:str, # "auto" (the newest intact checkpoint under `root`), "none"/"", or a checkpoint path
                 root:str|Path, # the checkpoint directory
                 rank:int=0, # this rank

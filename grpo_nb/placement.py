@@ -40,6 +40,7 @@ class LearnerSlot:
     local_rank:int # index among the learners of the same node (logging only: the process always uses device 0)
     node:int # planned node index
 
+# %% ../nbs/02_placement.ipynb 15
 @dataclass(frozen=True)
 class EngineSlot:
     "One rollout engine and the weight-sync ranks of its TP workers."
@@ -47,7 +48,7 @@ class EngineSlot:
     node:int # planned node index
     sync_ranks:tuple # weight-sync rank of each TP worker j: 1 + engine·TP + j
 
-# %% ../nbs/02_placement.ipynb 14
+# %% ../nbs/02_placement.ipynb 16
 @dataclass(frozen=True)
 class Layout:
     "Where every learner and engine goes; made and validated by `plan_layout`."
@@ -79,7 +80,7 @@ class Layout:
     def idle_gpus(self) -> int:
         return self.nodes * self.gpus_per_node - self.learner_world_size - self.engine_gpus if self.device == "cuda" else 0
 
-# %% ../nbs/02_placement.ipynb 16
+# %% ../nbs/02_placement.ipynb 18
 def _num(x):
     "Integral floats as ints, for bundles and messages."
     return int(x) if float(x).is_integer() else float(x)
@@ -99,7 +100,7 @@ def _flag(cli:str, field_:str, value) -> str:
     fv = "[" + ",".join(map(str, value)) + "]" if isinstance(value, (list, tuple)) else value
     return f"{cli} {v} (--{field_}={fv})"
 
-# %% ../nbs/02_placement.ipynb 19
+# %% ../nbs/02_placement.ipynb 21
 def _split_learners(world:int, nodes:int, per_node:int) -> list[int]:
     "`world` learners on as few nodes as hold them (at most `nodes`, `per_node` each), evenly spread; [] if impossible."
     if per_node <= 0 or world > nodes * per_node: return []
@@ -114,7 +115,7 @@ def _nodes_needed(learners:list[int], num_engines:int, tp:int, gpus_per_node:int
     per_empty = gpus_per_node // tp
     return len(learners) + max(0, math.ceil((num_engines - fit) / per_empty))
 
-# %% ../nbs/02_placement.ipynb 22
+# %% ../nbs/02_placement.ipynb 24
 def _check_args(nodes, gpus_per_node, learners_per_node, num_engines, tp, cpus_per_node, device,
                 cpus_per_learner, cpus_per_engine_worker):
     "Ranges and names; raise `PlacementError` on the first bad argument."
@@ -134,7 +135,7 @@ def _check_args(nodes, gpus_per_node, learners_per_node, num_engines, tp, cpus_p
                              f"(got {cpus_per_learner} per learner, {cpus_per_engine_worker} per engine worker).",
                              "--cpus-per-learner 1 --cpus-per-engine-worker 1")
 
-# %% ../nbs/02_placement.ipynb 25
+# %% ../nbs/02_placement.ipynb 27
 def _check_learners(nodes, units, lpn, unit_name, per_learner, cpus_per_node, cpus_per_learner):
     "A learner bundle bigger than a node, or more STRICT_SPREAD bundles than nodes."
     world = sum(lpn)
@@ -158,7 +159,7 @@ def _check_learners(nodes, units, lpn, unit_name, per_learner, cpus_per_node, cp
             f"{len(lpn)} learner bundles ({' '.join(map(str, lpn))}) are placed STRICT_SPREAD, one node each, but the cluster has "
             f"{nodes} node(s).", f"--nodes {len(lpn)} (--cluster.nodes={len(lpn)}){alt}")
 
-# %% ../nbs/02_placement.ipynb 28
+# %% ../nbs/02_placement.ipynb 30
 def _check_engines(nodes, units, unit, lpn, per_learner, num_engines, tp, per_worker, cpus_per_node, cpus_per_learner,
                    cpus_per_engine_worker, device) -> list:
     "TP that spans nodes, learners + engines beyond the cluster, engines that do not pack per node. Returns engines per node."
@@ -196,7 +197,7 @@ def _check_engines(nodes, units, unit, lpn, per_learner, num_engines, tp, per_wo
         f"[{', '.join(str(_num(f)) for f in free)}] hold at most {fit} engine(s) of {_num(eng)} {unit}s "
         f"({_num(sum(free))} free in total, but an engine cannot span nodes).", ", or ".join(fixes) or "fewer learners or more nodes")
 
-# %% ../nbs/02_placement.ipynb 31
+# %% ../nbs/02_placement.ipynb 33
 def _assign(nodes, lpn, num_engines, tp, caps, device, units):
     "Learner slots, engine slots and the per-node picture of a validated plan."
     learners, roles = [], [[] for _ in range(nodes)]
@@ -212,7 +213,7 @@ def _assign(nodes, lpn, num_engines, tp, caps, device, units):
     if device == "cuda": roles = [r + ["-"] * (units - len(r)) for r in roles]
     return tuple(learners), tuple(engines), tuple(tuple(r) for r in roles)
 
-# %% ../nbs/02_placement.ipynb 32
+# %% ../nbs/02_placement.ipynb 34
 def plan_layout(nodes:int, # nodes in the Ray cluster
                 gpus_per_node:int, # GPUs on each node (ignored with device="cpu")
                 learners_per_node:list[int], # learner processes on each learner node; node i holds bundle i
@@ -242,7 +243,7 @@ def plan_layout(nodes:int, # nodes in the Ray cluster
                   _num(cpus_per_learner), _num(cpus_per_engine_worker), "STRICT_SPREAD" if len(lpn) > 1 else "PACK", lb, "PACK", eb,
                   learners, engines, roles)
 
-# %% ../nbs/02_placement.ipynb 34
+# %% ../nbs/02_placement.ipynb 36
 def plan_colocated(nodes:int, # nodes in the Ray cluster
                    gpus_per_node:int, # GPUs on each node (ignored with device="cpu")
                    learners_per_node:list[int], # one entry: learner processes on the single learner node
@@ -273,7 +274,7 @@ def plan_colocated(nodes:int, # nodes in the Ray cluster
                   "PACK", bundles, "PACK", (), learners, engines, (tuple(roles),) + tuple(("-",) * gpus_per_node if device == "cuda" else () for _ in range(nodes - 1)), "colocated")
 
 
-# %% ../nbs/02_placement.ipynb 39
+# %% ../nbs/02_placement.ipynb 41
 def _bundles_text(bundles) -> str:
     "`[{GPU:2},{GPU:2},{GPU:4}]` -> '2 × {GPU: 2}, 1 × {GPU: 4}'."
     out, prev, k = [], None, 0
@@ -311,7 +312,7 @@ def layout_table(lay:Layout) -> str:
     lines.append(f"\n  L<rank> learner, E<engine>[.<tp rank>] engine worker (sync rank = 1 + engine·TP + tp rank)" + (", - idle" if lay.device == "cuda" else ""))
     return "\n".join(lines)
 
-# %% ../nbs/02_placement.ipynb 42
+# %% ../nbs/02_placement.ipynb 44
 def _to_dict(self:Layout) -> dict:
     "Plain data of the layout (what `grpo_nb layout --json` prints)."
     d = asdict(self)
@@ -324,7 +325,7 @@ def _to_dict(self:Layout) -> dict:
 
 Layout.to_dict = _to_dict
 
-# %% ../nbs/02_placement.ipynb 45
+# %% ../nbs/02_placement.ipynb 47
 def _from_config(cls, cfg, # a `grpo_nb.config.TrainConfig`
                 cpus_per_learner:float=1, # CPUs reserved per learner process
                 cpus_per_engine_worker:float=1, # CPUs reserved per engine TP worker
@@ -337,7 +338,7 @@ def _from_config(cls, cfg, # a `grpo_nb.config.TrainConfig`
 
 Layout.from_config = classmethod(_from_config)
 
-# %% ../nbs/02_placement.ipynb 47
+# %% ../nbs/02_placement.ipynb 49
 def idle_advice(lay:Layout, # a planned layout
                ) -> str: # "" when every GPU has work, else a warning that names the fixes
     "How many GPUs `lay` leaves idle, on which nodes, and how to fill them."
@@ -357,7 +358,7 @@ def idle_advice(lay:Layout, # a planned layout
     if 0 < need < lay.nodes: fixes.append(f"--cluster.nodes={need} (and sbatch --nodes {need}): the work fits on {need} node(s)")
     return f"{lay.idle_gpus} of {lay.nodes * lay.gpus_per_node} GPUs would sit idle ({', '.join(runs)}). Fill them: " + "; or ".join(fixes)
 
-# %% ../nbs/02_placement.ipynb 51
+# %% ../nbs/02_placement.ipynb 53
 SEED_LAYOUTS:dict[str, dict] = {
     "7B on 5 × 8 GPUs (open-instruct)": dict(nodes=5, gpus_per_node=8, learners_per_node=[8], num_engines=32, tp=1),
     "7B on 10 × 4 GPUs (Isambard port)": dict(nodes=10, gpus_per_node=4, learners_per_node=[2] * 10, num_engines=20, tp=1),
@@ -369,7 +370,7 @@ SEED_LAYOUTS:dict[str, dict] = {
 }
 "Named example layouts from the reference runs (and their mistakes), used by the notebook and the tests."
 
-# %% ../nbs/02_placement.ipynb 58
+# %% ../nbs/02_placement.ipynb 60
 def learner_env(lay:Layout, # the layout
                 rank:int, # learner rank
                 master_addr:str, # IP of learner rank 0's node (the rendezvous)
@@ -381,7 +382,7 @@ def learner_env(lay:Layout, # the layout
             "MASTER_PORT": str(master_port), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
             "GRPO_NODE_LOCAL_RANK": str(s.local_rank), "GRPO_LEARNER_BUNDLE": str(s.bundle)}
 
-# %% ../nbs/02_placement.ipynb 61
+# %% ../nbs/02_placement.ipynb 63
 def ray_start_args(role:Literal["head","worker"], # "head" starts the cluster, "worker" joins it
                    head_ip:str, # IP address of the head node
                    port:int=6379, # GCS port of the head
@@ -403,7 +404,7 @@ def ray_start_args(role:Literal["head","worker"], # "head" starts the cluster, "
     a += [f"--{k}={v}" for k, v in (options or {}).items()] + ["--disable-usage-stats"]
     return a + (["--block"] if block else [])
 
-# %% ../nbs/02_placement.ipynb 64
+# %% ../nbs/02_placement.ipynb 66
 def cluster_nodes() -> list[dict]:
     "Live nodes of the connected Ray cluster: id, IP, GPUs and CPUs (total and free now), sorted by IP."
     import ray
@@ -418,6 +419,7 @@ def cluster_nodes() -> list[dict]:
                      "free_gpus": _num(av.get("GPU", 0)), "free_cpus": _num(av.get("CPU", 0))})
     return sorted(rows, key=lambda r: (r["ip"], r["node_id"]))
 
+# %% ../nbs/02_placement.ipynb 68
 def nodes_text(rows:list[dict], # `cluster_nodes()`
                free:bool=True, # also say what is free now (Ray's view lags a little behind removals)
               ) -> str:
@@ -426,7 +428,7 @@ def nodes_text(rows:list[dict], # `cluster_nodes()`
     return "; ".join(f"{r['ip']} ({r['node_id'][:6]}): {r['gpus']} GPU{f(r, 'gpus')}, {r['cpus']} CPU{f(r, 'cpus')}"
                      for r in rows) or "no live node"
 
-# %% ../nbs/02_placement.ipynb 66
+# %% ../nbs/02_placement.ipynb 70
 def wait_for_nodes(n_nodes:int, # nodes that must be alive
                    n_gpus:int=0, # GPUs they must offer in total
                    timeout_s:float=300, # give up after this many seconds
@@ -452,7 +454,7 @@ def wait_for_nodes(n_nodes:int, # nodes that must be alive
         "look at `ray start --address=...` on the missing nodes (its log: <temp-dir>/session_latest/logs/raylet.err): "
         "the same RAY_AUTH_MODE (or token) on head, workers and driver, the head's port reachable, --num-gpus declared")
 
-# %% ../nbs/02_placement.ipynb 68
+# %% ../nbs/02_placement.ipynb 72
 def check_cluster(lay:Layout, # the plan
                   rows:list[dict], # `cluster_nodes()` of the live cluster
                  ) -> None:
@@ -476,7 +478,7 @@ def check_cluster(lay:Layout, # the plan
         raise PlacementError(f"the layout needs {_num(total)} {unit}s ({lay.num_engines} engines of {_num(eng)}); the cluster has "
                              f"{_num(sum(caps))}: {nt}.", fix)
 
-# %% ../nbs/02_placement.ipynb 70
+# %% ../nbs/02_placement.ipynb 74
 def wait_for_group(pg, # a ray PlacementGroup
                    what:str, # how to name it in errors ("learner", "engine")
                    timeout_s:float=60, # give up after this many seconds
@@ -497,7 +499,7 @@ def wait_for_group(pg, # a ray PlacementGroup
                                  f"{nodes_text(cluster_nodes())}.",
                                  "stop what holds them (ray list actors / placement-groups), or lower the engine count")
 
-# %% ../nbs/02_placement.ipynb 71
+# %% ../nbs/02_placement.ipynb 75
 @dataclass
 class PlacementGroups:
     "The placement groups realising a `Layout` on a live cluster (made by `create_placement_groups`)."
@@ -517,7 +519,7 @@ class PlacementGroups:
         for pg in (self.engines, self.learners):
             if pg is not None: remove_placement_group(pg)
 
-# %% ../nbs/02_placement.ipynb 72
+# %% ../nbs/02_placement.ipynb 76
 def create_placement_groups(lay:Layout, # the plan
                             timeout_s:float=60, # per group: refuse if not placed by then
                             poll_s:int=1, # seconds per slice of waiting
@@ -539,7 +541,7 @@ def create_placement_groups(lay:Layout, # the plan
         for pg in made: remove_placement_group(pg)
         raise
 
-# %% ../nbs/02_placement.ipynb 74
+# %% ../nbs/02_placement.ipynb 78
 def placed_actor_options(groups:PlacementGroups, # the live placement groups
                          role:Literal["learner","engine"], # which kind of actor
                          index:int, # learner rank, or engine index
@@ -561,7 +563,7 @@ def placed_actor_options(groups:PlacementGroups, # the live placement groups
     if env_vars: opts["runtime_env"] = {"env_vars": dict(env_vars)}
     return opts
 
-# %% ../nbs/02_placement.ipynb 76
+# %% ../nbs/02_placement.ipynb 80
 def placement_report() -> dict:
     "Where the calling Ray actor runs: node id, IP, host, pid, CUDA_VISIBLE_DEVICES and Ray's GPU ids."
     import ray
@@ -576,7 +578,7 @@ class _Probe:
         if extra is not None: r.update(extra())
         return r
 
-# %% ../nbs/02_placement.ipynb 77
+# %% ../nbs/02_placement.ipynb 81
 def probe_placement(groups:PlacementGroups, # the live placement groups
                     extra:Callable[[], dict]|None=None, # run inside every probe; its dict is merged into the report
                     env_vars:dict[str, str]|None=None, # environment of the probe actors
@@ -594,7 +596,7 @@ def probe_placement(groups:PlacementGroups, # the live placement groups
         for a in actors: ray.kill(a)
     return [{"role": role, **info, **r} for (role, _, info), r in zip(slots, reports)]
 
-# %% ../nbs/02_placement.ipynb 79
+# %% ../nbs/02_placement.ipynb 83
 def _check_colocated(lay:Layout, reports:list[dict], L:list[dict]) -> str:
     "Colocated: learner i and engine i share one GPU of one node; no two learners share a GPU."
     where = {}
@@ -611,7 +613,7 @@ def _check_colocated(lay:Layout, reports:list[dict], L:list[dict]) -> str:
     return next(r["ip"] for r in L if r["rank"] == 0)
 
 
-# %% ../nbs/02_placement.ipynb 80
+# %% ../nbs/02_placement.ipynb 84
 def check_placement(lay:Layout, # the plan
                     reports:list[dict], # `probe_placement` rows (or the same keys from real actors)
                    ) -> str:
@@ -640,7 +642,7 @@ def check_placement(lay:Layout, # the plan
                 owners[g] = f"{r['role']} {r['rank']}"
     return next(r["ip"] for r in L if r["rank"] == 0)
 
-# %% ../nbs/02_placement.ipynb 83
+# %% ../nbs/02_placement.ipynb 87
 def reports_table(reports:list[dict]) -> str:
     "One line per placed actor: role, rank, bundle, node, IP, CUDA_VISIBLE_DEVICES, sync ranks (and GPU UUID if reported)."
     lines = [f"{'role':<8} {'rank':>4} {'bundle':>6}  {'node':<8} {'ip':<15} {'CUDA_VISIBLE_DEVICES':<20} sync ranks"]
@@ -649,7 +651,7 @@ def reports_table(reports:list[dict]) -> str:
                      f"{str(r.get('cuda_visible_devices')):<20} {r.get('sync_ranks')}" + (f"  {r['gpu_uuids']}" if r.get("gpu_uuids") else ""))
     return "\n".join(lines)
 
-# %% ../nbs/02_placement.ipynb 87
+# %% ../nbs/02_placement.ipynb 91
 def layout_command(*, config:str|None=None, # YAML file or preset whose cluster/rollout sections give the defaults (default: the default config)
                    nodes:int|None=None, # nodes in the Ray cluster
                    gpus_per_node:int|None=None, # GPUs on each node

@@ -47,7 +47,7 @@ def row_loader(path:str, # a data path as configured
     suffix = Path(path).suffix
     return (ROW_LOADERS[suffix], "suffix") if suffix in ROW_LOADERS else None
 
-# %% ../nbs/02c_run.ipynb 10
+# %% ../nbs/02c_run.ipynb 11
 def data_path(path:str, # a data file as configured
              ) -> Path: # the path as given, else found relative to a parent directory or the repository
     "Where a data file is (so `data/...` works from `nbs/` and from the repository alike)."
@@ -57,6 +57,7 @@ def data_path(path:str, # a data file as configured
         if (d / p).exists(): return d / p
     return p
 
+# %% ../nbs/02c_run.ipynb 13
 def _read_records(p:Path, where:str) -> list[dict]:
     if p.suffix == ".jsonl":
         out = []
@@ -77,6 +78,7 @@ def _read_records(p:Path, where:str) -> list[dict]:
     raise ConfigError(where, f"unknown format {p.suffix!r} (expected .jsonl, .json or .parquet).",
                       f"convert it to jsonl, or read it with a plug-in in data.plugins (@register_loader({p.suffix!r}) from grpo_nb.run)")
 
+# %% ../nbs/02c_run.ipynb 15
 def _plugin_rows(fn:Callable, path:str, where:str) -> list:
     "A plug-in loader's rows; its failure becomes a `ConfigError` naming the loader."
     try: rows = fn(path)
@@ -87,6 +89,7 @@ def _plugin_rows(fn:Callable, path:str, where:str) -> list:
     if not isinstance(rows, list): raise ConfigError(where, f"the row loader {fn.__qualname__} returned a {type(rows).__name__}, not a list of rows.", "return a list of dicts")
     return rows
 
+# %% ../nbs/02c_run.ipynb 17
 def load_rows(path:str, # jsonl/json/parquet file, `builtin:<name>` (see `grpo_nb.tiny.BUILTIN_DATASETS`), or a plug-in's format (`register_loader`)
               prompt_key:str="prompt", # field holding the prompt
               answer_key:str="answer", # field holding the reference answer
@@ -112,7 +115,7 @@ def load_rows(path:str, # jsonl/json/parquet file, `builtin:<name>` (see `grpo_n
     if gaps: raise ConfigError(where, f"row {gaps} of {path} lacks {prompt_key!r} or {answer_key!r}.", "complete or drop that row")
     return [{**r, "prompt": r[prompt_key], "answer": r[answer_key]} for r in rows]
 
-# %% ../nbs/02c_run.ipynb 15
+# %% ../nbs/02c_run.ipynb 22
 class MetricsLog:
     "Per-step metrics to JSON lines, TensorBoard and (optionally) W&B; rolled back to the checkpoint on resume."
     def __init__(self, out_dir:str|Path, # the run's output directory
@@ -170,12 +173,13 @@ class MetricsLog:
         if self.tb is not None: self.tb.close()
         if self.wb is not None: self.wb.finish()
 
+# %% ../nbs/02c_run.ipynb 24
 def read_metrics(out_dir:str|Path) -> list[dict]:
     "The records of `<out_dir>/metrics.jsonl`."
     p = Path(out_dir) / "metrics.jsonl"
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 
-# %% ../nbs/02c_run.ipynb 18
+# %% ../nbs/02c_run.ipynb 27
 @dataclass(frozen=True)
 class RankEnv:
     "This process's place in a launcher-started job."
@@ -183,14 +187,14 @@ class RankEnv:
     world_size:int # W: processes in the job
     local_rank:int # rank on this node (the GPU index on GPU nodes)
 
+# %% ../nbs/02c_run.ipynb 29
 def rank_env(environ:dict|None=None, # the environment (None: os.environ)
             ) -> RankEnv:
     "Rank, world size and local rank from RANK, WORLD_SIZE and LOCAL_RANK; one process without them."
     e = os.environ if environ is None else environ
     return RankEnv(int(e.get("RANK", 0)), int(e.get("WORLD_SIZE", 1)), int(e.get("LOCAL_RANK", 0)))
 
-
-# %% ../nbs/02c_run.ipynb 21
+# %% ../nbs/02c_run.ipynb 32
 def init_process_group(backend:str="auto", # "nccl", "gloo", or "auto" (nccl when `device` is a GPU, else gloo)
                        device:torch.device|str="cpu", # this rank's device
                        timeout_s:float=1800.0, # a collective waiting this long fails the job
@@ -205,7 +209,7 @@ def init_process_group(backend:str="auto", # "nccl", "gloo", or "auto" (nccl whe
     return env
 
 
-# %% ../nbs/02c_run.ipynb 24
+# %% ../nbs/02c_run.ipynb 35
 def stop_requested(flag, # this rank's `grpo_nb.stop.StopFlag` (anything with a truth value)
                    world_size:int=1, # W (a torch.distributed group when > 1)
                    device:torch.device|str="cpu", # where the collective's tensor lives (the rank's GPU under NCCL)
@@ -217,7 +221,7 @@ def stop_requested(flag, # this rank's `grpo_nb.stop.StopFlag` (anything with a 
     return bool(t.item() > 0)
 
 
-# %% ../nbs/02c_run.ipynb 27
+# %% ../nbs/02c_run.ipynb 38
 def run_command(prog:str, # the command as users type it (`grpo_nb train`), for messages
                 body:Callable[[], int|None], # the command's work; returns its exit status (None: 0)
                 quiet:bool=False, # print no error message (every rank but 0)
@@ -238,7 +242,7 @@ def run_command(prog:str, # the command as users type it (`grpo_nb train`), for 
         return 1
 
 
-# %% ../nbs/02c_run.ipynb 30
+# %% ../nbs/02c_run.ipynb 41
 def fill(template:str, **values) -> str:
     "Replace every `{{name}}` in `template` with `values[name]`; raise if a hole is left."
     out = re.sub(r"\{\{(\w+)\}\}", lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
@@ -247,7 +251,7 @@ def fill(template:str, **values) -> str:
     return out
 
 
-# %% ../nbs/02c_run.ipynb 32
+# %% ../nbs/02c_run.ipynb 43
 # The shell functions of a batch script that forwards the walltime signal to its trainer and requeues the job after a clean stop.
 STOP_AND_REQUEUE = r'''# >>> stop and requeue: the walltime signal (SIGUSR1) or SIGTERM checkpoints the run, exit 0, and the job requeues itself
 # (SIGNAL_CHILDREN=1: the signal goes to the trainer's children, e.g. torchrun's workers; torchrun itself would die of it)

@@ -10,10 +10,11 @@ from pathlib import Path
 # %% auto 0
 __all__ = ['SIGNALS', 'catch_early', 'early_signals', 'StopFlag', 'settle', 'exit_now']
 
-# %% ../nbs/02b_stop.ipynb 6
+# %% ../nbs/02b_stop.ipynb 7
 SIGNALS = ("SIGUSR1", "SIGTERM")
 "The signals that ask a run to checkpoint and stop."
 
+# %% ../nbs/02b_stop.ipynb 9
 _early:list[str] = []   # signals seen before a `StopFlag` took over
 
 def catch_early() -> None:
@@ -27,7 +28,7 @@ def early_signals() -> list[str]:
     "Signals recorded by `catch_early` and not yet taken over by a `StopFlag`."
     return list(_early)
 
-# %% ../nbs/02b_stop.ipynb 7
+# %% ../nbs/02b_stop.ipynb 10
 class StopFlag:
     "Set by SIGUSR1/SIGTERM (or by hand); a training loop checkpoints and stops at its next step boundary."
     def __init__(self): self.reason:str|None = None; self._old = {}
@@ -47,7 +48,7 @@ class StopFlag:
         for sig, h in self._old.items(): signal.signal(sig, h)
         self._old = {}
 
-# %% ../nbs/02b_stop.ipynb 13
+# %% ../nbs/02b_stop.ipynb 16
 def settle(status:int=0, # the exit status the run earned, passed through
           ) -> int: # `status`, so that an entry point ends with `sys.exit(settle(main()))`
     "The run is over (its last checkpoint is written): ignore SIGUSR1/SIGTERM from now on (main thread only), so a late signal cannot turn exit 0 into 138."
@@ -55,6 +56,7 @@ def settle(status:int=0, # the exit status the run earned, passed through
         for name in SIGNALS: signal.signal(getattr(signal, name), signal.SIG_IGN)
     return status
 
+# %% ../nbs/02b_stop.ipynb 18
 def exit_now(status:int=0, # the exit status the run earned
             ) -> None:
     "Flush and end the process at once, skipping interpreter teardown: for torchrun workers whose work is written and whose group is closed."
