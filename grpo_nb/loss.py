@@ -100,7 +100,7 @@ def group_advantages(rewards:Tensor, # [B], B = P·G, groups contiguous
     adv = torch.where((r.amax(-1) == r.amin(-1))[:, None], torch.zeros_like(adv), adv)
     return adv.reshape(-1)
 
-# %% ../nbs/03_loss.ipynb 19
+# %% ../nbs/03_loss.ipynb 20
 @register_in(KL_ESTIMATORS, "k1")
 def kl_k1(logp:Tensor, # log π_θ of the sampled tokens
           ref_logp:Tensor, # log π_ref of the same tokens
@@ -108,6 +108,7 @@ def kl_k1(logp:Tensor, # log π_θ of the sampled tokens
     "k1 = log π_θ - log π_ref."
     return logp - ref_logp
 
+# %% ../nbs/03_loss.ipynb 22
 @register_in(KL_ESTIMATORS, "k2")
 def kl_k2(logp:Tensor, # log π_θ of the sampled tokens
           ref_logp:Tensor, # log π_ref of the same tokens
@@ -115,6 +116,7 @@ def kl_k2(logp:Tensor, # log π_θ of the sampled tokens
     "k2 = ½ (log π_θ - log π_ref)²."
     return 0.5 * (logp - ref_logp).square()
 
+# %% ../nbs/03_loss.ipynb 24
 @register_in(KL_ESTIMATORS, "k3")
 def kl_k3(logp:Tensor, # log π_θ of the sampled tokens
           ref_logp:Tensor, # log π_ref of the same tokens
@@ -123,7 +125,7 @@ def kl_k3(logp:Tensor, # log π_θ of the sampled tokens
     d = (ref_logp - logp).clamp(-20, 20)
     return d.exp() - d - 1
 
-# %% ../nbs/03_loss.ipynb 20
+# %% ../nbs/03_loss.ipynb 25
 def kl_penalty(logp:Tensor, # log π_θ of the sampled tokens, any shape
                ref_logp:Tensor, # log π_ref of the same tokens, same shape
                kind:Literal["k1","k2","k3"]="k3", # estimator name in `KL_ESTIMATORS` (config `learner.kl`)
@@ -131,7 +133,7 @@ def kl_penalty(logp:Tensor, # log π_θ of the sampled tokens, any shape
     "Per-token estimate of KL(π_θ ‖ π_ref); the loss adds `kl_beta` times it to every token."
     return pick(KL_ESTIMATORS, kind, "learner.kl")(logp, ref_logp)
 
-# %% ../nbs/03_loss.ipynb 25
+# %% ../nbs/03_loss.ipynb 30
 def _seq_index(mask:Tensor, seq_ids:Tensor|None) -> Tensor:
     "Sequence id of every token: `seq_ids`, or the row index when each row of the last dim is one sequence."
     if seq_ids is None:
@@ -155,11 +157,12 @@ def agg_counts(mask:Tensor, # 1 for tokens that count, [B,T] or packed [N]
     "This call's share of the global denominators `num_tokens` and `num_seqs`."
     return torch.stack([mask.sum().to(torch.int64), _seq_lengths(mask, seq_ids)[1].to(torch.int64)])
 
-# %% ../nbs/03_loss.ipynb 26
+# %% ../nbs/03_loss.ipynb 32
 def _denominator(local, given) -> Tensor:
     d = local if given is None else torch.as_tensor(given, device=local.device)
     return d.to(torch.float64).clamp(min=1)
 
+# %% ../nbs/03_loss.ipynb 34
 @register_in(AGGREGATIONS, "token-mean")
 def agg_token_mean(mask:Tensor, # 1 for tokens that count
                    seq_ids:Tensor|None=None, # packed sequence ids (unused here)
@@ -170,6 +173,7 @@ def agg_token_mean(mask:Tensor, # 1 for tokens that count
     "w_t = 1/N: every token of the optimizer step counts the same."
     return mask.to(torch.float64) / _denominator(mask.sum(), num_tokens)
 
+# %% ../nbs/03_loss.ipynb 36
 @register_in(AGGREGATIONS, "seq-mean-token-mean")
 def agg_seq_mean_token_mean(mask:Tensor, # 1 for tokens that count
                             seq_ids:Tensor|None=None, # packed sequence ids; None: rows are sequences
@@ -181,6 +185,7 @@ def agg_seq_mean_token_mean(mask:Tensor, # 1 for tokens that count
     n, S = _seq_lengths(mask, seq_ids)
     return mask.to(torch.float64) / (n.clamp(min=1) * _denominator(S, num_seqs))
 
+# %% ../nbs/03_loss.ipynb 38
 @register_in(AGGREGATIONS, "seq-mean-token-sum-norm")
 def agg_seq_mean_token_sum_norm(mask:Tensor, # 1 for tokens that count
                                 seq_ids:Tensor|None=None, # packed sequence ids; None: rows are sequences
@@ -195,7 +200,7 @@ def agg_seq_mean_token_sum_norm(mask:Tensor, # 1 for tokens that count
     _, S = _seq_lengths(mask, seq_ids)
     return mask.to(torch.float64) / (float(norm_len) * _denominator(S, num_seqs))
 
-# %% ../nbs/03_loss.ipynb 31
+# %% ../nbs/03_loss.ipynb 43
 def clipped_pg(ratio:Tensor, # π_θ/π_old per token
                adv:Tensor, # advantage per token (broadcastable to `ratio`)
                clip_low:float=0.2, # ratio clipped below at 1 - clip_low
@@ -207,7 +212,7 @@ def clipped_pg(ratio:Tensor, # π_θ/π_old per token
     if dual_clip is not None: loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
     return loss
 
-# %% ../nbs/03_loss.ipynb 35
+# %% ../nbs/03_loss.ipynb 47
 def tis_weights(old_logp:Tensor, # log π_old (learner) of the sampled tokens
                 rollout_logp:Tensor, # log π_engine of the same tokens, as the engine reported them
                 cap:float|None=2.0, # C: weights above it are cut to it; None: no cap
@@ -216,7 +221,7 @@ def tis_weights(old_logp:Tensor, # log π_old (learner) of the sampled tokens
     w = (old_logp.detach() - rollout_logp.detach()).clamp(max=20).exp()
     return w if cap is None else w.clamp(max=cap)
 
-# %% ../nbs/03_loss.ipynb 38
+# %% ../nbs/03_loss.ipynb 50
 def _masked_mean(x:Tensor, m:Tensor) -> Tensor:
     return (torch.where(m, x, 0).sum() / m.sum().clamp(min=1)).float()
 
@@ -230,7 +235,7 @@ def _pg_metrics(ratio, adv, m, clip_low, clip_high, dual_clip) -> dict[str, Tens
             "ratio_mean": _masked_mean(ratio, m), "ratio_min": torch.where(m, ratio, big).amin().float(),
             "ratio_max": torch.where(m, ratio, -big).amax().float()}
 
-# %% ../nbs/03_loss.ipynb 39
+# %% ../nbs/03_loss.ipynb 52
 def policy_loss(logp:Tensor, # log π_θ of the sampled tokens, [B,T] or packed [N]; carries the gradient
                 old_logp:Tensor|None, # log π_old of the same tokens (the policy that made the batch), detached; None: logp.detach() (ratio 1)
                 advantages:Tensor, # per sequence [B] (rows of `logp`), or per token like `logp`
@@ -283,7 +288,7 @@ def policy_loss(logp:Tensor, # log π_θ of the sampled tokens, [B,T] or packed 
     metrics.update(loss=loss.detach().float(), pg_loss=pg.detach().float(), tokens=m.sum().float())
     return loss, metrics
 
-# %% ../nbs/03_loss.ipynb 50
+# %% ../nbs/03_loss.ipynb 63
 def loss_kwargs(learner, # a `LearnerConfig` (or anything with its fields)
                ) -> dict: # keyword arguments for `policy_loss`
     "The `policy_loss` keyword arguments that `learner` (a `LearnerConfig`) sets."
@@ -291,12 +296,13 @@ def loss_kwargs(learner, # a `LearnerConfig` (or anything with its fields)
             "agg": learner.agg, "kl": learner.kl, "kl_beta": learner.kl_beta, "tis_cap": learner.tis_cap,
             "entropy_coef": learner.entropy_coef}
 
-# %% ../nbs/03_loss.ipynb 56
+# %% ../nbs/03_loss.ipynb 70
 def _chunk_logits(h:Tensor, weight:Tensor, temperature:float, acc:torch.dtype) -> Tensor:
     "z = h Wᵀ / τ for one chunk: [c, H] × [V, H]ᵀ -> [c, V] in the accumulation dtype."
     z = (h @ weight.t()).to(acc)  # matmul in the weights' dtype, like lm_head(h).float()
     return z.div_(temperature) if temperature != 1.0 else z
 
+# %% ../nbs/03_loss.ipynb 72
 class ChunkedLogProbs(torch.autograd.Function):
     "Log-probs (and entropy) of chosen tokens, chunk by chunk; backward recomputes each chunk's logits."
     @staticmethod
@@ -349,7 +355,7 @@ class ChunkedLogProbs(torch.autograd.Function):
             del gz
         return gh, (gw.to(weight.dtype) if need_w else None), None, None, None, None
 
-# %% ../nbs/03_loss.ipynb 57
+# %% ../nbs/03_loss.ipynb 73
 def token_logprobs(hidden:Tensor, # final hidden states [N, H] or [B, T, H] (bf16 on GPU)
                    lm_head_weight:Tensor, # output projection [V, H] (tied embeddings: the embedding matrix)
                    tokens:Tensor, # next-token ids [N] or [B, T] (tokens[t] = input_ids[t+1]); < 0: ignored
@@ -367,13 +373,14 @@ def token_logprobs(hidden:Tensor, # final hidden states [N, H] or [B, T, H] (bf1
                                       float(temperature), int(chunk), bool(with_entropy))
     return (logp.view(tokens.shape), ent.view(tokens.shape)) if with_entropy else logp.view(tokens.shape)
 
-# %% ../nbs/03_loss.ipynb 59
+# %% ../nbs/03_loss.ipynb 75
 def entropy_from_logits(logits:Tensor, # [..., V]
                        ) -> Tensor: # [...], in fp32 (float64 for float64 logits)
     "Entropy of softmax(logits): logsumexp(z) - Σ softmax(z)·z."
     z = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
 
+# %% ../nbs/03_loss.ipynb 77
 def token_logprobs_naive(hidden:Tensor, # [N, H] or [B, T, H]
                          lm_head_weight:Tensor, # [V, H]
                          tokens:Tensor, # next-token ids like hidden's leading dims; < 0: ignored

