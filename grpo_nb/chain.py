@@ -48,13 +48,14 @@ chain_next() {  # chain_next TRAIN_RC START_STEP END_STEP: submit the job that r
   log "chain: submitted job $id (GRPO_CHAIN_INDEX=$next); it starts when job $SLURM_JOB_ID ends and resumes from step $end"
 }'''
 
-# %% ../nbs/09a_chain.ipynb 12
+# %% ../nbs/09a_chain.ipynb 13
 def functions_block(script:str) -> str:
     "The shell functions of a generated batch script (between its `>>> functions` and `<<< functions` lines)."
     m = re.search(r"^# >>> functions.*?\n(.*?)^# <<< functions", script, re.M | re.S)
     if not m: raise ValueError("no functions block in this script")
     return m.group(1)
 
+# %% ../nbs/09a_chain.ipynb 15
 def run_chain_case(script:str, rc:int, start:int, end:int, stop:int=1, index:int=0, ledger_jobs:int=1,
                    max_chains:int=3, total:int=100) -> tuple[str, str]:
     "Run `chain_next` of `script` (its functions block) once in a scratch directory; return (its log line, the stub sbatch's argv)."

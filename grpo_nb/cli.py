@@ -32,17 +32,18 @@ COMMANDS:dict[str, tuple[str, str]] = {
 }
 "Subcommand -> (`module:function`, one-line help). The function takes argv and returns an exit code; `a|b` tries `a` first."
 
+# %% ../nbs/13_cli.ipynb 8
 STOPPABLE = ("train", "demo")
 "Subcommands that checkpoint and exit 0 on SIGUSR1/SIGTERM, from their first line on (`grpo_nb.stop`)."
 
-# %% ../nbs/13_cli.ipynb 7
+# %% ../nbs/13_cli.ipynb 9
 def _usage() -> str:
     w = max(map(len, COMMANDS))
     rows = "\n".join(f"  {k:<{w}}  {h}" for k, (_, h) in COMMANDS.items())
     return (f"usage: grpo_nb <command> [args ...]\n\nGRPO on SLURM GPU clusters with Ray, vLLM and DeepSpeed.\n\n"
             f"commands:\n{rows}\n\n`grpo_nb <command> --help` describes a command.")
 
-# %% ../nbs/13_cli.ipynb 8
+# %% ../nbs/13_cli.ipynb 10
 def _resolve(name:str):
     "The function behind subcommand `name` (the first of its `|` alternatives that exists), or None."
     for spec in COMMANDS[name][0].split("|"):
@@ -54,7 +55,7 @@ def _resolve(name:str):
         if hasattr(mod, func): return getattr(mod, func)
     return None
 
-# %% ../nbs/13_cli.ipynb 10
+# %% ../nbs/13_cli.ipynb 12
 HEAVY = ("torch", "numpy", "ray", "deepspeed", "vllm", "transformers", "safetensors", "accelerate", "datasets", "pyarrow",
          "pandas", "scipy", "tensorboard", "wandb", "liger_kernel", "triton", "matplotlib", "sympy", "math_verify", "psutil")
 "Top-level packages that `describing` stands in for while a command's `--help` is built."
@@ -88,7 +89,7 @@ class _InertFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec): m = _InertModule(spec.name); m.__path__ = []; return m
     def exec_module(self, module): pass
 
-# %% ../nbs/13_cli.ipynb 11
+# %% ../nbs/13_cli.ipynb 13
 @contextlib.contextmanager
 def describing():
     "While inside: the `HEAVY` packages not yet imported are inert placeholders; afterwards every module imported meanwhile is forgotten."
@@ -101,7 +102,7 @@ def describing():
             mod, (parent, _, child) = sys.modules.pop(k), k.rpartition(".")
             if parent in sys.modules and getattr(sys.modules[parent], child, None) is mod: delattr(sys.modules[parent], child)   # `from grpo_nb import trainer` must import it anew
 
-# %% ../nbs/13_cli.ipynb 13
+# %% ../nbs/13_cli.ipynb 16
 def main(argv:list[str]|None=None) -> int:
     "Entry point of the `grpo_nb` console script."
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -129,13 +130,14 @@ def main(argv:list[str]|None=None) -> int:
     except ConfigError as e:   # the one error path of every command: the field, what is wrong, the fix; nothing started
         print(f"grpo_nb {name}: error: {e}", file=sys.stderr); return 2
 
+# %% ../nbs/13_cli.ipynb 18
 def console() -> None:
     "Console-script wrapper: exit with `main`'s code, a late SIGUSR1/SIGTERM ignored (`grpo_nb.stop.settle`)."
     sys.exit(settle(main()))
 
 if __name__ == "__main__" and "__file__" in globals(): console()   # `python -m grpo_nb.cli ...` (not when a notebook runs this cell)
 
-# %% ../nbs/13_cli.ipynb 22
+# %% ../nbs/13_cli.ipynb 27
 TRAINER_LOADERS:dict[str, str] = {
     "grpo": "grpo_nb.config:load_config",
     "ddp": "grpo_nb.ddp:load_run",
@@ -152,7 +154,7 @@ def _load(spec:str): # `module:function`
     mod, fn = spec.split(":")
     return getattr(importlib.import_module(mod), fn)
 
-# %% ../nbs/13_cli.ipynb 23
+# %% ../nbs/13_cli.ipynb 28
 def config_command(config:str="default", # YAML file or preset ({presets})
                    *overrides:str, # any field as --section.field=value; see `grpo_nb config --fields`
                    json_:bool=False, # print JSON instead of YAML
@@ -185,7 +187,7 @@ def config_command(config:str="default", # YAML file or preset ({presets})
     print(json.dumps(out, indent=2) if json_ else yaml.safe_dump(out, sort_keys=False), end="")
     return 0
 
-# %% ../nbs/13_cli.ipynb 25
+# %% ../nbs/13_cli.ipynb 30
 def config_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb config [CONFIG] [--section.field=value ...] [--json]`: print the resolved config and derived values."
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -38,6 +38,7 @@ __all__ = ['logger', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch',
 # %% ../nbs/07_learner.ipynb 8
 logger = logging.getLogger("grpo_nb.learner")
 
+# %% ../nbs/07_learner.ipynb 10
 @dataclass
 class TrainBatch:
     "The sequences of one training step (or one rank's share of it)."
@@ -61,7 +62,7 @@ class TrainBatch:
         "Completion tokens of each sequence."
         return [len(s) - p for s, p in zip(self.input_ids, self.prompt_lens)]
 
-# %% ../nbs/07_learner.ipynb 9
+# %% ../nbs/07_learner.ipynb 11
 def check_batch(b:TrainBatch, # the batch
                ) -> TrainBatch:
     "Raise `ValueError` naming the sequence and the fix for the first inconsistency in `b`; return `b`."
@@ -79,7 +80,7 @@ def check_batch(b:TrainBatch, # the batch
                 raise ValueError(f"sequence {i}: {len(v[i])} {name} for {len(s) - p} completion tokens. Fix: one per completion token.")
     return b
 
-# %% ../nbs/07_learner.ipynb 13
+# %% ../nbs/07_learner.ipynb 15
 def pack_sequences(lengths:Sequence[int], # tokens of each sequence
                    pack_length:int=0, # >0: at most this many tokens per micro-batch (first-fit decreasing)
                    max_seqs:int=1, # pack_length=0: sequences per micro-batch, in order
@@ -100,7 +101,7 @@ def pack_sequences(lengths:Sequence[int], # tokens of each sequence
         else: bins[j].append(i); room[j] -= lengths[i]
     return [sorted(b) for b in bins]
 
-# %% ../nbs/07_learner.ipynb 17
+# %% ../nbs/07_learner.ipynb 19
 @dataclass
 class MicroBatch:
     "One packed micro-batch: the row the model reads and the scored tokens the loss needs."
@@ -129,7 +130,7 @@ class MicroBatch:
         row[0, self.score_idx[self.mask]] = self.targets[self.mask]
         return row
 
-# %% ../nbs/07_learner.ipynb 18
+# %% ../nbs/07_learner.ipynb 20
 def _per_token(xs, idx, lens) -> Tensor|None:
     if xs is None: return None
     return torch.cat([torch.as_tensor(xs[i], dtype=torch.float32).reshape(-1) for i in idx] or [torch.zeros(0)])
@@ -155,7 +156,7 @@ def make_micro_batch(batch:TrainBatch, # the step's (or this rank's) sequences
     return MicroBatch(T(ids)[None], T(pos)[None], T(cu, torch.int32), max(lens), T(score), T(tgt), T(sid),
                       T(adv, torch.float32), T(mask, torch.bool), lens, **extra)
 
-# %% ../nbs/07_learner.ipynb 22
+# %% ../nbs/07_learner.ipynb 24
 class LogProbHead(nn.Linear):
     "An LM head that returns the log-probs of given next tokens, chunk by chunk (plain logits when called without them)."
     def forward(self, hidden:Tensor, # [N, H] (or [..., H]) final hidden states
@@ -168,6 +169,7 @@ class LogProbHead(nn.Linear):
         out = token_logprobs(hidden, self.weight, targets, chunk, temperature, with_entropy)
         return out if with_entropy else (out, None)
 
+# %% ../nbs/07_learner.ipynb 26
 def use_logprob_head(model:nn.Module, # a HF causal LM
                     ) -> nn.Module: # the same model, its output projection now a `LogProbHead`
     "Turn the model's output projection into a `LogProbHead` in place (weights, names and tying untouched)."
@@ -179,7 +181,7 @@ def use_logprob_head(model:nn.Module, # a HF causal LM
     head.__class__ = LogProbHead
     return model
 
-# %% ../nbs/07_learner.ipynb 24
+# %% ../nbs/07_learner.ipynb 28
 class PolicyLogProbs(nn.Module):
     "The learner's module: a causal LM whose forward returns log-probs (and entropy) of the scored tokens of a packed row."
     def __init__(self, policy:nn.Module, # a HF causal LM (its head becomes a `LogProbHead`)
@@ -199,7 +201,7 @@ class PolicyLogProbs(nn.Module):
         h = self.policy.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **attn_kwargs).last_hidden_state  # [1, L, H]
         return self.policy.get_output_embeddings()(h[0, score_idx], targets, chunk, temperature, with_entropy)
 
-# %% ../nbs/07_learner.ipynb 29
+# %% ../nbs/07_learner.ipynb 34
 def _flash_varlen_fn():
     "torch's varlen flash attention as f(q, k, v, cu, max_len, scale) on [L, heads, d] tensors, or None."
     import inspect
@@ -216,6 +218,7 @@ def _flash_varlen_fn():
 
 _VARLEN = {"fn": None, "repeat_kv": False}  # set by `pick_attention`: the checked kernel (None: one sdpa call per sequence)
 
+# %% ../nbs/07_learner.ipynb 36
 def per_sequence_sdpa(module:nn.Module, # the attention module
                       query:Tensor, # [1, heads, L, d]
                       key:Tensor, # [1, kv_heads, L, d]
@@ -229,6 +232,7 @@ def per_sequence_sdpa(module:nn.Module, # the attention module
                                              scaling=scaling, is_causal=True)[0]
                       for a, b in zip(bounds[:-1], bounds[1:])], dim=1)
 
+# %% ../nbs/07_learner.ipynb 38
 @torch.compiler.disable
 def _attend_within(module, query, key, value, cu, max_len, scaling) -> Tensor:
     "[1, heads, L, d] q/k/v -> [1, L, heads, d]: the varlen kernel for `cu` on the GPU, one sdpa per sequence for `cu` on the CPU."
@@ -239,6 +243,7 @@ def _attend_within(module, query, key, value, cu, max_len, scaling) -> Tensor:
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
     return _VARLEN["fn"](q, k, v, cu, max_len, scaling)[None]
 
+# %% ../nbs/07_learner.ipynb 40
 def varlen_attention(module:nn.Module, # the attention module (transformers passes it)
                      query:Tensor, # [1, heads, L, d]
                      key:Tensor, # [1, kv_heads, L, d]
@@ -255,7 +260,7 @@ def varlen_attention(module:nn.Module, # the attention module (transformers pass
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     return _attend_within(module, query, key, value, cu, kwargs.get("max_length_q"), scaling), None
 
-# %% ../nbs/07_learner.ipynb 30
+# %% ../nbs/07_learner.ipynb 42
 def check_varlen(device:str|torch.device="cuda", # where to check
                  dtype:torch.dtype=torch.bfloat16, # dtype of q, k, v
                  repeat_kv:bool=False, # expand KV heads before the kernel instead of passing grouped heads
@@ -286,6 +291,7 @@ def check_varlen(device:str|torch.device="cuda", # where to check
     errs = [float((a.detach().float() - b.detach().float()).abs().max()) / max(1.0, float(b.detach().abs().max())) for a, b in zip((out, *grads), (ref, *rgrads))]
     return None if max(errs) <= atol else f"mismatch against sdpa: relative errors (out, dq, dk, dv) {[f'{e:.1e}' for e in errs]}"
 
+# %% ../nbs/07_learner.ipynb 44
 def pick_attention(requested:str, # ModelConfig.attn_implementation ("sdpa", "flash_attention_2", "eager")
                    device:str, # "cuda" or "cpu"
                   ) -> str: # the transformers attention name the learner uses
@@ -303,13 +309,14 @@ def pick_attention(requested:str, # ModelConfig.attn_implementation ("sdpa", "fl
     _VARLEN.update(fn=None, repeat_kv=False)
     return "grpo_varlen"
 
+# %% ../nbs/07_learner.ipynb 46
 def attention_kernel(attn:str, # what `pick_attention` returned
                     ) -> str: # "varlen", "per-sequence sdpa", "sdpa with a block-diagonal mask", or `attn`
     "How packed rows are attended, in words (for logs and benchmark records)."
     if attn == "grpo_varlen": return "varlen" + (" (repeated KV)" if _VARLEN["repeat_kv"] else "") if _VARLEN["fn"] else "per-sequence sdpa"
     return "sdpa with a block-diagonal mask" if attn == "sdpa" else attn
 
-# %% ../nbs/07_learner.ipynb 37
+# %% ../nbs/07_learner.ipynb 53
 def step_counts(mbs:Sequence[MicroBatch], # this rank's micro-batches of one optimizer step
                 group=None, # torch.distributed group to all-reduce over; None: no reduction (one process)
                ) -> Tensor: # int64 [2]: (scored tokens N, sequences S) of the whole optimizer step
@@ -320,6 +327,7 @@ def step_counts(mbs:Sequence[MicroBatch], # this rank's micro-batches of one opt
         c = c.to(dev); torch.distributed.all_reduce(c, group=group); c = c.cpu()
     return c
 
+# %% ../nbs/07_learner.ipynb 55
 def micro_batch_loss(logp:Tensor, # [N] log-probs of the scored tokens (with gradient)
                      entropy:Tensor|None, # [N] entropies, or None
                      mb:MicroBatch, # the micro-batch they came from
@@ -332,7 +340,7 @@ def micro_batch_loss(logp:Tensor, # [N] log-probs of the scored tokens (with gra
                        norm_len=norm_len, seq_ids=mb.seq_ids, rollout_logp=mb.rollout_logp, ref_logp=mb.ref_logp,
                        entropy=entropy, **loss_kw)
 
-# %% ../nbs/07_learner.ipynb 41
+# %% ../nbs/07_learner.ipynb 59
 def ds_config(zero_stage:int, # 0-3
               dtype:Literal["bfloat16","float16","float32"], # parameter dtype (bf16 on GPU)
               device:Literal["cuda","cpu"], # where the learner runs
@@ -358,7 +366,7 @@ def ds_config(zero_stage:int, # 0-3
     if dtype == "bfloat16" and zero_stage == 1: cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     return merge(cfg, overrides or {})   # the config's deep merge (grpo_nb.config)
 
-# %% ../nbs/07_learner.ipynb 42
+# %% ../nbs/07_learner.ipynb 60
 def lr_factor(step:int, # optimizer steps taken so far
               warmup:int=0, # linear warm-up steps
               total:int=0, # total optimizer steps (decaying schedules; 0: constant after warm-up)
@@ -370,7 +378,7 @@ def lr_factor(step:int, # optimizer steps taken so far
     frac = min(1.0, (step - warmup) / max(1, total - warmup))
     return 1.0 - frac if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * frac))
 
-# %% ../nbs/07_learner.ipynb 47
+# %% ../nbs/07_learner.ipynb 65
 @dataclass
 class LearnerSpec:
     "What every learner rank builds: the policy, the optimisation, the device (plain data, sent to each actor)."
@@ -396,7 +404,7 @@ class LearnerSpec:
         return {"auto": torch.bfloat16 if self.device == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
                 "float16": torch.float16, "float32": torch.float32}[self.dtype]
 
-# %% ../nbs/07_learner.ipynb 49
+# %% ../nbs/07_learner.ipynb 68
 def model_source(model:str|dict, # HF directory, tiny model name, or config dict
                 ) -> str|dict:
     "Resolve a `grpo_nb.tiny` name to its (cached) directory; anything else is returned as it is."
@@ -405,6 +413,7 @@ def model_source(model:str|dict, # HF directory, tiny model name, or config dict
         raise FileNotFoundError(f"model {model!r} is neither a directory nor a built-in tiny model. Fix: --model.name_or_path=<local HF dir>.")
     return model
 
+# %% ../nbs/07_learner.ipynb 70
 def build_policy(model:str|dict, # HF directory or config dict (see `model_source`)
                  dtype:torch.dtype, # parameter dtype
                  attn:str, # transformers attention implementation
@@ -431,7 +440,7 @@ def build_policy(model:str|dict, # HF directory or config dict (see `model_sourc
     m = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation=attn)
     return m, keep
 
-# %% ../nbs/07_learner.ipynb 50
+# %% ../nbs/07_learner.ipynb 71
 class LearnerWorker(WeightSyncSource):
     "One learner rank: a DeepSpeed engine around `PolicyLogProbs`, its optimizer, and its share of every step."
     def __init__(self, rank:int, # rank in the learner world
@@ -452,7 +461,7 @@ class LearnerWorker(WeightSyncSource):
 
     def learner_rank(self) -> int: return self.rank
 
-# %% ../nbs/07_learner.ipynb 52
+# %% ../nbs/07_learner.ipynb 73
 @patch
 def init_distributed(self:LearnerWorker,
                      master_addr:str, # rank 0's node IP
@@ -469,7 +478,7 @@ def init_distributed(self:LearnerWorker,
     if backend == "gloo": sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
 
-# %% ../nbs/07_learner.ipynb 54
+# %% ../nbs/07_learner.ipynb 75
 @patch
 def setup(self:LearnerWorker,
           spec:LearnerSpec, # what to build
@@ -505,7 +514,7 @@ def setup(self:LearnerWorker,
             "attention_kernel": attention_kernel(self.attn), "kernels": self.kernels,
             "device": str(self.device), "zero_stage": L.zero_stage, "dtype": dname}
 
-# %% ../nbs/07_learner.ipynb 56
+# %% ../nbs/07_learner.ipynb 77
 @patch
 def _build_ref(self:LearnerWorker, spec:LearnerSpec):
     "A frozen copy of the initial policy as a DeepSpeed inference engine."
@@ -524,7 +533,7 @@ def _build_ref(self:LearnerWorker, spec:LearnerSpec):
     self._ref_keep = keep
     return eng
 
-# %% ../nbs/07_learner.ipynb 58
+# %% ../nbs/07_learner.ipynb 79
 def compile_layers(policy:nn.Module, # the HF causal LM
                    zero_stage:int, # ZeRO-3's parameter hooks and torch.compile do not mix: refused
                   ) -> int: # layers compiled
@@ -535,7 +544,7 @@ def compile_layers(policy:nn.Module, # the HF causal LM
     for layer in layers: layer.compile(dynamic=True)
     return len(layers)
 
-# %% ../nbs/07_learner.ipynb 60
+# %% ../nbs/07_learner.ipynb 81
 KERNELS = ("auto", "torch", "liger")
 "`model.kernels`: the learner's elementwise kernels."
 
@@ -561,14 +570,14 @@ def apply_kernels(policy:nn.Module, # the HF causal LM, before DeepSpeed wraps i
     fn(**{k: v for k, v in want.items() if k in inspect.signature(fn).parameters})
     return "liger"
 
-# %% ../nbs/07_learner.ipynb 62
+# %% ../nbs/07_learner.ipynb 83
 def _flop_params(policy:nn.Module) -> int:
     "Parameters that do matmul work on every token: all but the input embedding and the output projection."
     emb, head = policy.get_input_embeddings().weight, policy.get_output_embeddings().weight
     total = sum(full_numel(p) for p in policy.parameters())  # a tied matrix is counted once
     return total - full_numel(emb) - (0 if head is emb else full_numel(head))
 
-# %% ../nbs/07_learner.ipynb 64
+# %% ../nbs/07_learner.ipynb 85
 def train_flops(body_params:int, # parameters doing matmul work per token (no embedding, no output projection)
                 vocab:int, # V
                 hidden:int, # H
@@ -580,7 +589,7 @@ def train_flops(body_params:int, # parameters doing matmul work per token (no em
     T = sum(seq_lens)
     return 6.0 * body_params * T + 6.0 * vocab * hidden * scored + 6.0 * layers * hidden * sum(s * s for s in seq_lens)
 
-# %% ../nbs/07_learner.ipynb 67
+# %% ../nbs/07_learner.ipynb 88
 @patch
 def _forward(self:LearnerWorker, engine, mb:MicroBatch, with_entropy:bool=False):
     "Log-probs (and entropy) of one micro-batch's scored tokens through `engine`."
@@ -614,7 +623,7 @@ def _score(self:LearnerWorker, engine, batch:TrainBatch) -> list[Tensor]:
         for i in sid[mb.mask].unique().tolist(): out[i] = lp[(sid == i) & mb.mask]
     return [torch.zeros(0) if o is None else o for o in out]
 
-# %% ../nbs/07_learner.ipynb 69
+# %% ../nbs/07_learner.ipynb 90
 _MEAN_KEYS = ("clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "entropy",
               "tis_weight_mean", "tis_clip_frac", "rollout_kl")
 
@@ -652,7 +661,7 @@ def _metric_sums(ms:list[dict], # `policy_loss` metrics of every micro-batch (te
     out.update({f"{k}_sum": sum(x * t for x, t in zip(v[k], n)) for k in _MEAN_KEYS if k in v})
     return out
 
-# %% ../nbs/07_learner.ipynb 70
+# %% ../nbs/07_learner.ipynb 91
 def _grad_norm(module:nn.Module) -> float:
     "L2 norm of all gradients of `module` (replicated parameters: ZeRO-0)."
     gs = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
@@ -691,7 +700,7 @@ def _flops(self:LearnerWorker, seq_lens, scored) -> float:
     c = self.sync_module().config
     return train_flops(self.flop_params, c.vocab_size, c.hidden_size, c.num_hidden_layers, seq_lens, scored)
 
-# %% ../nbs/07_learner.ipynb 72
+# %% ../nbs/07_learner.ipynb 93
 @patch
 def save(self:LearnerWorker,
          tmp:str, # temporary directory (the same on every rank, on a shared filesystem)
@@ -736,7 +745,7 @@ def load(self:LearnerWorker,
     self.step = int(meta["step"])
     return meta
 
-# %% ../nbs/07_learner.ipynb 74
+# %% ../nbs/07_learner.ipynb 95
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                     "tokenizer.model", "chat_template.jinja", "chat_template.json", "added_tokens.json", "generation_config.json")
 
@@ -772,7 +781,7 @@ def export(self:LearnerWorker,
             if (Path(src) / f).exists(): shutil.copy2(Path(src) / f, out / f)
     return {"files": sorted(p.name for p in out.iterdir()), "bytes": total}
 
-# %% ../nbs/07_learner.ipynb 76
+# %% ../nbs/07_learner.ipynb 97
 @patch
 def state_digest(self:LearnerWorker) -> dict:
     "Bit-exact fingerprints of this rank's parameters (its ZeRO partition), optimizer state, schedule and RNG states."
@@ -782,7 +791,7 @@ def state_digest(self:LearnerWorker) -> dict:
             "scheduler": tree_digest(sched), "rng": tree_digest(rng_state()), "step": self.step,
             "optimizer_steps": int(self.engine.global_steps)}
 
-# %% ../nbs/07_learner.ipynb 78
+# %% ../nbs/07_learner.ipynb 99
 _FOLLOW = ("deepspeed", "torch.nn", "torch.optim", "torch.distributed", "grpo_nb", "transformers", "liger_kernel", "collections")
 
 def release_tensors(*roots, # objects whose tensors may go: a DeepSpeed engine, a module, an optimizer
@@ -809,7 +818,7 @@ def release_tensors(*roots, # objects whose tensors may go: a DeepSpeed engine, 
             stack.extend(gc.get_referents(o))
     return sum(storages.values())
 
-# %% ../nbs/07_learner.ipynb 80
+# %% ../nbs/07_learner.ipynb 101
 @patch
 def close(self:LearnerWorker) -> None:
     "Give the model's, the reference's and the optimizer's memory back, and leave the process group (the actor can then be killed cleanly)."
@@ -824,7 +833,7 @@ def close(self:LearnerWorker) -> None:
         import deepspeed.comm
         deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups, so a new world can be made here
 
-# %% ../nbs/07_learner.ipynb 82
+# %% ../nbs/07_learner.ipynb 103
 def shard_batch(lengths:Sequence[int], # tokens of each sequence
                 world_size:int, # ranks W
                ) -> list[list[int]]: # sequence indices of each rank
@@ -836,7 +845,7 @@ def shard_batch(lengths:Sequence[int], # tokens of each sequence
         out[r].append(i); tok[r] += lengths[i]; big += len(out[r]) == base + 1
     return [sorted(o) for o in out]
 
-# %% ../nbs/07_learner.ipynb 84
+# %% ../nbs/07_learner.ipynb 106
 PEAK_BF16_TFLOPS:dict[str, float] = {"GH200": 989.4, "H200": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
                                      "A100": 312.0, "L40S": 362.1, "V100": 125.0}
 "Dense (no sparsity) bf16 tensor-core peak per GPU, by a substring of `torch.cuda.get_device_name()`, most specific first (V100: fp16)."
@@ -849,7 +858,7 @@ def peak_flops_for(device_name:str|None, # e.g. "NVIDIA H100 80GB HBM3"
     return None
 
 
-# %% ../nbs/07_learner.ipynb 86
+# %% ../nbs/07_learner.ipynb 108
 def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
                     peak_flops:float|None=None, # per-GPU peak FLOP/s for MFU
                    ) -> dict:
@@ -871,7 +880,7 @@ def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
     if peak_flops: out["mfu"] = out["flops"] / out["time_s"] / (peak_flops * W)
     return out
 
-# %% ../nbs/07_learner.ipynb 87
+# %% ../nbs/07_learner.ipynb 109
 _PASS_ENV = ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "TORCH_EXTENSIONS_DIR", "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "DS_BUILD_OPS",
              "TORCH_CUDA_ARCH_LIST", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "GRPO_NB_CACHE")
 
@@ -891,7 +900,7 @@ class LearnerGroup:
         return (f"LearnerGroup({self.world_size} × {i['device']}, ZeRO-{i['zero_stage']}, {i['dtype']}, {i['params'] / 1e6:.2f}M params, "
                 f"attention {i['attention']}, step {self.step_count})")
 
-# %% ../nbs/07_learner.ipynb 89
+# %% ../nbs/07_learner.ipynb 111
 def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
          method:str, # the method to call on every rank
          *args, # the same arguments for every rank ...
@@ -903,7 +912,7 @@ def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
     if len(actors) == 1 and isinstance(actors[0], LearnerWorker): return [getattr(actors[0], method)(*argv[0])]
     return gather([submit(a, method, *av) for a, av in zip(actors, argv)], timeout_s)
 
-# %% ../nbs/07_learner.ipynb 90
+# %% ../nbs/07_learner.ipynb 112
 def create_learner_group(spec:LearnerSpec, # what every rank builds
                          world_size:int, # learner ranks W
                          groups=None, # `grpo_nb.placement.PlacementGroups`: actors go into the learner bundles
@@ -939,13 +948,14 @@ def create_learner_group(spec:LearnerSpec, # what every rank builds
         raise
     return LearnerGroup(actors, spec, info)
 
-# %% ../nbs/07_learner.ipynb 91
+# %% ../nbs/07_learner.ipynb 114
 @patch
 def minibatches(self:LearnerGroup, n:int) -> int:
     "Optimizer steps per epoch for a step of `n` sequences: `num_mini_batches`, or n / (micro_batch_size × gradient_accumulation_steps × W)."
     L = self.spec.learner
     return L.num_mini_batches or max(1, n // (L.micro_batch_size * L.gradient_accumulation_steps * self.world_size))
 
+# %% ../nbs/07_learner.ipynb 116
 @patch
 def step(self:LearnerGroup,
          batch:TrainBatch, # all sequences of the step
@@ -959,7 +969,7 @@ def step(self:LearnerGroup,
     self.step_count += 1
     return combine_metrics(parts, self.spec.peak_flops)
 
-# %% ../nbs/07_learner.ipynb 93
+# %% ../nbs/07_learner.ipynb 118
 @patch
 def save(self:LearnerGroup,
          ckpt_dir:str|Path, # the run's checkpoint directory
@@ -978,7 +988,7 @@ def save(self:LearnerGroup,
     each(self.actors, "save", str(tmp), str(final), step, data_state, keep_last)
     return final
 
-# %% ../nbs/07_learner.ipynb 94
+# %% ../nbs/07_learner.ipynb 119
 @patch
 def load(self:LearnerGroup,
          path:str|Path, # a checkpoint directory
@@ -989,7 +999,7 @@ def load(self:LearnerGroup,
     self.step_count = int(metas[0]["step"])
     return metas[0]
 
-# %% ../nbs/07_learner.ipynb 95
+# %% ../nbs/07_learner.ipynb 120
 @patch
 def resume(self:LearnerGroup,
            ckpt_dir:str|Path, # the run's checkpoint directory
@@ -999,7 +1009,7 @@ def resume(self:LearnerGroup,
     if p is None: return None
     return {**self.load(p), "path": str(p)}
 
-# %% ../nbs/07_learner.ipynb 96
+# %% ../nbs/07_learner.ipynb 121
 @patch
 def export(self:LearnerGroup,
            out_dir:str|Path, # the HF directory to create (replaced if it exists)
@@ -1013,13 +1023,13 @@ def export(self:LearnerGroup,
     os.rename(tmp, out)
     return out
 
-# %% ../nbs/07_learner.ipynb 97
+# %% ../nbs/07_learner.ipynb 122
 @patch
 def digests(self:LearnerGroup) -> list[dict]:
     "Every rank's `state_digest` (bit-exact fingerprints of parameters, optimizer, schedule, RNG)."
     return each(self.actors, "state_digest")
 
-# %% ../nbs/07_learner.ipynb 98
+# %% ../nbs/07_learner.ipynb 123
 @patch
 def shutdown(self:LearnerGroup,
              kill:bool=False, # True: kill the actors at once (no clean exit), as a crash would
@@ -1033,7 +1043,7 @@ def shutdown(self:LearnerGroup,
         for a in self.actors: ray.kill(a, no_restart=True)
     self.actors = []
 
-# %% ../nbs/07_learner.ipynb 109
+# %% ../nbs/07_learner.ipynb 134
 @patch(cls_method=True)
 def from_config(cls:LearnerGroup,
                 cfg, # a `grpo_nb.config.TrainConfig`

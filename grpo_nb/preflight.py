@@ -22,6 +22,7 @@ __all__ = ['Check', 'check_model', 'check_writable', 'parse_sinfo', 'check_nodes
 # %% ../nbs/09b_preflight.ipynb 7
 Check = tuple[str, str]  # (PASS | WARN | FAIL | SKIP, detail)
 
+# %% ../nbs/09b_preflight.ipynb 9
 def check_model(name_or_path:str, hf_home:str|None=None) -> Check:
     "The policy's weights: a local directory with config.json and weights, a built-in model, or a cached hub id."
     p = Path(name_or_path).expanduser()
@@ -41,7 +42,7 @@ def check_model(name_or_path:str, hf_home:str|None=None) -> Check:
                         f"`huggingface-cli download {name_or_path}` on a login node, or point model.name_or_path at a directory")
     return "FAIL", f"no model at {p}: set model.name_or_path to a HF model directory"
 
-# %% ../nbs/09b_preflight.ipynb 10
+# %% ../nbs/09b_preflight.ipynb 12
 def check_writable(path:str, what:str) -> Check:
     "Whether `path` exists or can be created, and a file can be written in it."
     p = Path(path).expanduser()
@@ -53,7 +54,7 @@ def check_writable(path:str, what:str) -> Check:
         return ("PASS" if free > 1 else "WARN"), f"{what} {p} writable, {free:.0f} GiB free"
     except OSError as e: return "FAIL", f"{what} {p}: {e.strerror or e}; choose a directory you can write"
 
-# %% ../nbs/09b_preflight.ipynb 13
+# %% ../nbs/09b_preflight.ipynb 15
 def parse_sinfo(text:str) -> dict[str, tuple[int, str]]:
     "`sinfo -h -N -o '%N %G %t'` lines -> {node: (GPUs, state)}."
     out = {}
@@ -65,6 +66,7 @@ def parse_sinfo(text:str) -> dict[str, tuple[int, str]]:
         out[node] = (gpus, state.rstrip("*~#!%$@^-"))
     return out
 
+# %% ../nbs/09b_preflight.ipynb 17
 def check_nodes(nodes:int, gpus_per_node:int, partition:str="", sinfo:str|None=None) -> Check:
     "Whether the partition has `nodes` nodes with `gpus_per_node` GPUs, and how many are idle now."
     if sinfo is None:
@@ -81,7 +83,7 @@ def check_nodes(nodes:int, gpus_per_node:int, partition:str="", sinfo:str|None=N
     if len(idle) < nodes: return "WARN", f"{len(fit)} usable nodes, {len(idle)} idle now: the job will queue"
     return "PASS", f"{len(fit)} usable node(s) with >= {gpus_per_node} GPUs, {len(idle)} idle"
 
-# %% ../nbs/09b_preflight.ipynb 16
+# %% ../nbs/09b_preflight.ipynb 20
 def node_memory_gib(partition:str="", # partition to ask about ("": the default)
                     sinfo:str|None=None, # `sinfo -h -N -o '%N %m'` output (None: run sinfo)
                    ) -> float: # GiB of the smallest node; 0 when unknown
@@ -94,7 +96,7 @@ def node_memory_gib(partition:str="", # partition to ask about ("": the default)
     mb = [int(p[1].rstrip("+")) for p in (l.split() for l in sinfo.splitlines()) if len(p) >= 2 and p[1].rstrip("+").isdigit()]
     return min(mb) / 1024 if mb else 0.0
 
-# %% ../nbs/09b_preflight.ipynb 19
+# %% ../nbs/09b_preflight.ipynb 24
 def _run_cli(module:str, func:str, argv:list[str]) -> tuple[int|None, str, str]:
     "Call `module.func(argv)` capturing its output; (None, '', why) when the module or function is absent."
     import contextlib, importlib, io
@@ -106,6 +108,7 @@ def _run_cli(module:str, func:str, argv:list[str]) -> tuple[int|None, str, str]:
         except SystemExit as e: rc = e.code if isinstance(e.code, int) else 2
     return int(rc or 0), out.getvalue(), err.getvalue()
 
+# %% ../nbs/09b_preflight.ipynb 26
 def check_memory(cfg:TrainConfig) -> Check:
     "Whether the memory plan of `cfg` fits the GPUs: the planner's own `plan_config` (colocated: `colocated_plan`)."
     if cfg.cluster.device == "cpu": return "SKIP", "cluster.device is cpu"
@@ -122,6 +125,7 @@ def check_memory(cfg:TrainConfig) -> Check:
     if plan.fits: return "PASS", "; ".join([detail, *[n for n in plan.notes if n.startswith("host")]])
     return "FAIL", f"{detail}; fixes: {'; '.join(plan.advice) or 'see grpo_nb plan'}"
 
+# %% ../nbs/09b_preflight.ipynb 28
 def check_layout(cfg:TrainConfig) -> Check:
     "Whether learners and engines of `cfg` fit the nodes (`grpo_nb layout --json`)."
     if cfg.cluster.device == "cpu": return "SKIP", "cluster.device is cpu"
@@ -137,7 +141,7 @@ def check_layout(cfg:TrainConfig) -> Check:
     if lay.get("idle_gpus"): return "WARN", idle_advice(Layout.from_config(cfg))
     return "PASS", f"learner world {lay.get('learner_world_size')}, sync world {lay.get('sync_world_size')}, idle GPUs {lay.get('idle_gpus')}"
 
-# %% ../nbs/09b_preflight.ipynb 25
+# %% ../nbs/09b_preflight.ipynb 34
 def check_data(cfg:TrainConfig) -> Check:
     "Whether the data files exist, are readable and hold rows with the configured fields (read through `grpo_nb.run.load_rows`)."
     D, counts, first = cfg.data, [], None
@@ -154,6 +158,7 @@ def check_data(cfg:TrainConfig) -> Check:
     except (ConfigError, PluginError) as e: return "FAIL", str(e)
     return "PASS", f"{', '.join(counts)}; first prompt {str(first['prompt'])[:60]!r}, answer {str(first['answer'])[:30]!r}"
 
+# %% ../nbs/09b_preflight.ipynb 36
 def check_plugins(cfg:TrainConfig) -> Check:
     "Import `reward.plugins` against `grpo_nb.rewards.REWARDS`, and check every name of `reward.functions` is registered."
     try:
@@ -163,7 +168,7 @@ def check_plugins(cfg:TrainConfig) -> Check:
     if not cfg.reward.plugins: return "PASS", f"built-in rewards {sorted(cfg.reward.functions)}"
     return "PASS", f"{len(cfg.reward.plugins)} plug-in(s) imported; rewards {sorted(cfg.reward.functions)} registered" + (f" (new: {added})" if added else "")
 
-# %% ../nbs/09b_preflight.ipynb 27
+# %% ../nbs/09b_preflight.ipynb 38
 def preflight(cfg:TrainConfig, nodes:int|None=None, partition:str="", log_dir:str="logs", sinfo:str|None=None) -> list[tuple[str, str, str]]:
     "Every check of `cfg` before submission: rows (check, status, detail)."
     if cfg.learner.offload != "none" and not cfg.cluster.host_mem_gib and cfg.cluster.device != "cpu":   # offloaded states against the nodes' memory
@@ -178,7 +183,7 @@ def preflight(cfg:TrainConfig, nodes:int|None=None, partition:str="", log_dir:st
         rows.append((what, *check_writable(path, what)))
     return rows
 
-# %% ../nbs/09b_preflight.ipynb 29
+# %% ../nbs/09b_preflight.ipynb 40
 def preflight_command(config:str, # YAML config or preset name
                       *overrides:str, # config fields as --section.field=value, as you will pass them at submission
                       nodes:int|None=None, # nodes you will ask for (default: cluster.nodes)
@@ -199,11 +204,12 @@ def preflight_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb preflight CONFIG [--nodes N] [--partition P] [--log-dir D] [overrides]`: check before you submit; exit 1 on a failure."
     return run_cli(preflight_command, argv, "grpo_nb preflight")
 
-# %% ../nbs/09b_preflight.ipynb 33
+# %% ../nbs/09b_preflight.ipynb 45
 def uses_code_rewards(cfg:TrainConfig) -> bool:
     "Whether a reward function of `cfg` runs code (needs the code-execution service; names containing 'code')."
     return any("code" in name for name, w in cfg.reward.functions.items() if w) and not cfg.reward.code_service_url
 
+# %% ../nbs/09b_preflight.ipynb 47
 def job_env(cfg:TrainConfig, environ:dict) -> dict[str, str]:
     "Shell variables of a run inside a SLURM job (`environ`: the job's environment); raises `ConfigError` on a mismatch."
     C, d = cfg.cluster, derive(cfg)
@@ -221,7 +227,7 @@ def job_env(cfg:TrainConfig, environ:dict) -> dict[str, str]:
     return {"OUTPUT_DIR": str(Path(cfg.logging.output_dir).resolve()), "CKPT_DIR": str(Path(d.checkpoint_dir).resolve()),
             "TOTAL_STEPS": str(cfg.total_steps), "CODE_REWARDS": "1" if uses_code_rewards(cfg) else "0"}
 
-# %% ../nbs/09b_preflight.ipynb 37
+# %% ../nbs/09b_preflight.ipynb 51
 def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and the submission's
                 submitted:TrainConfig, # CONFIG with the submission's overrides only
                 baked:list[str], # the overrides baked into the script
@@ -236,7 +242,7 @@ def check_baked(cfg:TrainConfig, # CONFIG with the script's baked overrides and 
                               f"but {config} as submitted says {mine}: refusing before Ray starts, so that no other run's checkpoints are read or moved.",
                               f"regenerate the script for this config (grpo_nb sbatch {config} ...), or pass the directory you mean at submission")
 
-# %% ../nbs/09b_preflight.ipynb 39
+# %% ../nbs/09b_preflight.ipynb 54
 def job_env_command(config:str, # CONFIG as submitted to the script
                     *overrides:str, # the script's baked overrides first, then the submission's (--section.field=value)
                     baked:int=0, # how many of the overrides the script baked in (they must not move the submitted config's directories)

@@ -36,13 +36,14 @@ LAUNCHER_TO_SLURM:list[tuple[str, str, str]] = [
     ("is_beaker_job() branches", "nothing: grpo_nb never reads launcher variables", "the trainer joins Ray with ray.init(address=\"auto\")"),
 ]
 
+# %% ../nbs/09_slurm.ipynb 9
 def markdown_table(header:list[str], rows:list) -> str:
     "Rows as a Markdown table (for notebook output and the guide)."
     esc = lambda s: str(s).replace("|", "\\|")
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] +
                      ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows])
 
-# %% ../nbs/09_slurm.ipynb 10
+# %% ../nbs/09_slurm.ipynb 12
 Network = Literal["ethernet", "infiniband", "slingshot"]
 
 @dataclass
@@ -78,7 +79,7 @@ class SlurmSpec:
     extra_sbatch:list[str]=field(default_factory=list) # more #SBATCH options, e.g. ["--constraint=h100"]
     description:str="GRPO on SLURM: a Ray cluster over the job's nodes, the trainer on the first node, chained jobs." # first comment line
 
-# %% ../nbs/09_slurm.ipynb 13
+# %% ../nbs/09_slurm.ipynb 15
 def signal_margin_s(records:list[dict]|str|Path, # metrics records, or a run's metrics.jsonl / output directory
                     factor:float=1.5, # safety factor on the measured times
                     shutdown_s:float=120.0, # Ray shutdown and submitting the next job of the chain
@@ -92,14 +93,14 @@ def signal_margin_s(records:list[dict]|str|Path, # metrics records, or a run's m
     if not worst("time/step"): raise ValueError("the records hold no time/step: run a few steps (and one checkpoint and evaluation) first")
     return int(math.ceil((worst("time/step") + worst("time/eval") + worst("time/checkpoint")) * factor + shutdown_s))
 
-# %% ../nbs/09_slurm.ipynb 16
+# %% ../nbs/09_slurm.ipynb 18
 def spec_from_config(cfg:TrainConfig, **kw) -> SlurmSpec:
     "A `SlurmSpec` whose job shape follows `cfg.cluster`; keyword arguments set any other field."
     C = cfg.cluster
     shape = dict(nodes=C.nodes, gpus_per_node=C.gpus_per_node if C.device != "cpu" else 0, cpus_per_node=C.cpus_per_node)
     return SlurmSpec(**{**shape, **kw})
 
-# %% ../nbs/09_slurm.ipynb 21
+# %% ../nbs/09_slurm.ipynb 23
 def sbatch_header(spec:SlurmSpec) -> list[str]:
     "The `#SBATCH` lines of `spec`."
     opts = [f"--job-name={spec.job_name}", f"--nodes={spec.nodes}", "--ntasks-per-node=1"]
@@ -112,7 +113,7 @@ def sbatch_header(spec:SlurmSpec) -> list[str]:
     opts += [f"--signal=B:USR1@{spec.signal_s}", f"--output={spec.log_dir}/%x-%j.out", *spec.extra_sbatch]
     return [f"#SBATCH {o}" for o in opts]
 
-# %% ../nbs/09_slurm.ipynb 25
+# %% ../nbs/09_slurm.ipynb 27
 NETWORK_ENV:dict[str, dict[str, tuple[str, str]]] = {
     "common": {
         "NCCL_CUMEM_ENABLE": ("0", "vLLM weight broadcast over NCCL hangs without it (open-instruct sets it too)"),
@@ -148,7 +149,7 @@ def env_vars(spec:SlurmSpec) -> dict[str, tuple[str, str]]:
     out.update({k: (v, "set by this script's SlurmSpec.env") for k, v in spec.env.items()})
     return out
 
-# %% ../nbs/09_slurm.ipynb 29
+# %% ../nbs/09_slurm.ipynb 31
 def env_block(spec:SlurmSpec) -> list[str]:
     "Shell lines that load the software environment and export the variables."
     out = ["# ---- 2. Software and variables (srun steps and Ray workers inherit them) ----"]
@@ -164,7 +165,7 @@ def env_block(spec:SlurmSpec) -> list[str]:
     out += [f"{l:<{w}}  # {why}" for l, why in lines]
     return out
 
-# %% ../nbs/09_slurm.ipynb 33
+# %% ../nbs/09_slurm.ipynb 35
 def knobs_block(spec:SlurmSpec) -> list[str]:
     "Variables with defaults that a submission's environment can override."
     knobs = [
@@ -186,7 +187,7 @@ def knobs_block(spec:SlurmSpec) -> list[str]:
     out.append("export RAY_PORT RAY_NODE_PORT_BASE RAY_WAIT_S RAY_TMPDIR_BASE NODE_IP_CMD   # read by ray_node_setup.sh")
     return out
 
-# %% ../nbs/09_slurm.ipynb 37
+# %% ../nbs/09_slurm.ipynb 39
 FUNCTIONS_HEAD = r'''log() { echo "[grpo.sbatch $(date +%T)] $*"; }
 job_field() {  # job_field NAME: one field of `scontrol show job -o $SLURM_JOB_ID` (read once into JOB_INFO)
   sed -n "s/.*[[:space:]]$1=\([^[:space:]]*\).*/\1/p" <<<"$JOB_INFO"
@@ -207,7 +208,7 @@ on_stop() {  # the trap: SIGUSR1 (walltime near) or SIGTERM (scancel, walltime):
   return 0
 }'''
 
-# %% ../nbs/09_slurm.ipynb 40
+# %% ../nbs/09_slurm.ipynb 42
 FUNCTIONS_STOP = r'''stop_ray() {  # the head leaves first; every worker sees it go, stops its Ray and exits 0
   if [ -n "${CODE_PID:-}" ]; then kill -TERM "$CODE_PID" 2>/dev/null; fi
   [ "${#RAY_PIDS[@]}" -gt 0 ] || return 0
@@ -225,7 +226,7 @@ FUNCTIONS_STOP = r'''stop_ray() {  # the head leaves first; every worker sees it
   RAY_PIDS=()
 }'''
 
-# %% ../nbs/09_slurm.ipynb 42
+# %% ../nbs/09_slurm.ipynb 44
 BLOCK_START = r'''STOP_REQUESTED=0 TRAIN_PID= RAY_PIDS=() HOSTS=() CODE_PID=
 trap 'on_stop USR1' USR1
 trap 'on_stop TERM' TERM
@@ -245,7 +246,7 @@ OVERRIDES=(${BAKED[@]+"${BAKED[@]}"} "$@")   # (this form also works under `set 
 [ -f "$SCRIPT_DIR/ray_node_setup.sh" ] || { log "no ray_node_setup.sh next to $SCRIPT: keep the two files together"; exit 2; }
 log "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $SCRIPT $CONFIG ${OVERRIDES[*]}"'''
 
-# %% ../nbs/09_slurm.ipynb 44
+# %% ../nbs/09_slurm.ipynb 46
 BLOCK_RUN = r'''# ---- 4. The run, as grpo_nb reads CONFIG: OUTPUT_DIR CKPT_DIR TOTAL_STEPS CODE_REWARDS ----
 RUN_ENV=$(python -c 'import sys; from grpo_nb.preflight import job_env_cli; sys.exit(job_env_cli())' --baked "${#BAKED[@]}" "$CONFIG" "${OVERRIDES[@]}") \
   || { log "cannot run CONFIG=$CONFIG with this job (message above)"; exit 2; }
@@ -255,7 +256,7 @@ LEDGER=$OUTPUT_DIR/slurm_chain.log
 chain_ledger_start
 log "chain: job $((GRPO_CHAIN_INDEX + 1)) (ledger: $JOBS_IN_CHAIN) of at most MAX_JOB_CHAINS=$MAX_JOB_CHAINS; checkpoints in $CKPT_DIR"'''
 
-# %% ../nbs/09_slurm.ipynb 46
+# %% ../nbs/09_slurm.ipynb 48
 BLOCK_RAY = r'''# ---- 5. Ray: the head on this node (the first of the job), then a worker on every other node ----
 mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD=${HOSTS[0]}
@@ -292,7 +293,7 @@ while kill -0 "$WAIT_PID" 2>/dev/null; do   # a node whose Ray step has ended wi
 done
 wait "$WAIT_PID" || { log "the Ray cluster did not form: stopping (no chain)"; stop_ray; exit 1; }'''
 
-# %% ../nbs/09_slurm.ipynb 48
+# %% ../nbs/09_slurm.ipynb 50
 BLOCK_CODE = r'''# ---- 6. The code-execution reward service on the head node, when a reward function runs code ----
 CODE_URL=
 if [ "$CODE_REWARDS" = 1 ]; then
@@ -308,7 +309,7 @@ if [ "$CODE_REWARDS" = 1 ]; then
   log "code-execution service at $CODE_URL (log: $LOG_DIR/code-server-$SLURM_JOB_ID.log)"
 fi'''
 
-# %% ../nbs/09_slurm.ipynb 50
+# %% ../nbs/09_slurm.ipynb 52
 BLOCK_TRAIN = r'''# ---- 7. Train here, in the background behind `wait`, so that the trap can forward the signal ----
 EXTRA=(--cluster.ray_address=auto ${CODE_URL:+--reward.code_service_url=$CODE_URL})
 START_STEP=$(latest_step) TRAIN_RC=0
@@ -327,14 +328,14 @@ fi
 END_STEP=$(latest_step)
 log "trainer exit $TRAIN_RC; checkpoint step $START_STEP -> $END_STEP"'''
 
-# %% ../nbs/09_slurm.ipynb 52
+# %% ../nbs/09_slurm.ipynb 54
 BLOCK_END = r'''# ---- 8. The next job of the chain, then Ray down; exit with the trainer's status ----
 chain_next "$TRAIN_RC" "$START_STEP" "$END_STEP"
 stop_ray
 log "done"
 exit "$TRAIN_RC"'''
 
-# %% ../nbs/09_slurm.ipynb 54
+# %% ../nbs/09_slurm.ipynb 56
 def render_sbatch(spec:SlurmSpec, name:str="grpo.sbatch") -> str:
     "The batch script of `spec`, as text."
     intro = [f"#!/bin/bash", f"# {name}: {spec.description}",
@@ -350,13 +351,13 @@ def render_sbatch(spec:SlurmSpec, name:str="grpo.sbatch") -> str:
     return fill(text, default_config=shlex.quote(spec.config) if spec.config else "",
                 default_overrides=ov, code_server_cmd=spec.code_server_cmd)
 
-# %% ../nbs/09_slurm.ipynb 57
+# %% ../nbs/09_slurm.ipynb 59
 def bash_syntax_errors(text:str) -> str:
     "What `bash -n` says about a script ('' when the syntax is fine)."
     p = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
     return p.stderr.strip()
 
-# %% ../nbs/09_slurm.ipynb 61
+# %% ../nbs/09_slurm.ipynb 63
 NODE_SETUP = r'''#!/bin/bash
 # ray_node_setup.sh: Ray on one node of a SLURM job, kept alive until the job is done with it.
 # Generated by grpo_nb.slurm (nbs/09_slurm.ipynb); do not edit by hand.
@@ -421,7 +422,7 @@ def render_node_setup(spec:SlurmSpec) -> str:
     "The per-node Ray bootstrap script, as text."
     return fill(NODE_SETUP, ray_port=spec.ray_port, ray_node_port_base=spec.ray_node_port_base)
 
-# %% ../nbs/09_slurm.ipynb 64
+# %% ../nbs/09_slurm.ipynb 66
 def ray_hosts(nodes:list[dict]) -> dict[str, float]:
     "SLURM host -> GPUs, for the live nodes of `ray.nodes()` that carry a `slurm_node_<host>` resource."
     out = {}
@@ -432,12 +433,13 @@ def ray_hosts(nodes:list[dict]) -> dict[str, float]:
             if k.startswith("slurm_node_"): out[k[len("slurm_node_"):]] = res.get("GPU", 0.0)
     return out
 
+# %% ../nbs/09_slurm.ipynb 68
 def missing_hosts(expected:list[str], seen:dict[str, float], gpus_per_node:int) -> list[str]:
     "Problems that keep the cluster incomplete, one string per host ([] when it is complete)."
     out = [f"{h} (no Ray node)" for h in expected if h not in seen]
     return out + [f"{h} ({seen[h]:g} of {gpus_per_node} GPUs)" for h in expected if h in seen and seen[h] < gpus_per_node]
 
-# %% ../nbs/09_slurm.ipynb 66
+# %% ../nbs/09_slurm.ipynb 70
 def _port_open(address:str, timeout:float=2.0) -> bool:
     import socket
     host, port = address.rsplit(":", 1)
@@ -470,7 +472,7 @@ def wait_for_ray(address:str, hosts:list[str], gpus_per_node:int, timeout:float=
             f"reach {address} (firewall, or the head's address is on the wrong interface: set NODE_IP_CMD), RAY_AUTH_MODE "
             f"differs between nodes, or a node's Ray ports are taken (change RAY_NODE_PORT_BASE).")
 
-# %% ../nbs/09_slurm.ipynb 70
+# %% ../nbs/09_slurm.ipynb 74
 def wait_ray_command(hosts:list[str], # SLURM hosts that must join (scontrol show hostnames)
                      *, address:str, # head GCS address host:port
                      gpus_per_node:int=0, # GPUs each host must bring
@@ -486,7 +488,7 @@ def wait_ray_cli(argv:list[str]|None=None) -> int:
     "`wait_ray_cli --address A --gpus-per-node G --timeout S HOST...` (what the scripts run): the exit code of `wait_ray_command`."
     return run_cli(wait_ray_command, argv, "wait_ray")
 
-# %% ../nbs/09_slurm.ipynb 74
+# %% ../nbs/09_slurm.ipynb 78
 LADDER:dict[str, SlurmSpec] = {
     "grpo.sbatch": SlurmSpec(),
     "debug_tiny.sbatch": SlurmSpec(
@@ -504,6 +506,7 @@ LADDER:dict[str, SlurmSpec] = {
         description="debug rung 3: two nodes, Ray and NCCL across them, and one chained job (signal, checkpoint, resume)."),
 }
 
+# %% ../nbs/09_slurm.ipynb 80
 def render_scripts(out_dir:str|Path="sbatch") -> list[Path]:
     "Write the ladder's scripts and `ray_node_setup.sh` into `out_dir`; return their paths."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
@@ -516,7 +519,7 @@ def render_scripts(out_dir:str|Path="sbatch") -> list[Path]:
         p.chmod(0o755); paths.append(p)
     return paths
 
-# %% ../nbs/09_slurm.ipynb 81
+# %% ../nbs/09_slurm.ipynb 88
 _SBATCH_OPTIONS = ["nodes", "gpus_per_node", "cpus_per_node", "time", "partition", "account", "qos", "signal_s",
                    "max_job_chains", "log_dir", "venv", "job_name", "mem", "train_cmd", "network", "nccl_debug"]
 
@@ -526,6 +529,7 @@ def _spec_docs() -> dict[str, str]:
     except Exception: docs = {}
     return {f.name: docs.get(f.name) or "" for f in fields(SlurmSpec)}
 
+# %% ../nbs/09_slurm.ipynb 90
 def _nodes_once(config:str, # YAML config or preset name
                 overrides:list[str], # its overrides
                 nodes:int|None, # `sbatch --nodes` (None: not given)
@@ -539,6 +543,7 @@ def _nodes_once(config:str, # YAML config or preset name
                           f"--cluster.nodes={nodes} (with cluster.learners_per_node and rollout.num_engines to fill the nodes: `grpo_nb layout`), or --nodes {said}")
     return overrides
 
+# %% ../nbs/09_slurm.ipynb 92
 def sbatch_command(config:str, # YAML config or preset name
                    *overrides:str, # config fields as --section.field=value, baked into the script
                    output:str="grpo.sbatch", # script path (ray_node_setup.sh goes next to it)

@@ -186,7 +186,7 @@ def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
     if R.placement == "colocated" and R.sleep_level and device == "cuda": kw["enable_sleep_mode"] = True
     return kw
 
-# %% ../nbs/08_trainer.ipynb 30
+# %% ../nbs/08_trainer.ipynb 31
 @dataclass
 class Actors:
     "Everything the run started on the cluster."
@@ -195,6 +195,7 @@ class Actors:
     engines:list # engine actor handles
     sync_info:dict # `connect_weight_sync`'s report
 
+# %% ../nbs/08_trainer.ipynb 33
 def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolved to a directory)
                  layout, # its `Layout`
                 ) -> Actors:
@@ -226,6 +227,7 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         _remove_groups(groups)
         raise
 
+# %% ../nbs/08_trainer.ipynb 35
 def _remove_groups(groups):
     from ray.util.placement_group import remove_placement_group
     for pg in (groups.learners, groups.engines):
@@ -239,7 +241,7 @@ def stop_actors(a:Actors|None) -> None:
     with contextlib.suppress(Exception): shutdown_engines(a.engines)
     _remove_groups(a.groups)
 
-# %% ../nbs/08_trainer.ipynb 32
+# %% ../nbs/08_trainer.ipynb 38
 @dataclass
 class Rollout:
     "One step's prompts, samples and rewards."
@@ -255,6 +257,7 @@ class Rollout:
     gen_s:float=0.0 # seconds from start to samples
     reward_s:float=0.0 # seconds scoring them
 
+# %% ../nbs/08_trainer.ipynb 40
 def start_rollout(engines:list, # engine handles
                   prompts:list[list[int]], # every prompt's token ids
                   order:PromptOrder, # the data order
@@ -271,6 +274,7 @@ def start_rollout(engines:list, # engine handles
     calls = [submit(e, "generate", ps[a:b], s, a) for e, (a, b) in zip(engines, split_evenly(len(ps), len(engines))) if b > a]
     return Rollout(step, start, idx, calls, time.perf_counter(), version)
 
+# %% ../nbs/08_trainer.ipynb 42
 def finish_rollout(ro:Rollout, # from `start_rollout`
                    answers:list, # every prompt's reference answer
                    functions:dict[str, float], # `reward.functions`
@@ -286,7 +290,7 @@ def finish_rollout(ro:Rollout, # from `start_rollout`
     ro.reward_s = time.perf_counter() - t1
     return ro
 
-# %% ../nbs/08_trainer.ipynb 34
+# %% ../nbs/08_trainer.ipynb 44
 def evaluate(engines:list, # engine handles
              prompts:list[list[int]], # held-out prompts' token ids
              answers:list, # their references
@@ -302,7 +306,7 @@ def evaluate(engines:list, # engine handles
     return {f"eval/{k}": v for k, v in m.items() if k in ("reward_mean", "response_len_mean") or k.startswith("reward/")} | \
            {"eval/num_prompts": len(prompts), "time/eval": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 36
+# %% ../nbs/08_trainer.ipynb 46
 class Run:
     "One training run: data, actors, metrics, the loop's state."
     def __init__(self, cfg:TrainConfig, # a validated config
@@ -317,7 +321,7 @@ class Run:
         self.resume_record = None     # the resumed checkpoint's own step record (see MetricsLog)
         self.events:list[str] = []    # what happened, for the summary
 
-# %% ../nbs/08_trainer.ipynb 37
+# %% ../nbs/08_trainer.ipynb 47
 @patch
 def load_data(self:Run):
     "Tokenizer, training and evaluation prompts, the data order."
@@ -335,7 +339,7 @@ def load_data(self:Run):
         self.eval_prompts, ekept, _ = encode_prompts(erows, self.tok, D.template, D.max_prompt_tokens)
         self.eval_answers = [r["answer"] for r in ekept]
 
-# %% ../nbs/08_trainer.ipynb 39
+# %% ../nbs/08_trainer.ipynb 49
 def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                device:str, # the layout's device: only "cuda" is checked
               ) -> None:
@@ -355,7 +359,7 @@ def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
         raise ConfigError("cluster.gpu", f"the memory plan does not fit the {gpu} (grpo_nb plan --config): {'; '.join(p.advice)}.",
                           "one of the changes above; --cluster.gpu=<your GPU> if the planner assumed another card")
 
-# %% ../nbs/08_trainer.ipynb 41
+# %% ../nbs/08_trainer.ipynb 51
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
           ray_temp_dir:str|None=None, # local Ray session root
@@ -394,7 +398,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     (self.out / "config.yaml").write_text(to_yaml(self.cfg))
     self.startup["startup/total_s"] = time.perf_counter() - t0
 
-# %% ../nbs/08_trainer.ipynb 42
+# %% ../nbs/08_trainer.ipynb 52
 @patch
 def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept in the checkpoint (it is logged after the save)
               ) -> Path:
@@ -406,7 +410,7 @@ def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept 
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 43
+# %% ../nbs/08_trainer.ipynb 53
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -424,7 +428,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_mem_gib"] = m.get("peak_bytes", 0) / 2**30
     return info
 
-# %% ../nbs/08_trainer.ipynb 44
+# %% ../nbs/08_trainer.ipynb 54
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -439,7 +443,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 45
+# %% ../nbs/08_trainer.ipynb 56
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
@@ -491,12 +495,13 @@ def loop(self:Run):
     if self.stop:   # a signal during start-up stops before the first step: nothing new to save
         self.events.append(f"stopped by {self.stop.reason} after step {self.step}" + (f" (checkpoint {self.last_ckpt.name})" if self.last_ckpt else ""))
 
-# %% ../nbs/08_trainer.ipynb 46
+# %% ../nbs/08_trainer.ipynb 58
 @patch
 def release_learner_cache(self:Run) -> None:
     "Every learner rank gives its CUDA cache's free blocks back (colocated: the engine on the same GPU needs them)."
     gather([submit(l, "ws_release") for l in self.actors.learner.actors])
 
+# %% ../nbs/08_trainer.ipynb 60
 @patch
 def verify(self:Run, step:int) -> dict:
     "After a sync: check every engine against the learner (bit for bit, then log-probs); a stale engine is synced once more, a second mismatch raises with the fix."
@@ -514,19 +519,19 @@ def verify(self:Run, step:int) -> dict:
             "sync/stale_detected": stale, "sync/checksums_compared": rep.get("compared", 0), "sync/repacked": rep.get("repacked", 0),
             "sync/exact": int(bool(rep.get("exact"))), "time/verify": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 47
+# %% ../nbs/08_trainer.ipynb 61
 @patch
 def run_eval(self:Run) -> dict:
     "Evaluate the engines' current policy on the held-out prompts."
     return evaluate(self.actors.engines, self.eval_prompts, self.eval_answers, self.cfg.rollout, self.cfg.reward.functions, self.ctx)
 
-# %% ../nbs/08_trainer.ipynb 48
+# %% ../nbs/08_trainer.ipynb 62
 @patch
 def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 49
+# %% ../nbs/08_trainer.ipynb 63
 @patch
 def emit(self:Run, rec:dict):
     "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
@@ -540,7 +545,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 50
+# %% ../nbs/08_trainer.ipynb 64
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -551,7 +556,7 @@ def close(self:Run):
     if ray.is_initialized(): ray.shutdown()
     if self.cluster is not None: self.cluster.shutdown(); self.cluster = None   # the local cluster this run started
 
-# %% ../nbs/08_trainer.ipynb 51
+# %% ../nbs/08_trainer.ipynb 65
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
@@ -589,7 +594,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 53
+# %% ../nbs/08_trainer.ipynb 67
 def train_command(config:str, # YAML file or preset name (default, demo)
                   *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`)
                   resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
@@ -604,7 +609,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."
     return run_cli(train_command, argv, "grpo_nb train")
 
-# %% ../nbs/08_trainer.ipynb 56
+# %% ../nbs/08_trainer.ipynb 70
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -622,7 +627,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 58
+# %% ../nbs/08_trainer.ipynb 72
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -634,7 +639,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 60
+# %% ../nbs/08_trainer.ipynb 75
 def demo_command(*overrides:str, # fields of the demo preset, as --section.field=value
                  out:str="", # output directory (default: runs/demo/<date-time>, a new one each time)
                  start_below:float=0.2, # held-out reward at step 0 must be below this
