@@ -111,6 +111,7 @@ class BatchPlan:
     effective_batch:int # micro × accumulation × W: sequences per optimizer step
     optimizer_steps:int # optimizer steps per GRPO step: B_rank × epochs ÷ (micro × accumulation)
 
+# %% ../nbs/10_ddp.ipynb 16
 def plan_batches(prompts_per_step:int, # rollout.prompts_per_step (per rank or global, see `scaling`)
                  group_size:int, # G, rollout.num_samples_per_prompt
                  micro_batch:int, # learner.micro_batch_size
@@ -136,7 +137,7 @@ def plan_batches(prompts_per_step:int, # rollout.prompts_per_step (per rank or g
     return BatchPlan(world_size, scaling, p_rank, p_rank * world_size, group_size, b_rank, b_rank * world_size, micro_batch, accumulation,
                      micro_batch * accumulation * world_size, b_rank * epochs // (micro_batch * accumulation))
 
-# %% ../nbs/10_ddp.ipynb 17
+# %% ../nbs/10_ddp.ipynb 19
 def plan_table(plans:list[BatchPlan], # plans to compare (e.g. one per world size)
               ) -> str:
     "A markdown table of batch plans, one row each."
@@ -145,7 +146,7 @@ def plan_table(plans:list[BatchPlan], # plans to compare (e.g. one per world siz
     rows = [[str(getattr(p, c)) for c in cols] for p in plans]
     return "\n".join(["| " + " | ".join(c.replace("_", " ") for c in cols) + " |", "|" + "---|" * len(cols)] + ["| " + " | ".join(r) + " |" for r in rows])
 
-# %% ../nbs/10_ddp.ipynb 20
+# %% ../nbs/10_ddp.ipynb 22
 def prompt_indices(n_rows:int, # rows in the training set
                    position:int, # stream position of this step's first prompt (the checkpointed data position)
                    prompts_per_rank:int, # P_rank
@@ -162,7 +163,7 @@ def prompt_indices(n_rows:int, # rows in the training set
         out.append(orders[epoch][i])
     return out
 
-# %% ../nbs/10_ddp.ipynb 25
+# %% ../nbs/10_ddp.ipynb 27
 def pass_at_1(complete:Callable[[list[str]], list[str]], # prompts -> one completion each
               rows:list[dict], # problems: {"prompt", "answer": [asserts]}
               timeout_s:float=10.0, # wall-clock limit of one program
@@ -177,7 +178,7 @@ def pass_at_1(complete:Callable[[list[str]], list[str]], # prompts -> one comple
     ok = [bool(x["total"]) and x["passed"] == x["total"] for x in res]
     return {"pass@1": sum(ok) / max(1, len(ok)), "passed": sum(ok), "problems": len(ok), "completions": completions}
 
-# %% ../nbs/10_ddp.ipynb 28
+# %% ../nbs/10_ddp.ipynb 30
 class LogProbPolicy(nn.Module):
     "A causal LM whose forward returns the log-probs of each next token: [B,T] ids -> [B,T-1] (what DDP wraps)."
     def __init__(self, lm:nn.Module, # a transformers causal LM (has .model and .lm_head)
@@ -196,7 +197,7 @@ class LogProbPolicy(nn.Module):
         if w.dtype != h.dtype: w = w.to(h.dtype)  # one dtype for the chunked matmuls (their backward runs outside autocast)
         return token_logprobs(h[:, :-1], w, input_ids[:, 1:], self.chunk, self.temperature)  # [B,T-1]
 
-# %% ../nbs/10_ddp.ipynb 30
+# %% ../nbs/10_ddp.ipynb 32
 def load_policy(name_or_path:str, # a local HF directory or a built-in tiny model, e.g. `tiny-arith@60` (`grpo_nb.models.resolve_model`)
                 dtype:str="auto", # model.dtype
                 device:str|torch.device="cpu", # where the model lives
@@ -217,7 +218,7 @@ def load_policy(name_or_path:str, # a local HF directory or a built-in tiny mode
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=pdtype, attn_implementation=attn_implementation)
     return model.to(device), tok
 
-# %% ../nbs/10_ddp.ipynb 32
+# %% ../nbs/10_ddp.ipynb 34
 @torch.no_grad()
 def sample_groups(lm, # the (unwrapped) causal LM
                   tok, # its tokenizer, padding on the left
@@ -247,11 +248,12 @@ def sample_groups(lm, # the (unwrapped) causal LM
     texts = tok.batch_decode(torch.where(keep, comp, tok.pad_token_id), skip_special_tokens=True)
     return {"input_ids": out, "attention_mask": attn, "mask": mask, "texts": texts}
 
-# %% ../nbs/10_ddp.ipynb 36
+# %% ../nbs/10_ddp.ipynb 38
 def _all_sum(t:Tensor, world_size:int) -> Tensor:
     if world_size > 1: torch.distributed.all_reduce(t)
     return t
 
+# %% ../nbs/10_ddp.ipynb 40
 def train_on_samples(policy:nn.Module, # `LogProbPolicy`, DDP-wrapped when W > 1
                      optimizer, # torch optimizer (AdamW or ZeroRedundancyOptimizer)
                      batch:dict, # from `sample_groups`: input_ids, attention_mask, mask
@@ -299,7 +301,7 @@ def train_on_samples(policy:nn.Module, # `LogProbPolicy`, DDP-wrapped when W > 1
     if scaler is not None: out["loss_scale"] = float(scaler.get_scale())
     return {**out, "grad_norm": sum(norms) / len(norms), "lr": optimizer.param_groups[0]["lr"], "optimizer_steps": plan.optimizer_steps}
 
-# %% ../nbs/10_ddp.ipynb 40
+# %% ../nbs/10_ddp.ipynb 44
 def pick_precision(device:str, # "cuda" or "cpu"
                    dtype:str, # model.dtype
                    bf16_ok:bool, # the GPU runs bf16 (`torch.cuda.is_bf16_supported()`)
@@ -314,7 +316,7 @@ def pick_precision(device:str, # "cuda" or "cpu"
                                          "loss scaling over fp32 weights (set model.dtype=float16 to say so and silence this)")
     return ("weights", dtype, "")
 
-# %% ../nbs/10_ddp.ipynb 45
+# %% ../nbs/10_ddp.ipynb 49
 def ddp_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelShape`
                micro_batch:int, # sequences per forward/backward (`learner.micro_batch_size`)
                seq_len:int, # tokens per sequence: longest prompt + `rollout.max_new_tokens`
@@ -348,7 +350,7 @@ def ddp_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or a `
     t["peak"] = resident + max(update, t["adamw_step"], t["kv_cache"] + t["sampling_logits"] + t["autocast_copies"])
     return t
 
-# %% ../nbs/10_ddp.ipynb 49
+# %% ../nbs/10_ddp.ipynb 53
 def ddp_plan(cfg:TrainConfig, # the run's config
              opts:DDPOptions, # its launcher options (`load_run`)
              world_size:int=1, # ranks (GPUs)
@@ -363,7 +365,7 @@ def ddp_plan(cfg:TrainConfig, # the run's config
                       plan.sequences_per_rank, world_size, prec, 2 if cfg.model.dtype in ("bfloat16", "float16") else 4,
                       L.zero_stage == 1, cfg.model.gradient_checkpointing, L.logprob_chunk, cfg.model.attn_implementation)
 
-# %% ../nbs/10_ddp.ipynb 52
+# %% ../nbs/10_ddp.ipynb 56
 def ddp_fit_error(cfg:TrainConfig, # the run's config
                   opts:DDPOptions, # its launcher options
                   world_size:int, # ranks (GPUs)
@@ -382,7 +384,7 @@ def ddp_fit_error(cfg:TrainConfig, # the run's config
                        f"activations {p['activations'] / GiB:.1f}, log-prob head {p['logprob_head'] / GiB:.1f}) but a GPU has {gpu_bytes / GiB:.1f} GiB.",
                        "; or ".join(fixes) + " (or --ddp.memory_check=false to try anyway)")
 
-# %% ../nbs/10_ddp.ipynb 57
+# %% ../nbs/10_ddp.ipynb 61
 def save_checkpoint(root:str|Path, # checkpoint directory (derive(cfg).checkpoint_dir)
                     step:int, # GRPO steps completed
                     lm:nn.Module, # the unwrapped policy
@@ -397,7 +399,7 @@ def save_checkpoint(root:str|Path, # checkpoint directory (derive(cfg).checkpoin
     blobs = {"model.pt": lm.state_dict(), "optimizer.pt": optimizer.state_dict()} if rank == 0 else {}
     return save_checkpoint_files(root, step, blobs, state, rank, world_size, keep_last)
 
-# %% ../nbs/10_ddp.ipynb 58
+# %% ../nbs/10_ddp.ipynb 62
 def load_checkpoint(path:str|Path, # a verified checkpoint directory
                     lm:nn.Module, # the unwrapped policy (before DDP wraps it)
                     optimizer, # its optimizer (ZeRO-1 takes the full state and keeps its shard)
@@ -415,7 +417,7 @@ def load_checkpoint(path:str|Path, # a verified checkpoint directory
         seed_everything(state.get("seed", 0) + 7919 * state["step"] + rank)
     return state
 
-# %% ../nbs/10_ddp.ipynb 63
+# %% ../nbs/10_ddp.ipynb 67
 @dataclass
 class DistEnv:
     "This process's place in the run."
@@ -424,6 +426,7 @@ class DistEnv:
     local_rank:int # rank on this node = GPU index
     device:torch.device # where this rank computes
 
+# %% ../nbs/10_ddp.ipynb 69
 def dist_env(device:str="auto", # cluster.device
              environ:dict|None=None, # environment (default os.environ)
             ) -> DistEnv:
@@ -437,7 +440,7 @@ def dist_env(device:str="auto", # cluster.device
                           f"torchrun --nproc_per_node={torch.cuda.device_count()}")
     return DistEnv(rank, world, local, torch.device("cuda", local) if cuda else torch.device("cpu"))
 
-# %% ../nbs/10_ddp.ipynb 66
+# %% ../nbs/10_ddp.ipynb 72
 def _setup(cfg:TrainConfig, opts:DDPOptions, env:DistEnv):
     "Process group, threads, seeds."
     if opts.threads_per_rank: torch.set_num_threads(opts.threads_per_rank)
@@ -465,7 +468,7 @@ def _build(cfg:TrainConfig, env:DistEnv):
     else: opt = torch.optim.AdamW(lm.parameters(), **akw)
     return lm, tok, policy, opt
 
-# %% ../nbs/10_ddp.ipynb 67
+# %% ../nbs/10_ddp.ipynb 73
 def _step_metrics(rewards:list[float], n_tokens:int, env:DistEnv) -> dict:
     "Reward statistics and token count summed over ranks."
     r = torch.tensor(rewards, dtype=torch.float64)
@@ -492,7 +495,7 @@ def evaluate(lm, # the unwrapped policy
         r = pass_at_1(complete, rows, cfg.reward.code_timeout_s, cfg.reward.code_workers, cfg.reward.allow_unisolated, limits)
     return {"eval/pass@1": r["pass@1"], "eval/passed": r["passed"], "eval/problems": r["problems"]}
 
-# %% ../nbs/10_ddp.ipynb 68
+# %% ../nbs/10_ddp.ipynb 74
 def train(cfg:TrainConfig, # the validated run config
           opts:DDPOptions, # the launcher's options
           env:DistEnv, # this rank's place (from `dist_env`)
@@ -511,7 +514,7 @@ def train(cfg:TrainConfig, # the validated run config
     _setup(cfg, opts, env)
     with StopFlag() as flag: return _train(cfg, opts, env, plan, flag)   # SIGUSR1/SIGTERM: stop at the next step (grpo_nb.stop)
 
-# %% ../nbs/10_ddp.ipynb 69
+# %% ../nbs/10_ddp.ipynb 76
 def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan, flag:StopFlag) -> dict:
     R = cfg.rollout
     ckpt_root = Path(derive(cfg).checkpoint_dir)
@@ -578,7 +581,7 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan, flag:S
     log.close()
     return summary
 
-# %% ../nbs/10_ddp.ipynb 71
+# %% ../nbs/10_ddp.ipynb 78
 def ddp_command(config:str="ddp-tiny", # YAML file or preset ({presets})
                 *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`), and the launcher's own options as --ddp.field=value
                 resume:str|None=None, # auto | none | a checkpoint path (same as --checkpoint.resume)
@@ -603,10 +606,10 @@ def main(argv:list[str]|None=None, # CONFIG [--section.field=value ...] [--resum
     "The torchrun entry point: 0 on success or a clean stop, 2 on a configuration error."
     return run_cli(ddp_command, argv, "python -m grpo_nb.ddp", fill={"presets": ", ".join([*DDP_PRESETS, *PRESETS])})
 
-# %% ../nbs/10_ddp.ipynb 72
+# %% ../nbs/10_ddp.ipynb 79
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(main()))  # `python -m grpo_nb.ddp` (a notebook kernel has no __file__)
 
-# %% ../nbs/10_ddp.ipynb 78
+# %% ../nbs/10_ddp.ipynb 85
 DDP_SBATCH = r'''#!/bin/bash
 # ddp.sbatch: GRPO on ONE node with torchrun (one process per GPU, DDP), no Ray.
 # Generated by grpo_nb.ddp (nbs/10_ddp.ipynb): change the notebook and re-export; do not edit by hand.
@@ -659,6 +662,7 @@ def ddp_sbatch(gpus:int=2, # GPUs of the node (one process each)
            f"--gpus-per-node={gpus}; override with sbatch --gpus-per-node=N, or render with ddp_sbatch(gres='gpu:TYPE:N')")
     return fill(DDP_SBATCH, gpu_request_doc=doc, gpu_request=req, stop_and_requeue=STOP_AND_REQUEUE)
 
+# %% ../nbs/10_ddp.ipynb 87
 def render_scripts(out_dir:str|Path="sbatch", # where the scripts go
                   ) -> list[Path]:
     "Write `ddp.sbatch` into `out_dir`; return its path in a list."

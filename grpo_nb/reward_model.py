@@ -62,6 +62,7 @@ def make_hh_pairs(n:int=400, # pairs
 HH_TINY = "data/hh_tiny.jsonl"
 "The CI preference set (`make_hh_pairs(400, seed=0)`), relative to the repository root."
 
+# %% ../nbs/11_reward_model.ipynb 18
 def load_pairs(path:str|Path, # jsonl with `chosen` and `rejected` text fields (hh-rlhf format)
                limit:int|None=None, # keep the first `limit` rows (None: all)
               ) -> list[dict]:
@@ -76,7 +77,7 @@ def load_pairs(path:str|Path, # jsonl with `chosen` and `rejected` text fields (
         if r["chosen"] != r["rejected"]: rows.append(r)
     return rows[:limit]
 
-# %% ../nbs/11_reward_model.ipynb 19
+# %% ../nbs/11_reward_model.ipynb 21
 def split_pairs(rows:list[dict], # preference rows
                 eval_fraction:float=0.2, # share held out (by hash of the chosen text)
                ) -> tuple[list[dict], list[dict]]: # (train, eval)
@@ -84,7 +85,7 @@ def split_pairs(rows:list[dict], # preference rows
     held = lambda r: zlib.crc32(r["chosen"].encode()) % 1000 < eval_fraction * 1000
     return [r for r in rows if not held(r)], [r for r in rows if held(r)]
 
-# %% ../nbs/11_reward_model.ipynb 22
+# %% ../nbs/11_reward_model.ipynb 24
 def encode_pairs(tok, # a transformers tokenizer with a pad token
                  rows:list[dict], # P preference rows
                  max_len:int=1024, # tokens per sequence; longer ones keep their last max_len tokens
@@ -96,7 +97,7 @@ def encode_pairs(tok, # a transformers tokenizer with a pad token
     return {"input_ids": torch.tensor([x + [tok.pad_token_id] * (T - len(x)) for x in ids]),        # 2P, T
             "attention_mask": torch.tensor([[1] * len(x) + [0] * (T - len(x)) for x in ids])}      # 2P, T
 
-# %% ../nbs/11_reward_model.ipynb 24
+# %% ../nbs/11_reward_model.ipynb 26
 def load_reward_model(name_or_path:str, # HF directory or tiny model name
                       dtype:torch.dtype=torch.float32, # weight dtype
                       attn_implementation:str="sdpa", # attention kernel
@@ -114,6 +115,7 @@ def load_reward_model(name_or_path:str, # HF directory or tiny model name
     model.config.pad_token_id = tok.pad_token_id
     return model, tok
 
+# %% ../nbs/11_reward_model.ipynb 28
 def pair_scores(model, # a one-label sequence classifier
                 batch:dict, # from `encode_pairs`
                ) -> tuple[torch.Tensor, torch.Tensor]: # (chosen, rejected), each (P,)
@@ -121,7 +123,7 @@ def pair_scores(model, # a one-label sequence classifier
     s = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0]  # 2P
     return s[0::2], s[1::2]
 
-# %% ../nbs/11_reward_model.ipynb 29
+# %% ../nbs/11_reward_model.ipynb 33
 @dataclass
 class RMDataConfig:
     "Preference pairs."
@@ -158,7 +160,7 @@ class RMConfig:
     device:Literal["auto","cuda","cpu"]="auto" # "auto": cuda when visible
     output_dir:str="runs/reward_model" # metrics, checkpoints, and the exported model in <output_dir>/model
 
-# %% ../nbs/11_reward_model.ipynb 30
+# %% ../nbs/11_reward_model.ipynb 35
 RM_PRESETS:dict[str, dict] = {
     "tiny": {"model": {"name_or_path": "tiny-arith"}, "device": "cpu",
              "data": {"max_len": 64},
@@ -167,6 +169,7 @@ RM_PRESETS:dict[str, dict] = {
 }
 "Named configs: `tiny` is the CI run (the tiny model, CPU, seconds)."
 
+# %% ../nbs/11_reward_model.ipynb 37
 def load_rm_config(source:str|Path|dict|None=None, # YAML path, preset name (`tiny`), dict, or None (defaults)
                    overrides:list[str]|dict|None=None, # `--section.field=value` strings or nested data
                   ) -> RMConfig:
@@ -183,7 +186,7 @@ def load_rm_config(source:str|Path|dict|None=None, # YAML path, preset name (`ti
     if not 0 <= cfg.data.eval_fraction < 1: raise ConfigError("data.eval_fraction", "must be in [0, 1).", "--data.eval_fraction=0.2")
     return cfg
 
-# %% ../nbs/11_reward_model.ipynb 33
+# %% ../nbs/11_reward_model.ipynb 40
 def effective_batch(gpus:int, # data-parallel GPUs N
                     micro_batch:int, # pairs per micro-batch p
                     accumulation:int, # micro-batches per step k
@@ -191,13 +194,14 @@ def effective_batch(gpus:int, # data-parallel GPUs N
     "Pairs one optimizer step sees: N × p × k."
     return gpus * micro_batch * accumulation
 
-# %% ../nbs/11_reward_model.ipynb 35
+# %% ../nbs/11_reward_model.ipynb 42
 def classifier_shape(model:str|ModelShape, # a built-in name, HF dir or shape
                     ) -> ModelShape:
     "The shape of the sequence classifier on `model`: the same body, no lm_head (the `h`-weight score head is negligible)."
     s = get_shape(model)
     return replace(s, name=f"{s.name} (classifier)", tie_word_embeddings=True)
 
+# %% ../nbs/11_reward_model.ipynb 44
 def classifier_memory(model:str|ModelShape, # base causal LM
                       gpus:int=1, # ZeRO data-parallel GPUs N
                       micro_batch_pairs:int=2, # pairs per micro-batch p (2p sequences)
@@ -214,7 +218,7 @@ def classifier_memory(model:str|ModelShape, # base causal LM
     return {"peak_bytes": m.peak_bytes, "total_bytes": m.total_bytes, "peak_phase": m.peak_phase, "terms": m.phases[m.peak_phase],
             "phases": m.phases, "params": param_counts(s)["total"] + s.hidden}
 
-# %% ../nbs/11_reward_model.ipynb 39
+# %% ../nbs/11_reward_model.ipynb 48
 SEED_ROWS:list[tuple[int, int, int, int]] = [(64, 4, 2, 8), (128, 8, 2, 8), (256, 16, 2, 8), (256, 8, 4, 8), (512, 16, 4, 8)]
 "(target batch, GPUs, micro-batch pairs, accumulation) rows of the seed's ZeRO-3 reward-model table."
 
@@ -233,6 +237,7 @@ def seed_table(model:str="Qwen3-4B", # base model
                     "total_gib": m["total_bytes"] / GiB, "fits": m["total_bytes"] <= gpu_mem_gib * GiB})
     return out
 
+# %% ../nbs/11_reward_model.ipynb 50
 def seed_table_md(rows:list[dict], # from `seed_table`
                   gpu_mem_gib:float=24.0, # the GPU's memory, for the verdict column
                  ) -> str:
@@ -241,10 +246,11 @@ def seed_table_md(rows:list[dict], # from `seed_table`
     return head + "".join(f"\n| {r['target']} | {r['gpus']} | {r['micro_batch_pairs']} | {r['accumulation']} | {r['effective_batch']} | "
                           f"{r['peak_gib']:.1f} GiB | {r['total_gib']:.1f} GiB | {'yes' if r['fits'] else '**no**'} |" for r in rows)
 
-# %% ../nbs/11_reward_model.ipynb 42
+# %% ../nbs/11_reward_model.ipynb 53
 GPU_PEAK_TFLOPS:dict[str, float] = {"H100": 989.0, "H200": 989.0, "RTX-4090": 165.2, "A100": 312.0}
 "Dense bf16 tensor-core TFLOP/s from the vendors' data sheets (RTX 4090: with fp32 accumulation), not measured here."
 
+# %% ../nbs/11_reward_model.ipynb 55
 def measured_rm_step(path:str|Path="bench/results/reward_model_memory.json", # written by bench/reward_model_memory.py
                      name:str="Qwen2.5-1.5B 8x2x1024 ckpt on", # the record to use
                     ) -> dict: # model, device, tokens, step_s (the last, steady step), mfu
@@ -258,6 +264,7 @@ def measured_rm_step(path:str|Path="bench/results/reward_model_memory.json", # w
     return {"model": r["model"], "device": r["device"], "tokens": tokens, "step_s": step, "mfu": flops / step / peak,
             "steps_measured": len(r["step_seconds"])}
 
+# %% ../nbs/11_reward_model.ipynb 57
 def epoch_estimate(batch_pairs:int, # pairs per optimizer step (N × p × k)
                    gpus:int, # data-parallel GPUs
                    mfu:float, # model-FLOPs utilisation to assume (e.g. `measured_rm_step()["mfu"]`)
@@ -273,7 +280,7 @@ def epoch_estimate(batch_pairs:int, # pairs per optimizer step (N × p × k)
     step_s = flops / (gpus * GPU_PEAK_TFLOPS[gpu] * 1e12 * mfu)
     return {"steps": steps, "step_s": step_s, "hours": steps * step_s / 3600}
 
-# %% ../nbs/11_reward_model.ipynb 46
+# %% ../nbs/11_reward_model.ipynb 61
 def ds_config(cfg:RMConfig, # the run
               device:str, # "cuda" or "cpu"
              ) -> dict:
@@ -289,7 +296,7 @@ def ds_config(cfg:RMConfig, # the run
                                                          "warmup_num_steps": T.warmup_steps, "warmup_type": "linear"}}
     return c
 
-# %% ../nbs/11_reward_model.ipynb 49
+# %% ../nbs/11_reward_model.ipynb 64
 def step_rows(rows:list[dict], # training pairs
               step:int, # optimizer step (0-based)
               rank:int, # this rank
@@ -308,7 +315,7 @@ def step_rows(rows:list[dict], # training pairs
     block = [rows[i] for i in order[start % len(rows): start % len(rows) + G]]
     return [block[(j * world + rank) * micro:(j * world + rank + 1) * micro] for j in range(accum)]
 
-# %% ../nbs/11_reward_model.ipynb 52
+# %% ../nbs/11_reward_model.ipynb 67
 def evaluate(engine, # a DeepSpeed engine (or a plain model)
              tok, # tokenizer
              rows:list[dict], # held-out pairs
@@ -343,7 +350,7 @@ def evaluate(engine, # a DeepSpeed engine (or a plain model)
     return {"accuracy": stats[0].item() / n, "loss": stats[1].item() / n, "pairs": len(rows),
             "by_kind": {k: stats[3 + 2 * i].item() and stats[2 + 2 * i].item() / stats[3 + 2 * i].item() for i, k in enumerate(keys)}}
 
-# %% ../nbs/11_reward_model.ipynb 55
+# %% ../nbs/11_reward_model.ipynb 70
 def _device(cfg:RMConfig) -> str:
     if cfg.device == "auto": return "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.device == "cuda" and not torch.cuda.is_available(): raise ConfigError("device", "cuda was asked for but no GPU is visible.", "--device=cpu")
@@ -364,7 +371,7 @@ def _export(engine, tok, out:Path, rank:int):
             with no_progress_bars(): engine.module.save_pretrained(out, state_dict=sd, safe_serialization=True)
             tok.save_pretrained(out)
 
-# %% ../nbs/11_reward_model.ipynb 56
+# %% ../nbs/11_reward_model.ipynb 71
 def save_rm_checkpoint(engine, # the DeepSpeed engine
                        root:Path, # <output_dir>/checkpoints
                        step:int, # optimizer steps done
@@ -376,14 +383,14 @@ def save_rm_checkpoint(engine, # the DeepSpeed engine
     ds = lambda tmp: engine.save_checkpoint(str(tmp / "deepspeed"), tag="state", client_state={}, save_latest=False)
     return save_checkpoint_files(root, step, {}, {}, rank, world, keep_last, write=ds)
 
-# %% ../nbs/11_reward_model.ipynb 57
+# %% ../nbs/11_reward_model.ipynb 72
 def load_rm_checkpoint(engine, path:Path, rank:int) -> int:
     "Restore the engine and this rank's random state from a verified checkpoint; return its step."
     engine.load_checkpoint(str(path / "deepspeed"), tag="state")
     set_rng_state(torch.load(path / f"rng_rank{rank}.pt", weights_only=False))
     return json.loads((path / "state.json").read_text())["step"]
 
-# %% ../nbs/11_reward_model.ipynb 58
+# %% ../nbs/11_reward_model.ipynb 73
 def _start(cfg:RMConfig) -> tuple:
     "(device, RankEnv, engine, tokenizer): the process group, the model, and its DeepSpeed engine."
     import logging, warnings
@@ -404,7 +411,7 @@ def _start(cfg:RMConfig) -> tuple:
     return device, env, engine, tok
 
 
-# %% ../nbs/11_reward_model.ipynb 59
+# %% ../nbs/11_reward_model.ipynb 74
 def _summary(cfg:RMConfig, engine, device:str, world:int, start:int, step:int, stopped_by:str|None, path, t0:float,
              train_rows:list, eval_rows:list, metrics:list) -> dict:
     "What a reward-model run did: batch, steps, held-out accuracy, parameters per rank, memory, where the model is."
@@ -421,7 +428,7 @@ def _summary(cfg:RMConfig, engine, device:str, world:int, start:int, step:int, s
             "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
             "model_dir": str(Path(cfg.output_dir) / "model") if step == T.steps else None, "metrics": metrics}
 
-# %% ../nbs/11_reward_model.ipynb 60
+# %% ../nbs/11_reward_model.ipynb 75
 def train(cfg:RMConfig, # the run
          ) -> dict: # the summary (every rank returns it; rank 0 also writes it)
     "One rank of a ZeRO-3 reward-model run (under torchrun/deepspeed); SIGUSR1/SIGTERM: every rank checkpoints after its current step and stops."
@@ -459,7 +466,7 @@ def train(cfg:RMConfig, # the run
     return summary
 
 
-# %% ../nbs/11_reward_model.ipynb 62
+# %% ../nbs/11_reward_model.ipynb 77
 def plan_text(cfg:RMConfig, # the run
               gpus:int, # data-parallel GPUs
               gpu_mem_gib:float=80.0, # memory of one GPU
@@ -478,6 +485,7 @@ def plan_text(cfg:RMConfig, # the run
                  f"({'fits' if m['total_bytes'] <= gpu_mem_gib * GiB else 'DOES NOT FIT'} in {gpu_mem_gib:g} GiB)")
     return "\n".join(lines)
 
+# %% ../nbs/11_reward_model.ipynb 79
 def reward_model_command(config:str, # YAML file or preset ({presets})
                          *overrides:str, # fields as --section.field=value, e.g. --train.steps=200 --model.name_or_path=/models/Qwen2.5-1.5B
                          plan:bool=False, # print the effective batch and predicted memory per GPU, then exit
@@ -499,10 +507,10 @@ def reward_model_cli(argv:list[str]|None=None) -> int:
     "`python -m grpo_nb.reward_model CONFIG [--plan] [--section.field=value ...]`: one rank of a reward-model run."
     return run_cli(reward_model_command, argv, "grpo_nb reward-model", fill={"presets": ", ".join(RM_PRESETS)})
 
-# %% ../nbs/11_reward_model.ipynb 63
+# %% ../nbs/11_reward_model.ipynb 80
 if __name__ == "__main__" and "__file__" in globals(): exit_now(settle(reward_model_cli()))   # no teardown after the last write (see `grpo_nb.stop.exit_now`)
 
-# %% ../nbs/11_reward_model.ipynb 66
+# %% ../nbs/11_reward_model.ipynb 83
 def spawned_rank(cfg:dict, # RMConfig as plain data (picklable)
                  port:int, # rendezvous port
                  rank:int=0, # this rank
@@ -513,7 +521,7 @@ def spawned_rank(cfg:dict, # RMConfig as plain data (picklable)
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))  # a spawned process: its own environment
     return train(load_rm_config(cfg))
 
-# %% ../nbs/11_reward_model.ipynb 70
+# %% ../nbs/11_reward_model.ipynb 87
 def reward_model_reward(model_dir:str|Path, # a trained reward model (HF directory, e.g. <output_dir>/model)
                         name:str="reward_model", # the name configs use in reward.functions
                         text_of:Callable[[str, object], str]|None=None, # (completion, answer) -> text to score; None: the completion
@@ -542,7 +550,7 @@ def reward_model_reward(model_dir:str|Path, # a trained reward model (HF directo
     scores.__doc__ = f"Score of the reward model in {model_dir} ({scale})."
     return register(name)(scores)
 
-# %% ../nbs/11_reward_model.ipynb 76
+# %% ../nbs/11_reward_model.ipynb 93
 @dataclass
 class RMSlurmSpec:
     "The queue values of the reward-model batch script."

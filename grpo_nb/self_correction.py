@@ -38,14 +38,17 @@ ROLES:tuple[str, ...] = ("policy", "guidance", "reference", "critic", "target_cr
 VALUE:str = "value"
 "The optional sixth role: the value function V(s) of a problem, trained apart from the critics (`value_model`)."
 
+# %% ../nbs/12_self_correction.ipynb 9
 TRAINED:dict[str, str] = {"policy": "every step", "guidance": "every `guidance_every` steps", "reference": "never",
                           "critic": "every step", "target_critic": "by Polyak averaging only", VALUE: "every step (when `value_model` is set)"}
 "When each role's parameters change."
 
+# %% ../nbs/12_self_correction.ipynb 11
 SEED_PLACEMENT:dict[str, str] = {"policy": "cuda:0", "critic": "cuda:0", "guidance": "cuda:1", VALUE: "cuda:1",
                                  "reference": "cpu", "target_critic": "cpu"}
 "The SCoRe guide's placement: trained models on two GPUs (the value function, when there is one, beside the guidance), the frozen ones offloaded to the CPU."
 
+# %% ../nbs/12_self_correction.ipynb 13
 def resolve_placement(spec:dict[str, str], # role (or "*") -> "cuda:i" | "cpu"
                       gpus:int|None=None, # visible GPUs (None: torch.cuda.device_count())
                      ) -> dict[str, str]: # role -> device, for every role
@@ -63,7 +66,7 @@ def resolve_placement(spec:dict[str, str], # role (or "*") -> "cuda:i" | "cpu"
         out[r] = d
     return out
 
-# %% ../nbs/12_self_correction.ipynb 10
+# %% ../nbs/12_self_correction.ipynb 16
 def polyak_update_(target:torch.nn.Module, # updated in place: θ' ← (1-τ)θ' + τθ
                    source:torch.nn.Module, # the network it follows (same parameter names and shapes)
                    tau:float=0.005, # Polyak coefficient τ in [0, 1]
@@ -88,7 +91,7 @@ def polyak_update_(target:torch.nn.Module, # updated in place: θ' ← (1-τ)θ'
             n += tf.numel()
     return n
 
-# %% ../nbs/12_self_correction.ipynb 15
+# %% ../nbs/12_self_correction.ipynb 21
 @dataclass
 class SCConfig:
     "A self-correction run."
@@ -129,17 +132,18 @@ class SCConfig:
     memory_check:bool=True # refuse before loading any model when the plan (`sc_fit_error`) puts a GPU or the host over its memory
     host_mem_gib:float=0.0 # memory this node gives the run, in GiB, for that check (0: the machine's total; set it to the job's `--mem` under a SLURM memory limit)
 
-# %% ../nbs/12_self_correction.ipynb 17
+# %% ../nbs/12_self_correction.ipynb 23
 ATTENTION:tuple[str, ...] = ("sdpa", "flash_attention_2", "eager")
 "The attention kernels a self-correction run can ask for (transformers' names)."
 
+# %% ../nbs/12_self_correction.ipynb 25
 def role_attention(attn:str, # `SCConfig.attn_implementation`
                    device:str, # the role's device ("cpu" or "cuda:i")
                   ) -> str: # the kernel that role's model uses
     "The attention kernel of a role on its device: flash-attn's kernels exist on GPUs only, CPU roles use sdpa."
     return "sdpa" if attn == "flash_attention_2" and device == "cpu" else attn
 
-# %% ../nbs/12_self_correction.ipynb 20
+# %% ../nbs/12_self_correction.ipynb 28
 def check_options(cfg:SCConfig) -> None:
     "Refuse options this machine or trainer cannot run (overlap, fullgrad_coef, host_mem_gib, optimizer, attention), naming the fix."
     if cfg.overlap not in ("none", "threads"): raise ConfigError("overlap", f"{cfg.overlap!r} is not an overlap mode.", "--overlap=none or --overlap=threads")
@@ -156,7 +160,7 @@ def check_options(cfg:SCConfig) -> None:
                               "pip install flash-attn --no-build-isolation (on a GPU node with CUDA), or --attn_implementation=sdpa")
         if cfg.dtype == "float32": raise ConfigError("attn_implementation", "flash_attention_2 runs in bf16 or fp16 only.", "--dtype=bfloat16, or --attn_implementation=sdpa")
 
-# %% ../nbs/12_self_correction.ipynb 21
+# %% ../nbs/12_self_correction.ipynb 29
 def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset name, dict, or None (the defaults)
                    overrides:list[str]|dict|None=None, # `--field=value` strings (`--placement.policy=cuda:0` or a JSON `--placement`) or plain data
                   ) -> SCConfig:
@@ -187,7 +191,7 @@ def load_sc_config(source:str|Path|dict|None=None, # YAML path, shipped preset n
     except ValueError as e: raise ConfigError("placement", str(e)) from None
     return cfg
 
-# %% ../nbs/12_self_correction.ipynb 24
+# %% ../nbs/12_self_correction.ipynb 32
 def rank_placement(where:dict[str, str], # role -> device for one process
                    local_rank:int=0, # this process's index on its node
                   ) -> dict[str, str]: # role -> device of this rank
@@ -195,7 +199,7 @@ def rank_placement(where:dict[str, str], # role -> device for one process
     k = 1 + max([int(d[5:]) for d in where.values() if d != "cpu"], default=-1)
     return {r: d if d == "cpu" else f"cuda:{local_rank * k + int(d[5:])}" for r, d in where.items()}
 
-# %% ../nbs/12_self_correction.ipynb 26
+# %% ../nbs/12_self_correction.ipynb 34
 def _role_model(name:str, # see `SCConfig.policy`
                 where:str, # the config field naming it (policy, guidance, critic), for errors
                 seed:int, # tiny models: which of the built-in seeds; `random:` shapes: the init seed
@@ -216,7 +220,7 @@ def _role_model(name:str, # see `SCConfig.policy`
     torch.manual_seed(seed)   # the classifier head is new: its init follows the seed
     return cls.from_pretrained(path, dtype=dtype, attn_implementation=attn, **kw).to(device)
 
-# %% ../nbs/12_self_correction.ipynb 27
+# %% ../nbs/12_self_correction.ipynb 35
 def load_models(cfg:SCConfig, # the run
                 gpus:int|None=None, # visible GPUs (None: ask torch)
                 local_rank:int=0, # this process's index on its node (data parallelism)
@@ -253,7 +257,7 @@ def load_models(cfg:SCConfig, # the run
             if cfg.grad_ckpt: m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return models, tok, where
 
-# %% ../nbs/12_self_correction.ipynb 30
+# %% ../nbs/12_self_correction.ipynb 38
 def sample(model, # a causal LM
            tok, # its tokenizer
            texts:list[str], # B prompts
@@ -291,7 +295,7 @@ def sample(model, # a causal LM
     finally: model.train(was_training)
     return out
 
-# %% ../nbs/12_self_correction.ipynb 33
+# %% ../nbs/12_self_correction.ipynb 41
 def completion_logprobs(model, # a causal LM
                         prompts:list[list[int]], # B prompt token ids
                         completions:list[list[int]], # B completion token ids
@@ -317,7 +321,7 @@ def completion_logprobs(model, # a causal LM
     ent_seq = torch.stack([e.mean() if len(e) else hidden.new_zeros((), dtype=torch.float32) for e in ents])       # B
     return list(lps), (ent_seq if with_entropy else None)
 
-# %% ../nbs/12_self_correction.ipynb 36
+# %% ../nbs/12_self_correction.ipynb 44
 @dataclass
 class Episodes:
     "A batch of two-turn episodes."
@@ -331,6 +335,7 @@ class Episodes:
     reward1:list[float] # reward of turn 1 (for the guidance's signal only)
     reward2:list[float] # reward of turn 2: the episode's reward
 
+# %% ../nbs/12_self_correction.ipynb 46
 def run_episodes(models:dict, # role -> module
                  tok, # the shared tokenizer
                  rows:list[dict], # B problems {'prompt', 'answer'}
@@ -352,14 +357,14 @@ def run_episodes(models:dict, # role -> module
     r2 = score([tok.decode(c, skip_special_tokens=True) for c in t2], ans, ctx)
     return Episodes(probs, ans, t1, gp, g, t2p, t2, list(map(float, r1)), list(map(float, r2)))
 
-# %% ../nbs/12_self_correction.ipynb 40
+# %% ../nbs/12_self_correction.ipynb 50
 def adamw_8bit() -> type:
     "bitsandbytes' 8-bit AdamW class, or a `ConfigError` naming the install when bitsandbytes is absent."
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigError("optimizer", "adamw-8bit needs the bitsandbytes package, which is not installed here.", "pip install bitsandbytes, or --optimizer=adamw")
     return importlib.import_module("bitsandbytes.optim").AdamW8bit
 
-# %% ../nbs/12_self_correction.ipynb 42
+# %% ../nbs/12_self_correction.ipynb 52
 class MasterAdamW:
     "AdamW for a low-precision model: fp32 master weights and moments (on the GPU, or in CPU memory), copied back after each step."
     def __init__(self, params, # the model's parameters (those with requires_grad are trained)
@@ -400,7 +405,7 @@ class MasterAdamW:
             with torch.no_grad():
                 for m, s in zip(self.masters, sd["masters"]): m.copy_(s)
 
-# %% ../nbs/12_self_correction.ipynb 44
+# %% ../nbs/12_self_correction.ipynb 54
 def make_optimizers(models:dict, # role -> module
                     cfg:SCConfig, # the run (`lr`, `master_weights`, `optimizer_offload`, `optimizer`)
                    ) -> dict:
@@ -408,7 +413,7 @@ def make_optimizers(models:dict, # role -> module
     return {r: MasterAdamW(models[r].parameters(), cfg.lr, cfg.master_weights, cfg.optimizer_offload, optimizer=cfg.optimizer)
             for r in ("policy", "guidance", "critic", VALUE) if r in models}
 
-# %% ../nbs/12_self_correction.ipynb 47
+# %% ../nbs/12_self_correction.ipynb 57
 def critic_values(critic, # a one-label sequence classifier
                   tok, # tokenizer
                   texts:list[str], # B states
@@ -420,7 +425,7 @@ def critic_values(critic, # a one-label sequence classifier
     x = torch.tensor([i + [tok.pad_token_id] * (T - len(i)) for i in ids], device=dev)
     return critic(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), use_cache=False).logits[:, 0].float()
 
-# %% ../nbs/12_self_correction.ipynb 49
+# %% ../nbs/12_self_correction.ipynb 59
 def micro_batches(n:int, # a rank's episodes
                   size:int=0, # episodes per micro-batch (0: all at once)
                  ) -> list[list[int]]: # episode indices of each micro-batch
@@ -428,7 +433,7 @@ def micro_batches(n:int, # a rank's episodes
     size = size or n
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
-# %% ../nbs/12_self_correction.ipynb 51
+# %% ../nbs/12_self_correction.ipynb 61
 def sum_grads(model:torch.nn.Module) -> None:
     "Sum every gradient over the ranks (each rank's loss is already divided by the global number of episodes)."
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1: return
@@ -437,7 +442,7 @@ def sum_grads(model:torch.nn.Module) -> None:
             if p.grad is None: p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad)
 
-# %% ../nbs/12_self_correction.ipynb 54
+# %% ../nbs/12_self_correction.ipynb 64
 def _k3(lp:torch.Tensor, ref:torch.Tensor) -> torch.Tensor:   # KL(π‖π_ref) per token, k3 estimator, mean over the completion
     d = ref.to(lp.device) - lp
     return (torch.exp(d) - d - 1).mean() if len(lp) else lp.new_zeros(())
@@ -473,7 +478,7 @@ def _regression_part(models, opts, tok, role, texts, target, mbs, N) -> float:
     sum_grads(models[role]); opts[role].step()
     return total
 
-# %% ../nbs/12_self_correction.ipynb 55
+# %% ../nbs/12_self_correction.ipynb 65
 def _guidance_part(models, opts, tok, ep, mbs, cfg, N, baseline, base) -> float:
     "The guidance's REINFORCE step on its critique: advantage `r₂ - baseline` (r₁, or V(s)) plus `fullgrad_coef·(r₂ - V̄)`, entropy bonus."
     gp, total = [tok(t).input_ids for t in ep.guidance_prompts], 0.0
@@ -487,7 +492,7 @@ def _guidance_part(models, opts, tok, ep, mbs, cfg, N, baseline, base) -> float:
     sum_grads(models["guidance"]); opts["guidance"].step()
     return total
 
-# %% ../nbs/12_self_correction.ipynb 56
+# %% ../nbs/12_self_correction.ipynb 66
 def update(models:dict, # role -> module
            opts:dict, # from `make_optimizers`
            tok, # tokenizer
@@ -523,7 +528,7 @@ def update(models:dict, # role -> module
     if not has_v: m.pop("value_loss")
     return m
 
-# %% ../nbs/12_self_correction.ipynb 61
+# %% ../nbs/12_self_correction.ipynb 71
 def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_shape`)
                    trained:bool, # policy, guidance, critic
                    score:bool=False, # a one-label head instead of the LM head
@@ -556,7 +561,7 @@ def sc_role_memory(s:ModelShape, # the role's model (a classifier: `classifier_s
     host = int((4 + mb + 4) * P) if optimizer_offload and trained else 0                       # masters, moments, fp32 gradient copies
     return {**phases, "resident": w * P + opt, "bytes": max(phases.values()), "host_bytes": host}
 
-# %% ../nbs/12_self_correction.ipynb 63
+# %% ../nbs/12_self_correction.ipynb 73
 def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                       critic:str="Llama-3.2-1B", # critic and target critic base
                       placement:dict=SEED_PLACEMENT, # role -> device
@@ -587,7 +592,7 @@ def five_model_memory(policy:str="Llama-3.2-3B", # policy and reference model
                      "bytes": m["bytes"], "resident": m["resident"], "host_bytes": m["host_bytes"], "phases": {k: m[k] for k in ("sample", "backward", "step")}})
     return rows
 
-# %% ../nbs/12_self_correction.ipynb 65
+# %% ../nbs/12_self_correction.ipynb 75
 def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in names, HF dirs, or `random:<shape>`)
               seq_len:int|None=None, # tokens per episode (None: a 64-token problem + 3 × max_new_tokens)
               world:int=1, # data-parallel ranks (each samples episodes / world)
@@ -599,7 +604,7 @@ def sc_memory(cfg:SCConfig, # the run (`policy`/`critic` as shapes: built-in nam
                              cfg.master_weights, cfg.optimizer_offload, cfg.dtype, shape(cfg.guidance), cfg.attn_implementation, cfg.optimizer,
                              shape(cfg.value_model) if cfg.value_model else None)
 
-# %% ../nbs/12_self_correction.ipynb 67
+# %% ../nbs/12_self_correction.ipynb 77
 def device_totals(rows:list[dict]) -> dict[str, int]:
     "Peak bytes per device of `five_model_memory` rows: what every role there holds, plus the largest working set (roles run one at a time)."
     resident, work = {}, {}
@@ -610,12 +615,12 @@ def device_totals(rows:list[dict]) -> dict[str, int]:
         if r["host_bytes"]: resident["cpu"] = resident.get("cpu", 0) + r["host_bytes"]; work.setdefault("cpu", 0)
     return {d: resident[d] + work[d] for d in resident}
 
-# %% ../nbs/12_self_correction.ipynb 73
+# %% ../nbs/12_self_correction.ipynb 83
 def replace_fields(cfg:SCConfig, kw:dict) -> SCConfig:
     "A copy of `cfg` with some fields changed (dataclasses.replace, named for the fixes above)."
     return from_dict(SCConfig, {**asdict(cfg), **kw})
 
-# %% ../nbs/12_self_correction.ipynb 74
+# %% ../nbs/12_self_correction.ipynb 84
 def _fix_candidates(cfg:SCConfig) -> list[tuple[str, dict]]:
     "Single changes that lower a device's or the host's peak: (the flag as a user types it, the fields it sets)."
     c = [("--optimizer_offload=true (fp32 masters and moments in CPU memory)", dict(optimizer_offload=True))] if not cfg.optimizer_offload else \
@@ -628,7 +633,7 @@ def _fix_candidates(cfg:SCConfig) -> list[tuple[str, dict]]:
     if frozen: c.append((" ".join(f"--placement.{r}=cpu" for r in frozen), dict(placement={**cfg.placement, **frozen})))
     return c
 
-# %% ../nbs/12_self_correction.ipynb 75
+# %% ../nbs/12_self_correction.ipynb 85
 def sc_fit_error(cfg:SCConfig, # the run
                  gpu_bytes:dict[str, int], # memory of each GPU of the spec ("cuda:0" -> bytes); GPUs not listed are not checked
                  host_bytes:int, # memory of the node for this job
@@ -650,7 +655,7 @@ def sc_fit_error(cfg:SCConfig, # the run
     fix = (" or ".join(fits) if fits else "no single change fits: combine " + ", ".join(f for f, _ in _fix_candidates(cfg)) + ", or use bigger GPUs or nodes")
     return ConfigError("memory", f"the plan does not fit: {what}.", fix + " (or --memory_check=false to try anyway)")
 
-# %% ../nbs/12_self_correction.ipynb 78
+# %% ../nbs/12_self_correction.ipynb 88
 def check_memory(cfg:SCConfig, # the run
                  local_rank:int=0, # this process's index on its node
                  world:int=1, # data-parallel ranks
@@ -664,7 +669,7 @@ def check_memory(cfg:SCConfig, # the run
     host = int(cfg.host_mem_gib * GiB) if cfg.host_mem_gib else psutil.virtual_memory().total
     if err := sc_fit_error(cfg, gpus, host, world, int(os.environ.get("LOCAL_WORLD_SIZE", 1))): raise err
 
-# %% ../nbs/12_self_correction.ipynb 81
+# %% ../nbs/12_self_correction.ipynb 91
 def param_digest(model:torch.nn.Module) -> str:
     "SHA-256 (16 hex digits) of a model's parameters, in name order."
     h = hashlib.sha256()
@@ -672,10 +677,11 @@ def param_digest(model:torch.nn.Module) -> str:
         h.update(n.encode()); h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
-# %% ../nbs/12_self_correction.ipynb 83
+# %% ../nbs/12_self_correction.ipynb 94
 SAVED:tuple[str, ...] = ("policy", "guidance", "critic", "target_critic")
 "Roles whose weights a checkpoint holds (the reference is the starting policy: rebuilt, and checked by digest)."
 
+# %% ../nbs/12_self_correction.ipynb 96
 def save_sc_checkpoint(cfg:SCConfig, # the run (`checkpoint_dir`, `keep_last`)
                        step:int, # updates completed
                        models:dict, # role -> module
@@ -690,7 +696,7 @@ def save_sc_checkpoint(cfg:SCConfig, # the run (`checkpoint_dir`, `keep_last`)
     return save_checkpoint_files(cfg.checkpoint_dir, step, blobs, state, rank, world, cfg.keep_last,
                                  rank_blob={"rng": rng_state(), "sampler": gen.get_state()})
 
-# %% ../nbs/12_self_correction.ipynb 85
+# %% ../nbs/12_self_correction.ipynb 98
 def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
                        models:dict, # role -> module (as `load_models` built them)
                        opts:dict, # role -> `MasterAdamW`
@@ -717,7 +723,7 @@ def load_sc_checkpoint(path:str|Path, # a verified checkpoint directory
     set_rng_state(rs["rng"]); gen.set_state(rs["sampler"])
     return state
 
-# %% ../nbs/12_self_correction.ipynb 88
+# %% ../nbs/12_self_correction.ipynb 101
 def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
     "(RankEnv, models, tokenizer, placement, optimizers, sampling generator, rows): the process group and everything a run holds."
     env = rank_env()
@@ -740,7 +746,7 @@ def _setup(cfg:SCConfig, gpus:int|None) -> tuple:
                           "--resume=auto to continue it, or a new --checkpoint_dir")
     return env, models, tok, where, opts, gen, rows
 
-# %% ../nbs/12_self_correction.ipynb 89
+# %% ../nbs/12_self_correction.ipynb 102
 def train(cfg:SCConfig, # the run
           gpus:int|None=None, # visible GPUs (None: ask torch)
           on_step:Callable|None=None, # called as on_step(step, models) after each update (tests snapshot here)
@@ -773,7 +779,7 @@ def train(cfg:SCConfig, # the run
             "last_step": step, "stopped_by": flag.reason if step < cfg.steps else None,
             "params": {r: sum(p.numel() for p in m.parameters()) for r, m in models.items()}}
 
-# %% ../nbs/12_self_correction.ipynb 99
+# %% ../nbs/12_self_correction.ipynb 112
 def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     "The committed GPU measurements against the prediction, or a note that none are committed."
     p = Path(path)
@@ -796,7 +802,7 @@ def sc_gpu_table(path:str|Path="bench/results/sc_memory_gpu.json") -> str:
     note = "" if worst is None else f"\n\nLargest gap between prediction and measurement: {100 * worst:.0f}% ({'within' if worst <= 0.1 else 'outside'} the 10% the planner aims for)."
     return "\n".join([head] + [l for r in recs for l in lines(r)]) + note
 
-# %% ../nbs/12_self_correction.ipynb 102
+# %% ../nbs/12_self_correction.ipynb 115
 def self_correction_command(config:str|None=None, # a YAML file or preset with `trainer: self-correction` (default: the fields' defaults)
                             *overrides:str, # fields as --field=value
                             out:str="runs/self_correction", # directory for summary.json and metrics.jsonl
@@ -819,10 +825,10 @@ def self_correction_cli(argv:list[str]|None=None) -> int:
     return run_cli(self_correction_command, argv, "grpo_nb self-correction",
                    epilog="Fields: " + ", ".join(f"--{f}" for f in SCConfig.__dataclass_fields__))
 
-# %% ../nbs/12_self_correction.ipynb 103
+# %% ../nbs/12_self_correction.ipynb 116
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(self_correction_cli()))
 
-# %% ../nbs/12_self_correction.ipynb 106
+# %% ../nbs/12_self_correction.ipynb 119
 SC_SBATCH = r'''#!/bin/bash
 # self_correction.sbatch: two-turn self-correction (policy, guidance, reference, critic, target critic) on one node.
 # Generated by grpo_nb.self_correction (nbs/12_self_correction.ipynb); do not edit by hand.

@@ -21,11 +21,13 @@ SPECIAL_TOKENS:dict[str, str] = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>",
 "Role -> special token; their ids are 0, 1, 2, 3 in this order."
 ALPHABET:str = string.digits + "+-*/=()<>%^" + " \n" + string.ascii_lowercase + string.ascii_uppercase + ".,:;!?'\"#&@_[]{}|~$`\\"
 "Every character with its own token, after the special tokens."
+
+# %% ../nbs/14_tiny.ipynb 10
 CHAT_TEMPLATE:str = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                      "{% if add_generation_prompt %}assistant: {% endif %}")
 "A plain-text chat template: `<bos>user: 12+7=\\nassistant: `."
 
-# %% ../nbs/14_tiny.ipynb 10
+# %% ../nbs/14_tiny.ipynb 12
 def build_tokenizer(out_dir:str|Path|None=None, # where to save it (tokenizer.json, tokenizer_config.json, ...); None: don't save
                    ):
     "The character-level tokenizer as a transformers fast tokenizer, saved to `out_dir` when given."
@@ -51,7 +53,7 @@ def _save_tokenizer(fast, out_dir:Path):
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
     (out_dir / "special_tokens_map.json").write_text(json.dumps({f"{k}_token": v for k, v in SPECIAL_TOKENS.items()}, indent=2))
 
-# %% ../nbs/14_tiny.ipynb 15
+# %% ../nbs/14_tiny.ipynb 17
 @dataclass(frozen=True)
 class TinySpec:
     "The shape of a tiny Qwen2 policy; the rest are Qwen2's defaults."
@@ -64,6 +66,7 @@ class TinySpec:
     head_dim:int=32 # per-head width (vLLM's CPU kernels need >= 32)
     max_position_embeddings:int=256 # longest sequence (prompt + completion)
 
+# %% ../nbs/14_tiny.ipynb 19
 TINY_MODELS:dict[str, TinySpec] = {
     "tiny-arith":    TinySpec(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                               intermediate_size=384, tie_word_embeddings=True),
@@ -74,7 +77,7 @@ TINY_MODELS:dict[str, TinySpec] = {
 }
 "Built-in tiny policies by name (`model.name_or_path` may name one)."
 
-# %% ../nbs/14_tiny.ipynb 16
+# %% ../nbs/14_tiny.ipynb 20
 def tiny_config(name:str, # a key of `TINY_MODELS`
                 vocab_size:int|None=None, # V (default: the tokenizer's size)
                ):
@@ -89,7 +92,7 @@ def tiny_config(name:str, # a key of `TINY_MODELS`
                        rope_theta=10000.0, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                        dtype="float32", architectures=["Qwen2ForCausalLM"])
 
-# %% ../nbs/14_tiny.ipynb 19
+# %% ../nbs/14_tiny.ipynb 23
 def build_tiny_model(name:str="tiny-arith", # a key of `TINY_MODELS`
                      out_dir:str|Path|None=None, # directory to write (created); None: a new temporary directory
                      seed:int=0, # weight-init seed: same name and seed give identical weights
@@ -106,6 +109,7 @@ def build_tiny_model(name:str="tiny-arith", # a key of `TINY_MODELS`
     with no_progress_bars(): model.save_pretrained(out, safe_serialization=True)
     return out
 
+# %% ../nbs/14_tiny.ipynb 25
 @contextlib.contextmanager
 def no_progress_bars():
     "transformers' progress bars off for the block (they clutter logs and notebooks for 1 MB models)."
@@ -116,6 +120,7 @@ def no_progress_bars():
     finally:
         if was: hf_logging.enable_progress_bar()
 
+# %% ../nbs/14_tiny.ipynb 27
 @contextlib.contextmanager
 def _torch_threads(n:int):
     "Use `n` torch threads for the block, then the caller's number again."
@@ -134,14 +139,16 @@ def _torch_seed(seed:int):
     try: yield
     finally: torch.random.set_rng_state(state)
 
-# %% ../nbs/14_tiny.ipynb 24
+# %% ../nbs/14_tiny.ipynb 32
 TINY_FORMAT:int = 1
 "Bump when the tokenizer or builder changes in a way the fingerprint cannot see; cached models are rebuilt."
 
+# %% ../nbs/14_tiny.ipynb 34
 def default_cache_dir() -> Path:
     "Where built tiny models are cached: `$GRPO_NB_CACHE`, else `~/.cache/grpo_nb`."
     return Path(os.environ.get("GRPO_NB_CACHE") or Path.home() / ".cache" / "grpo_nb")
 
+# %% ../nbs/14_tiny.ipynb 36
 def tiny_model_dir(name:str="tiny-arith", # a key of `TINY_MODELS`
                    seed:int=0, # weight-init seed
                    warm_steps:int=0, # >0: the policy after this many supervised warm-start steps on `builtin:arithmetic` (see `warm_start`)
@@ -163,7 +170,7 @@ def tiny_model_dir(name:str="tiny-arith", # a key of `TINY_MODELS`
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return final
 
-# %% ../nbs/14_tiny.ipynb 27
+# %% ../nbs/14_tiny.ipynb 39
 def builtin_model(name:str, # `model.name_or_path`
                  ) -> tuple[str, int]|None: # (tiny model, warm-start steps), or None for anything else
     "`('tiny-arith', 100)` for `tiny-arith@100`, `('tiny-arith', 0)` for `tiny-arith`; None when `name` is not a built-in model."
@@ -171,9 +178,10 @@ def builtin_model(name:str, # `model.name_or_path`
     if base in TINY_MODELS and (not at or warm.isdigit()): return base, int(warm or 0)
     return None
 
-# %% ../nbs/14_tiny.ipynb 30
+# %% ../nbs/14_tiny.ipynb 42
 Op = Literal["+", "-", "*"]
 
+# %% ../nbs/14_tiny.ipynb 44
 def arithmetic_split(a:int, # left operand
                      op:str, # operator
                      b:int, # right operand
@@ -181,6 +189,7 @@ def arithmetic_split(a:int, # left operand
     "The split a problem belongs to: `eval` for about one pair in ten (by CRC32 of `a op b`), else `train`."
     return "eval" if zlib.crc32(f"{a}{op}{b}".encode()) % 10 == 0 else "train"
 
+# %% ../nbs/14_tiny.ipynb 46
 def make_arithmetic(n:int|None=None, # problems to return (None: every pair of the split once)
                     seed:int=0, # order and sampling seed (the split itself does not depend on it)
                     max_operand:int=19, # operands are drawn from 0..max_operand
@@ -200,7 +209,7 @@ def make_arithmetic(n:int|None=None, # problems to return (None: every pair of t
         pool = out[:n]
     return [{"prompt": f"{a}{o}{b}=", "answer": str(fns[o](a, b))} for a, o, b in pool]
 
-# %% ../nbs/14_tiny.ipynb 33
+# %% ../nbs/14_tiny.ipynb 49
 BUILTIN_DATASETS:dict[str, dict] = {
     "arithmetic":      dict(split="train", max_operand=19, ops=("+",)),
     "arithmetic-eval": dict(split="eval",  max_operand=19, ops=("+",)),
@@ -217,7 +226,7 @@ def load_builtin(name:str, # `builtin:arithmetic`, `arithmetic-eval`, ... (a key
         raise KeyError(f"no built-in dataset {name!r}; use one of {['builtin:' + k for k in BUILTIN_DATASETS]} or a jsonl/parquet path")
     return make_arithmetic(n, seed=seed, **BUILTIN_DATASETS[key])
 
-# %% ../nbs/14_tiny.ipynb 36
+# %% ../nbs/14_tiny.ipynb 52
 def greedy_accuracy(model, # a causal LM (transformers)
                     tok, # its tokenizer
                     rows:list[dict], # problems {'prompt', 'answer'}
@@ -240,7 +249,7 @@ def greedy_accuracy(model, # a causal LM (transformers)
     model.train(was_training)
     return correct / max(len(rows), 1)
 
-# %% ../nbs/14_tiny.ipynb 37
+# %% ../nbs/14_tiny.ipynb 53
 def warm_start(model_dir:str|Path, # starting policy (a HF directory)
                out_dir:str|Path, # where to write the trained policy (weights + tokenizer)
                rows:list[dict], # training problems {'prompt', 'answer'}
@@ -279,7 +288,7 @@ def warm_start(model_dir:str|Path, # starting policy (a HF directory)
                                                                "history": history}, indent=1))
     return history
 
-# %% ../nbs/14_tiny.ipynb 40
+# %% ../nbs/14_tiny.ipynb 56
 def _spawn_child(i, fn, kwargs, q, log_path):
     if log_path:  # the engine's chatter goes to a file the parent shows only if something fails
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -291,6 +300,7 @@ def _tail(path:str, n:int=3000) -> str:
     try: return Path(path).read_text(errors="replace")[-n:]
     except OSError: return ""
 
+# %% ../nbs/14_tiny.ipynb 58
 def spawn_call(calls:list[tuple[Callable, dict]], # (module-level function, keyword arguments), one process each
                timeout:float=300.0, # seconds for all of them together
                quiet:bool=True, # send the processes' stdout/stderr to a log shown only on failure
@@ -323,7 +333,7 @@ def spawn_call(calls:list[tuple[Callable, dict]], # (module-level function, keyw
         for log in filter(None, logs): Path(log).unlink(missing_ok=True)
     return [results[i] for i in range(len(procs))]
 
-# %% ../nbs/14_tiny.ipynb 44
+# %% ../nbs/14_tiny.ipynb 62
 @contextlib.contextmanager
 def _env(**kv):
     "Set environment variables for the block, restore them afterwards."
