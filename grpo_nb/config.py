@@ -75,7 +75,7 @@ class RolloutConfig:
     verify_atol:float=0.0 # largest |engine - learner| log-prob the check accepts where some parameter cannot be compared bit for bit; 0: derived from the policy's dtype and its largest logit (`grpo_nb.weight_sync.logprob_atol`)
     fault_skip_sync_step:int=0 # testing: skip the weight sync after this step once, leaving the engines a step stale (verify_every must catch it); 0: never
     chunked_prefill:Literal["auto","on","off"]="auto" # vLLM chunked prefill (long prompts split across scheduler steps): "auto" keeps vLLM's default
-    weight_load:Literal["auto","direct","slices","reload"]="auto" # vLLM: load synced weights straight into the engine's parameters ("direct" through each parameter's loader, or "slices" by a map built once from the layouts, one copy per piece; unquantized models on GPUs), or through vLLM's layer-wise reload ("reload": quantized engines, the CPU build); "auto" picks direct on GPUs
+    weight_load:Literal["auto","direct","slices","reload"]="auto" # vLLM: load synced weights straight into the engine's parameters ("direct" through each parameter's loader, or "slices" by a map built once from the layouts, one copy per piece; unquantized models on GPUs), or through vLLM's layer-wise reload ("reload": quantized engines, the CPU build); "auto" picks slices on GPUs
     sleep_level:int=1 # colocated: 1 offloads the engine's weights to CPU and frees its KV cache while the learner steps; 2 frees the weights too (the sync refills them); 0 keeps both
 
 # %% ../nbs/00_config.ipynb 13

@@ -228,7 +228,7 @@ class VllmEngine:
                  seed:int=0, # engine seed (used when a request has no seed)
                  max_model_len:int|None=None, # context limit (None: the model's)
                  enable_prefix_caching:bool=True, # reuse KV of shared prefixes (reset after every weight sync)
-                 weight_load:str="auto", # how workers load synced weights: "direct", "reload" or "auto" (see `grpo_nb.weight_sync.vllm_load_mode`)
+                 weight_load:str="auto", # how workers load synced weights: "direct", "slices", "reload" or "auto" (see `grpo_nb.weight_sync.vllm_load_mode`)
                  **llm_kwargs, # anything else `vllm.LLM` takes
                 ):
         from vllm import LLM

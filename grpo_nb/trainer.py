@@ -497,9 +497,12 @@ def loop(self:Run):
 
 # %% ../nbs/08_trainer.ipynb 58
 @patch
-def release_learner_cache(self:Run) -> None:
-    "Every learner rank gives its CUDA cache's free blocks back (colocated: the engine on the same GPU needs them)."
-    gather([submit(l, "ws_release") for l in self.actors.learner.actors])
+def release_learner_cache(self:Run,
+                          margin:float=0.05, # share of the GPU kept free beyond the engine's `gpu_memory_utilization`
+                         ) -> int: # how many learner ranks released their cache
+    "Learner ranks whose GPU has less free memory than the waking engine needs give their CUDA cache's free blocks back."
+    need = min(1.0, self.cfg.rollout.gpu_memory_utilization + margin)
+    return sum(bool(r) for r in gather([submit(l, "ws_release", need) for l in self.actors.learner.actors]))
 
 # %% ../nbs/08_trainer.ipynb 60
 @patch

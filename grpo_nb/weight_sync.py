@@ -386,7 +386,7 @@ def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct", "
     if weight_load in ("direct", "slices") and not can_direct:
         why = f"the engine is quantized ({quantization})" if quantization is not None else "the CPU build repacks linear weights after loading"
         raise WeightSyncError(f"a {weight_load} load cannot update this engine: {why}. Fix: --rollout.weight_load=auto (or reload)")
-    if weight_load == "auto": return "direct" if can_direct else "reload"
+    if weight_load == "auto": return "slices" if can_direct else "reload"
     return weight_load
 
 # %% ../nbs/06_weight_sync.ipynb 73
@@ -760,11 +760,15 @@ class WeightSyncSource:
         m = self.sync_module()
         return {"logprobs": lps, "max_abs_logit": zmax, "dtype": str(next(m.parameters()).dtype),
                 "layers": int(getattr(getattr(m, "config", None), "num_hidden_layers", 1) or 1)}
-    def ws_release(self) -> None:
-        "Every rank: give the CUDA caching allocator's free blocks back (a colocated engine is about to wake on this GPU)."
+    def ws_release(self, need:float=1.0, # the share of the GPU's memory that must be free afterwards; 1.0: always release
+                  ) -> bool: # True when the cache was released
+        "Every rank: give the CUDA cache's free blocks back when less than `need` of the GPU is free (a colocated engine is about to wake on it)."
+        if not torch.cuda.is_available(): return False
+        free, total = torch.cuda.mem_get_info()
+        if free >= need * total: return False   # the engine fits beside the cache: keeping it spares the next step's allocations
         import gc
-        gc.collect()
-        if torch.cuda.is_available(): torch.cuda.ipc_collect(); torch.cuda.empty_cache()
+        gc.collect(); torch.cuda.ipc_collect(); torch.cuda.empty_cache()
+        return True
     def ws_close(self) -> None:
         "Rank 0: leave the group."
         g = getattr(self, "_ws_group", None)
