@@ -17,6 +17,9 @@ On a GPU node (the repo on PYTHONPATH; what else it needs: the guide page "Measu
     python bench/learner_mfu.py --part 1gpu --out bench/results/learner_mfu.json    # one GPU, about 5 min
     python bench/learner_mfu.py --part 2gpu --out bench/results/learner_mfu.json    # two GPUs, about 4 min
 On this CPU machine: python bench/learner_mfu.py --smoke    (tiny model, fp32, gloo; writes /tmp/learner_mfu_smoke.json)
+After a change to the planner (CPU only, nothing is measured):
+    python bench/learner_mfu.py --repredict    # every record's predicted_bytes from today's planner, for its own configuration;
+                                               # the prediction made when it was measured stays as predicted_bytes_recorded
 
 Every variant runs in its own process group with a time limit (a crash, an OOM or a hang costs that record
 only); the results file is rewritten after every variant, records of other parts and variants are kept.
@@ -71,13 +74,13 @@ def longest_row(batch, gpus:int, pack:int) -> int:
 def predicted(v:dict, seq_len:int) -> int|None:
     "The planner's peak (bytes) for this variant with micro-batches of `seq_len` tokens."
     try:
-        from grpo_nb.memory import ZERO3_BUCKETS, learner_memory, shape_from_hf
+        from grpo_nb.memory import ZERO3_BUCKETS, elementwise_fused, learner_memory, shape_from_hf
         model = shape_from_hf(hf_config("tiny")) if v["model"] == "tiny" else v["model"]
         # varlen and per-sequence sdpa keep what flash attention keeps (no [L, L] scores)
         return int(learner_memory(model, learners=v["gpus"], zero=v["zero"], micro_batch=1, seq_len=seq_len, grad_ckpt=v["ckpt"],
                                   knobs=ZERO3_BUCKETS[v.get("buckets", "deepspeed")],
                                   attn="flash_attention_2", logits="chunked", logprob_chunk=v["chunk"], adam="fused",
-                                  fused=v["compile"] or v.get("kernels") == "liger").peak_bytes)
+                                  fused=elementwise_fused(v.get("kernels", "torch"), v["compile"])).peak_bytes)
     except Exception as e:
         print(f"planner: {type(e).__name__}: {e}", flush=True); return None
 
@@ -179,7 +182,8 @@ def record(v:dict, device_name:str, info:dict|None, res:dict|None, err:str|None)
     r = {"model": v["model"], "gpus": v["gpus"], "zero": v["zero"], "tokens_per_s": None, "mfu": None, "measured_bytes": None,
          "predicted_bytes": None, "device": device_name, "variant": v["variant"], "pack_length": v["pack"],
          "grad_ckpt": v["ckpt"], "compile": v["compile"], "attention": (info or {}).get("attention_kernel"),
-         "launcher": v.get("launcher"), "zero3_buckets": v.get("buckets", "deepspeed") if v["zero"] == 3 else None, "kernels": v.get("kernels", "torch")}
+         "launcher": v.get("launcher"), "zero3_buckets": v.get("buckets", "deepspeed") if v["zero"] == 3 else None, "kernels": v.get("kernels", "torch"),
+         "logprob_chunk": v["chunk"]}
     if res: r.update(res)
     if r.get("measured_bytes") and r.get("predicted_bytes"): r["predicted_over_measured"] = r["predicted_bytes"] / r["measured_bytes"]
     if err: r["error"] = err
@@ -399,6 +403,33 @@ def run_isolated(v:dict, limit_s:float) -> dict:
     return rec
 
 
+def variant_of(r:dict) -> dict:
+    "The planner's inputs of a record: its model, GPUs, ZeRO stage, checkpointing, kernels (those in use), buckets and log-prob chunk."
+    return {"model": r["model"], "gpus": r["gpus"], "zero": r["zero"], "ckpt": bool(r.get("grad_ckpt")), "compile": bool(r.get("compile")),
+            "kernels": r.get("kernels") or "torch", "buckets": r.get("zero3_buckets") or "deepspeed",
+            "chunk": r.get("logprob_chunk") or (256 if r["model"] == "tiny" else 2048)}   # the chunk every variant has run with
+
+
+def repredict(path:Path) -> list:
+    """Rewrite the planner's figures of every measured record in `path` with today's planner, for the record's own configuration
+    (CPU only; the measurements are not touched). The first prediction a record carried stays as `predicted_bytes_recorded`.
+    Returns (variant, device, before, after) for each record rewritten."""
+    data = json.loads(path.read_text())
+    changed = []
+    for r in data.get("records", []):
+        if not r.get("longest_row"): continue            # failed or skipped: nothing was measured
+        v = variant_of(r)
+        new, at_pack = predicted(v, r["longest_row"]), predicted(v, r["pack_length"])
+        if new is None: continue                         # a shape the planner does not know: keep what it said then
+        r.setdefault("predicted_bytes_recorded", r.get("predicted_bytes"))
+        changed.append((r.get("variant"), r.get("device"), r.get("predicted_bytes"), new))
+        r.update(predicted_bytes=new, predicted_bytes_at_pack=at_pack)
+        if r.get("measured_bytes"): r["predicted_over_measured"] = new / r["measured_bytes"]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1)); tmp.replace(path)   # all or nothing: an interrupted rewrite leaves the file as it was
+    return changed
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=["1gpu", "2gpu", "all"], default="all", help="which measurements (default: all)")
@@ -412,6 +443,8 @@ def main(argv=None) -> int:
     p.add_argument("--pack", type=int, default=0, help="tokens per packed micro-batch (default 0: the longest the planner fits in 80%% of the GPU)")
     p.add_argument("--skip-check", action="store_true", help="no log-prob check of fused kernels before timing (its models were seen to keep GPU memory on an 80 GB GPU)")
     p.add_argument("--smoke-compile", action="store_true", help="smoke: also a torch.compile variant (slow on a small CPU)")
+    p.add_argument("--repredict", action="store_true", help="CPU only: rewrite every record's planner prediction (predicted_bytes, predicted_bytes_at_pack, "
+                   "predicted_over_measured) with today's planner for its own configuration; the measurements are kept, the first prediction as predicted_bytes_recorded")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one variant (JSON) and print its record
     a = p.parse_args(argv)
     for k, val in GPU_ENV.items(): os.environ.setdefault(k, val)
@@ -420,6 +453,15 @@ def main(argv=None) -> int:
         print("RECORD " + json.dumps(run_variant(json.loads(a.one))), flush=True); return 0
     t0 = time.time()
     out = Path(a.out or ("/tmp/learner_mfu_smoke.json" if a.smoke else ROOT / "bench/results/learner_mfu.json"))
+    if a.repredict:
+        if not out.exists(): print(f"no results file at {out}: nothing to recompute (measure first, or pass --out)", file=sys.stderr); return 2
+        try: changed = repredict(out)
+        except (ValueError, KeyError, TypeError) as e:   # not a learner_mfu results file
+            print(f"{out} is not a learner_mfu.json results file ({type(e).__name__}: {e}); nothing was rewritten", file=sys.stderr); return 2
+        for variant, device, before, after in changed:
+            g = lambda b: f"{b / 2**30:.2f} GiB" if b else "-"
+            print(f"{variant:<46} {device:<28} predicted {g(before):>10} -> {g(after):>10}")
+        print(f"wrote {out}"); return 0
     launcher = a.launcher
     if launcher == "auto":
         try: import ray  # noqa: F401

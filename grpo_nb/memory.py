@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_memory.ipynb 4
 from __future__ import annotations
-import functools, json, math, sys
+import functools, importlib.util, json, math, sys
 from dataclasses import dataclass, field, asdict, replace
 from pathlib import Path
 from typing import Literal, Optional
@@ -17,11 +17,12 @@ __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer'
            'get_shape', 'shape_to_hf', 'weights_bytes', 'moment_bytes_per_param', 'optimizer_bytes', 'ZeroKnobs',
            'zero3_settings', 'grads_bytes', 'buffers_bytes', 'embedding_grad_bytes', 'step_transient_bytes',
            'layer_activation_bytes', 'backward_working_bytes', 'fused_saving_bytes', 'activations_bytes',
-           'logits_bytes', 'zero3_gathered', 'persistent_params', 'Overheads', 'ref_policy_bytes', 'LearnerMemory',
-           'learner_memory', 'kv_heads_per_gpu', 'valid_tps', 'kv_bytes_per_token', 'engine_weights_bytes',
-           'engine_activation_bytes', 'EngineMemory', 'engine_memory', 'min_learner_gpus', 'min_engine_tp', 'Plan',
-           'gpu_budget', 'host_budget', 'plan', 'plan_json', 'format_plan', 'plan_command', 'plan_cli', 'plan_config',
-           'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'plot_terms', 'planner_widget']
+           'elementwise_fused', 'logits_bytes', 'zero3_gathered', 'persistent_params', 'Overheads', 'ref_policy_bytes',
+           'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu', 'valid_tps', 'kv_bytes_per_token',
+           'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory', 'engine_memory', 'min_learner_gpus',
+           'min_engine_tp', 'Plan', 'gpu_budget', 'host_budget', 'plan', 'plan_json', 'format_plan', 'plan_command',
+           'plan_cli', 'plan_config', 'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'plot_terms',
+           'planner_widget']
 
 # %% ../nbs/01_memory.ipynb 7
 GiB = 2**30
@@ -307,7 +308,7 @@ def backward_working_bytes(s:ModelShape, # the model
 # %% ../nbs/01_memory.ipynb 63
 def fused_saving_bytes(s:ModelShape, # the model
                       ) -> int: # bytes per token per layer
-    "Activation bytes a layer no longer saves when its elementwise ops are fused: SwiGLU's product and RMSNorm's fp32 copies."
+    "Activation bytes a layer no longer saves when its elementwise ops are fused: SwiGLU's SiLU output and RMSNorm's fp32 copies."
     return 2 * s.intermediate + 8 * s.hidden
 
 # %% ../nbs/01_memory.ipynb 65
@@ -326,6 +327,17 @@ def activations_bytes(s:ModelShape, # the model
     return {"saved": saved, "working": working}
 
 # %% ../nbs/01_memory.ipynb 68
+def elementwise_fused(kernels:str="torch", # the learner's kernels (`model.kernels`): "torch" | "liger" | "auto"
+                      compile:bool=False, # decoder layers compiled (`LearnerSpec.compile`, ZeRO 0-2)
+                      liger_runs:bool=False, # "auto" only: Liger's kernels can run where the learner starts (a CUDA GPU, liger-kernel installed)
+                     ) -> bool: # the `fused` argument of `learner_memory` and `plan`
+    "Whether the learner's RMSNorm and SwiGLU run fused, from the settings that choose its kernels."
+    if kernels not in ("torch", "liger", "auto"):
+        raise ValueError(f"kernels must be torch, liger or auto (got {kernels!r}). Fix: --model.kernels=torch, liger or auto.")
+    return compile or kernels == "liger" or (kernels == "auto" and liger_runs)
+
+
+# %% ../nbs/01_memory.ipynb 71
 LogitsMode = Literal["chunked", "full"]
 
 def logits_bytes(tokens:int, # B·T tokens in the micro-batch
@@ -340,7 +352,7 @@ def logits_bytes(tokens:int, # B·T tokens in the micro-batch
     if mode == "chunked": return 8 * min(chunk, tokens) * vocab + 6 * vocab * hidden + 2 * tokens * hidden
     raise ValueError(f"logits mode must be 'chunked' or 'full' (got {mode!r}).")
 
-# %% ../nbs/01_memory.ipynb 71
+# %% ../nbs/01_memory.ipynb 74
 def _trace(s:ModelShape, grad_ckpt:bool, threshold:int) -> list[tuple[str, int, int]]:
     "(module, partitioned elements, its largest parameter) in the order a step uses them."
     mods = layer_modules(s)
@@ -381,14 +393,14 @@ def zero3_gathered(s:ModelShape, # the model
     at = [live(t) for t in range(len(tr))]
     return {"loss": at[L + 2], "backward_start": at[L + 3], "backward_end": at[len(tr) - 2], "peak": max(at)}
 
-# %% ../nbs/01_memory.ipynb 73
+# %% ../nbs/01_memory.ipynb 76
 def persistent_params(s:ModelShape, # the model
                       threshold:int=100_000, # stage3_param_persistence_threshold
                      ) -> int: # elements
     "Parameters ZeRO-3 never partitions (smaller than the threshold: norms, biases)."
     return sum(n for n in layer_modules(s).values() if n < threshold) * s.layers + s.hidden
 
-# %% ../nbs/01_memory.ipynb 76
+# %% ../nbs/01_memory.ipynb 79
 @dataclass(frozen=True)
 class Overheads:
     "Memory outside the formulas: inside the allocator (fixed) and outside it (context, NCCL, fragmentation)."
@@ -398,7 +410,7 @@ class Overheads:
     fragmentation:float=1.10 # reserved / allocated of PyTorch's caching allocator
     engine_cuda_graph_bytes:int=GiB // 2 # vLLM CUDA graphs (0 with enforce_eager)
 
-# %% ../nbs/01_memory.ipynb 78
+# %% ../nbs/01_memory.ipynb 81
 RefPolicy = Literal["none", "gpu", "cpu"]
 
 def ref_policy_bytes(n_params:int, # `P`
@@ -410,7 +422,7 @@ def ref_policy_bytes(n_params:int, # `P`
     if where != "gpu": return 0
     return 2 * (math.ceil(n_params / learners) if zero == 3 else n_params)
 
-# %% ../nbs/01_memory.ipynb 80
+# %% ../nbs/01_memory.ipynb 83
 @dataclass
 class LearnerMemory:
     "Per-GPU memory of one learner; the terms are their values at the peak phase and sum to `peak_bytes`."
@@ -430,11 +442,11 @@ class LearnerMemory:
     host_bytes:int # CPU memory for offloaded states and a CPU reference policy
     phases:dict # phase -> {term: bytes}
 
-# %% ../nbs/01_memory.ipynb 82
+# %% ../nbs/01_memory.ipynb 85
 TERMS = ["params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
          "gathered_params_bytes", "buffers_bytes", "step_transient_bytes", "ref_policy_bytes", "fixed_bytes"]
 
-# %% ../nbs/01_memory.ipynb 84
+# %% ../nbs/01_memory.ipynb 87
 def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelShape`
                    learners:int=1, # `N`: learner GPUs (ZeRO data-parallel world)
                    zero:int=3, # ZeRO stage 0-3
@@ -496,7 +508,7 @@ def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or
            + (2 * own if offload == "all" else 0) + (2 * P if ref_policy == "cpu" else 0)  # states + fp32 grads; bf16 params
     return LearnerMemory(**phases[phase], peak_bytes=peak, peak_phase=phase, total_bytes=total, host_bytes=host, phases=phases)
 
-# %% ../nbs/01_memory.ipynb 86
+# %% ../nbs/01_memory.ipynb 89
 def _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, chunk, optimizer, ref_policy):
     if zero not in (0, 1, 2, 3): raise ValueError(f"zero must be 0, 1, 2 or 3 (got {zero}).")
     if offload not in ("none", "optimizer", "all"): raise ValueError(f"offload must be none, optimizer or all (got {offload!r}).")
@@ -509,7 +521,7 @@ def _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, 
     moment_bytes_per_param(optimizer)
     if ref_policy not in ("none", "gpu", "cpu"): raise ValueError(f"ref_policy must be none, gpu or cpu (got {ref_policy!r}).")
 
-# %% ../nbs/01_memory.ipynb 95
+# %% ../nbs/01_memory.ipynb 98
 def kv_heads_per_gpu(s:ModelShape, # the model
                      tp:int=1, # GPUs of one engine
                     ) -> int:
@@ -524,14 +536,14 @@ def kv_heads_per_gpu(s:ModelShape, # the model
                                          f"valid TP: {', '.join(str(t) for t in valid_tps(s))}.")
     return s.kv_heads // tp
 
-# %% ../nbs/01_memory.ipynb 97
+# %% ../nbs/01_memory.ipynb 100
 def valid_tps(s:ModelShape, # the model
               limit:int=64, # largest TP considered
              ) -> list[int]:
     "Tensor-parallel sizes vLLM accepts for `s`."
     return [t for t in range(1, limit + 1) if s.heads % t == 0 and (s.kv_heads % t == 0 if t < s.kv_heads else t % s.kv_heads == 0)]
 
-# %% ../nbs/01_memory.ipynb 99
+# %% ../nbs/01_memory.ipynb 102
 def kv_bytes_per_token(s:ModelShape, # the model
                        tp:int=1, # GPUs of one engine
                        dtype_bytes:int=2, # 2 for bf16/fp16 cache, 1 for fp8
@@ -539,7 +551,7 @@ def kv_bytes_per_token(s:ModelShape, # the model
     "KV-cache bytes one token costs on each engine GPU: 2·L·(k/TP)·d·dtype_bytes."
     return 2 * s.layers * kv_heads_per_gpu(s, tp) * s.head_dim * dtype_bytes
 
-# %% ../nbs/01_memory.ipynb 102
+# %% ../nbs/01_memory.ipynb 105
 def engine_weights_bytes(s:ModelShape, # the model
                          tp:int=1, # GPUs of one engine
                          dtype_bytes:int=2, # bf16 weights
@@ -555,7 +567,7 @@ def engine_weights_bytes(s:ModelShape, # the model
     n = vocab * h * (1 if s.tie_word_embeddings else 2) + s.layers * layer + h
     return n * dtype_bytes
 
-# %% ../nbs/01_memory.ipynb 104
+# %% ../nbs/01_memory.ipynb 107
 def engine_activation_bytes(s:ModelShape, # the model
                             tp:int=1, # GPUs of one engine
                             max_num_batched_tokens:int=8192, # tokens of vLLM's profiling forward
@@ -565,7 +577,7 @@ def engine_activation_bytes(s:ModelShape, # the model
     per_token = 2 * (2 * s.hidden) + 2 * (3 * math.ceil(s.intermediate / tp))  # residual + normed; gate_up + act
     return max_num_batched_tokens * per_token + 2 * 4 * max_num_seqs * s.vocab
 
-# %% ../nbs/01_memory.ipynb 106
+# %% ../nbs/01_memory.ipynb 109
 @dataclass
 class EngineMemory:
     "Per-GPU memory of one rollout engine (vLLM) and what its KV cache holds."
@@ -581,7 +593,7 @@ class EngineMemory:
     max_concurrent_seqs:int # sequences of `tokens_per_seq` that fit at once (≤ max_num_seqs)
     fits:bool # weights fit and at least one whole sequence fits in the cache
 
-# %% ../nbs/01_memory.ipynb 108
+# %% ../nbs/01_memory.ipynb 111
 def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelShape`
                   tp:int=1, # tensor-parallel GPUs of one engine
                   gpu_memory_utilization:float=0.9, # `U`
@@ -607,7 +619,7 @@ def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or 
     return EngineMemory(tp, w, act, over, budget, kvt, cache, max_tokens, per_seq,
                         min(max_num_seqs, max_tokens // per_seq), max_tokens >= per_seq)
 
-# %% ../nbs/01_memory.ipynb 111
+# %% ../nbs/01_memory.ipynb 114
 def _learner_fits(m:LearnerMemory, gpu_mem_gib:float) -> bool: return m.total_bytes <= gpu_mem_gib * GiB
 
 def min_learner_gpus(model:str|ModelShape, # the model
@@ -625,7 +637,7 @@ def min_learner_gpus(model:str|ModelShape, # the model
         lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
     return lo
 
-# %% ../nbs/01_memory.ipynb 113
+# %% ../nbs/01_memory.ipynb 116
 def min_engine_tp(model:str|ModelShape, # the model
                   **kw, # any other `engine_memory` argument (gpu_memory_utilization, gpu_mem_gib, seq_len, ...)
                  ) -> Optional[int]: # smallest valid TP that fits, or None
@@ -633,7 +645,7 @@ def min_engine_tp(model:str|ModelShape, # the model
     s = get_shape(model)
     return next((t for t in valid_tps(s) if engine_memory(s, tp=t, **kw).fits), None)
 
-# %% ../nbs/01_memory.ipynb 115
+# %% ../nbs/01_memory.ipynb 118
 @dataclass
 class Plan:
     "A whole job's verdict: learner and engine memory per GPU, whether they fit, and what to change."
@@ -651,7 +663,7 @@ class Plan:
     @property
     def fits(self) -> bool: return self.learner_fits and self.engine_fits and self.gpus_fit and self.host_fit
 
-# %% ../nbs/01_memory.ipynb 116
+# %% ../nbs/01_memory.ipynb 119
 def _gib(b) -> str: return f"{b / GiB:.1f} GiB"
 
 def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool) -> list[str]:
@@ -692,7 +704,7 @@ def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool)
                    + f"; each engine holds {em.max_concurrent_seqs} sequences of {st['engine_seq_len']} tokens")
     return out
 
-# %% ../nbs/01_memory.ipynb 119
+# %% ../nbs/01_memory.ipynb 122
 def gpu_budget(learners:int, # learner GPUs
                engines:int, # rollout engines
                tp:int, # GPUs per engine
@@ -713,7 +725,7 @@ def gpu_budget(learners:int, # learner GPUs
                       else "more learners ") + "would use them")
     return True, f"GPUs: learners and engines use all {have}"
 
-# %% ../nbs/01_memory.ipynb 121
+# %% ../nbs/01_memory.ipynb 124
 def host_budget(host_bytes:int, # offloaded bytes of one learner (`LearnerMemory.host_bytes`)
                 learners_per_node:int, # learners on the busiest node
                 host_mem_gib:float=0, # memory of one node in GiB (0: unknown, nothing checked)
@@ -727,7 +739,7 @@ def host_budget(host_bytes:int, # offloaded bytes of one learner (`LearnerMemory
                        "Fix: --offload none (learner.offload), fewer learners a node, or nodes with more memory")
     return True, f"host memory: {_gib(need)} of offloaded states a node, of {host_mem_gib:.0f} GiB"
 
-# %% ../nbs/01_memory.ipynb 123
+# %% ../nbs/01_memory.ipynb 126
 _LEARNER_ARGS = ("learners", "zero", "offload", "micro_batch", "seq_len", "grad_ckpt", "attn", "logits",
                  "logprob_chunk", "optimizer", "ref_policy", "fused")
 
@@ -773,7 +785,7 @@ def plan(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelS
     advice = [a.replace("fits:", "memory per GPU fits:", 1) if not (gfit and hfit) else a for a in _advice(s, st, lm, em, lfit, efit)]
     return Plan(s, st, lm, em, lfit, efit, advice, gfit, hfit, [n for n in (gnote, hnote) if n])
 
-# %% ../nbs/01_memory.ipynb 127
+# %% ../nbs/01_memory.ipynb 130
 def plan_json(p:Plan, # a plan
              ) -> dict: # JSON-ready
     "The plan as plain data with the documented keys."
@@ -785,7 +797,7 @@ def plan_json(p:Plan, # a plan
             "learner_fits": p.learner_fits, "engine_fits": p.engine_fits, "gpus_fit": p.gpus_fit, "host_fit": p.host_fit,
             "fits": p.fits, "advice": p.advice, "notes": p.notes}
 
-# %% ../nbs/01_memory.ipynb 129
+# %% ../nbs/01_memory.ipynb 132
 def format_plan(p:Plan, # a plan
                ) -> str: # a readable table
     "The plan as a table (GiB = 2³⁰ bytes)."
@@ -794,7 +806,8 @@ def format_plan(p:Plan, # a plan
     rows = [f"model   {s.name}: {c['total']/1e9:.2f}B parameters, {s.layers} layers, h={s.hidden}, V={s.vocab}, "
             f"{s.heads} heads / {s.kv_heads} KV heads × {s.head_dim}",
             f"learner per GPU: {st['learners']} GPU(s), ZeRO-{st['zero']}, offload {st['offload']}, micro-batch {st['micro_batch']} × "
-            f"{st['seq_len']} tokens, checkpointing {'on' if st['grad_ckpt'] else 'off'}, {st['logits']} log-probs"]
+            f"{st['seq_len']} tokens, checkpointing {'on' if st['grad_ckpt'] else 'off'}, {st['logits']} log-probs"
+            + (", fused RMSNorm/SwiGLU" if st.get("fused") else "")]
     rows += [f"  {k.removesuffix('_bytes').replace('_', ' '):<20} {getattr(lm, k)/GiB:8.2f} GiB" for k in TERMS]
     rows += [f"  {'peak (allocated)':<20} {lm.peak_bytes/GiB:8.2f} GiB   at phase {lm.peak_phase!r}",
              f"  {'total on the GPU':<20} {lm.total_bytes/GiB:8.2f} GiB   of {G:.1f} GiB: {'fits' if p.learner_fits else 'DOES NOT FIT'}"]
@@ -809,7 +822,7 @@ def format_plan(p:Plan, # a plan
     rows += [f"  - {a}" for a in p.advice]
     return "\n".join(rows)
 
-# %% ../nbs/01_memory.ipynb 132
+# %% ../nbs/01_memory.ipynb 135
 def plan_command(*overrides:str, # with --config: its fields, as --section.field=value
                  config:str|None=None, # plan a whole training config (YAML file or preset, `grpo_nb config --list`); other flags are then its overrides
                  model:str|None=None, # built-in name ({models}) or a HF model directory / config.json
@@ -828,6 +841,7 @@ def plan_command(*overrides:str, # with --config: its fields, as --section.field
                  optimizer:Literal["adamw", "adamw-8bit"]="adamw", # optimizer state format
                  ref_policy:Literal["none", "gpu", "cpu"]="none", # where a KL reference policy lives
                  attn:Literal["sdpa", "flash_attention_2", "eager"]="sdpa", # learner attention kernel
+                 kernels:Literal["torch", "liger", "auto"]="torch", # learner's RMSNorm and SwiGLU kernels (`model.kernels`): liger's fused ones save activations; auto counts as liger where liger-kernel is installed
                  zero3_buckets:Literal["large", "deepspeed"]="large", # ZeRO-3 communication settings (the trainer's `learner.zero3_buckets`)
                  engines:int=1, # vLLM engines (for the GPU count)
                  nodes:int=1, # nodes in the job (for the GPU count)
@@ -852,6 +866,7 @@ def plan_command(*overrides:str, # with --config: its fields, as --section.field
     try:
         pl = plan(model, learner_gpus, zero, offload, micro_batch, seq_len, grad_ckpt, engine_tp,
                   gpu_memory_utilization, gpu_mem_gib, attn, logits, logprob_chunk, optimizer, ref_policy, zero3_buckets=zero3_buckets,
+                  fused=elementwise_fused(kernels, liger_runs=importlib.util.find_spec("liger_kernel") is not None),
                   engines=engines, nodes=nodes, gpus_per_node=gpus_per_node, learners_per_node=min(learner_gpus, gpus_per_node or learner_gpus),
                   host_mem_gib=host_mem_gib)
     except ValueError as e:
@@ -863,7 +878,7 @@ def plan_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb plan --model NAME|PATH ...` or `grpo_nb plan --config CONFIG [--section.field=value ...]`: per-GPU memory, the verdict and the fix."
     return run_cli(plan_command, argv, "grpo_nb plan", epilog="GiB = 2^30 bytes.", fill={"models": ", ".join(ARCHS)})
 
-# %% ../nbs/01_memory.ipynb 135
+# %% ../nbs/01_memory.ipynb 138
 def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 model:str|ModelShape|None=None, # override `cfg.model.name_or_path` (e.g. a shape for a built-in tiny model)
                ) -> Plan:
@@ -876,13 +891,14 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
         if model is None and (b := builtin_model(cfg.model.name_or_path)):   # a built-in tiny policy: its shape, without building it
             s = shape_from_hf(tiny_config(b[0]).to_dict(), name=cfg.model.name_or_path)
         else: raise ValueError(f"model.name_or_path: {e} Fix: point --model.name_or_path at a HF directory, or pass model= to plan_config.") from None
+    liger = C.device != "cpu" and importlib.util.find_spec("liger_kernel") is not None   # where model.kernels=auto picks Liger
     return plan(s, derive(cfg).learner_world_size, L.zero_stage, L.offload, B, T, cfg.model.gradient_checkpointing,
                 R.tensor_parallel_size, R.gpu_memory_utilization, C.gpu_mem_gib, cfg.model.attn_implementation,
-                "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq, fused=cfg.model.kernels == "liger",
+                "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq, fused=elementwise_fused(cfg.model.kernels, liger_runs=liger),
                 zero3_buckets=L.zero3_buckets, engines=R.num_engines, nodes=C.nodes, gpus_per_node=C.gpus_per_node if C.device != "cpu" else 0,
                 learners_per_node=max(C.learners_per_node), host_mem_gib=C.host_mem_gib, colocated=R.placement == "colocated")
 
-# %% ../nbs/01_memory.ipynb 137
+# %% ../nbs/01_memory.ipynb 140
 @dataclass
 class ColocatedMemory:
     "Per-GPU memory of a learner and an engine that share the GPU, phase by phase."
@@ -893,7 +909,7 @@ class ColocatedMemory:
     fits:bool # peak ≤ capacity
     phase:str # "generate" | "learn": which phase sets the peak
 
-# %% ../nbs/01_memory.ipynb 139
+# %% ../nbs/01_memory.ipynb 142
 def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo_nb.memory.learner_memory`)
                      engine:EngineMemory, # the planner's engine terms (`grpo_nb.memory.engine_memory`)
                      gpu_mem_gib:float, # memory of the shared GPU, in GiB (2^30 bytes)
@@ -906,7 +922,7 @@ def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo
     cap = int(gpu_mem_gib * GiB)
     return ColocatedMemory(gen, learn, max(gen, learn), cap, max(gen, learn) <= cap, "generate" if gen >= learn else "learn")
 
-# %% ../nbs/01_memory.ipynb 140
+# %% ../nbs/01_memory.ipynb 143
 def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement="colocated"`
                    model=None, # override the model (a built-in name or `ModelShape`), as in `grpo_nb.memory.plan_config`
                   ) -> ColocatedMemory:
@@ -914,7 +930,7 @@ def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement
     p = plan_config(cfg, model)
     return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
 
-# %% ../nbs/01_memory.ipynb 143
+# %% ../nbs/01_memory.ipynb 146
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -938,7 +954,7 @@ def _plan_config_cli(source:str, # YAML file or preset
               f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
     return 0
 
-# %% ../nbs/01_memory.ipynb 147
+# %% ../nbs/01_memory.ipynb 150
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -961,7 +977,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(units.get(sweep, sweep)); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=9, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 151
+# %% ../nbs/01_memory.ipynb 154
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."
