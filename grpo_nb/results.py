@@ -6,7 +6,7 @@
 from __future__ import annotations
 import json
 from pathlib import Path
-from .memory import GiB, ZERO3_BUCKETS, learner_memory
+from .memory import GiB, ZERO3_BUCKETS, elementwise_fused, learner_memory
 
 # %% auto 0
 __all__ = ['throughput_table', 'bench_table', 'tp2_table', 'mfu_records', 'planned_peak', 'mfu_table', 'profile_split',
@@ -87,7 +87,7 @@ def planned_peak(rec:dict, # a record of bench/learner_mfu.py (model, gpus, zero
         return int(learner_memory(rec["model"], learners=rec["gpus"], zero=rec["zero"], micro_batch=1,
                                   seq_len=rec.get("longest_row") or rec["pack_length"], grad_ckpt=bool(rec.get("grad_ckpt")),
                                   attn="flash_attention_2", logits="chunked", logprob_chunk=chunk, adam="fused",
-                                  fused=bool(rec.get("compile")) or rec.get("kernels") == "liger",
+                                  fused=elementwise_fused(rec.get("kernels") or "torch", bool(rec.get("compile"))),
                                   knobs=ZERO3_BUCKETS[rec.get("zero3_buckets") or "deepspeed"]).peak_bytes)
     except (ValueError, KeyError): return rec.get("predicted_bytes")
 
