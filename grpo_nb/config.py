@@ -140,6 +140,7 @@ class ClusterConfig:
     ray_address:str="local" # "local" starts Ray here, "auto" joins the cluster the sbatch script started, or host:port
     cpus_per_learner:float=1.0 # CPUs Ray reserves for each learner process (placement bundles)
     cpus_per_engine_worker:float=1.0 # CPUs Ray reserves for each engine TP worker (placement bundles)
+    allow_idle_gpus:bool=False # a GPU layout that leaves GPUs idle is refused before Ray starts, with the changes that fill them; true runs it anyway (a debug run on one GPU of a node)
 
 # %% ../nbs/00_config.ipynb 20
 @dataclass

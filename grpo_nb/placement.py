@@ -11,7 +11,7 @@ from .config import TrainConfig, load_config, ConfigError, run_cli
 
 # %% auto 0
 __all__ = ['SEED_LAYOUTS', 'PlacementError', 'sync_rank', 'LearnerSlot', 'EngineSlot', 'Layout', 'plan_layout', 'plan_colocated',
-           'layout_table', 'idle_advice', 'learner_env', 'ray_start_args', 'cluster_nodes', 'nodes_text',
+           'layout_table', 'idle_advice', 'check_fills', 'learner_env', 'ray_start_args', 'cluster_nodes', 'nodes_text',
            'wait_for_nodes', 'check_cluster', 'wait_for_group', 'PlacementGroups', 'create_placement_groups',
            'placed_actor_options', 'placement_report', 'probe_placement', 'check_placement', 'reports_table',
            'layout_command', 'layout_cli']
@@ -359,6 +359,14 @@ def idle_advice(lay:Layout, # a planned layout
     return f"{lay.idle_gpus} of {lay.nodes * lay.gpus_per_node} GPUs would sit idle ({', '.join(runs)}). Fill them: " + "; or ".join(fixes)
 
 # %% ../nbs/02_placement.ipynb 53
+def check_fills(lay:Layout, # the run's layout
+                allow_idle:bool=False, # `cluster.allow_idle_gpus`: run with idle GPUs on purpose
+               ) -> None:
+    "Refuse (ConfigError) a GPU layout that leaves GPUs idle, naming the changes that fill them."
+    if lay.device != "cuda" or lay.idle_gpus <= 0 or allow_idle: return
+    raise ConfigError("cluster", idle_advice(lay) + ".", "one of the changes above, or --cluster.allow_idle_gpus=true to run with them idle")
+
+# %% ../nbs/02_placement.ipynb 56
 SEED_LAYOUTS:dict[str, dict] = {
     "7B on 5 × 8 GPUs (open-instruct)": dict(nodes=5, gpus_per_node=8, learners_per_node=[8], num_engines=32, tp=1),
     "7B on 10 × 4 GPUs (Isambard port)": dict(nodes=10, gpus_per_node=4, learners_per_node=[2] * 10, num_engines=20, tp=1),
@@ -370,7 +378,7 @@ SEED_LAYOUTS:dict[str, dict] = {
 }
 "Named example layouts from the reference runs (and their mistakes), used by the notebook and the tests."
 
-# %% ../nbs/02_placement.ipynb 60
+# %% ../nbs/02_placement.ipynb 63
 def learner_env(lay:Layout, # the layout
                 rank:int, # learner rank
                 master_addr:str, # IP of learner rank 0's node (the rendezvous)
@@ -382,7 +390,7 @@ def learner_env(lay:Layout, # the layout
             "MASTER_PORT": str(master_port), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
             "GRPO_NODE_LOCAL_RANK": str(s.local_rank), "GRPO_LEARNER_BUNDLE": str(s.bundle)}
 
-# %% ../nbs/02_placement.ipynb 63
+# %% ../nbs/02_placement.ipynb 66
 def ray_start_args(role:Literal["head","worker"], # "head" starts the cluster, "worker" joins it
                    head_ip:str, # IP address of the head node
                    port:int=6379, # GCS port of the head
@@ -404,7 +412,7 @@ def ray_start_args(role:Literal["head","worker"], # "head" starts the cluster, "
     a += [f"--{k}={v}" for k, v in (options or {}).items()] + ["--disable-usage-stats"]
     return a + (["--block"] if block else [])
 
-# %% ../nbs/02_placement.ipynb 66
+# %% ../nbs/02_placement.ipynb 69
 def cluster_nodes() -> list[dict]:
     "Live nodes of the connected Ray cluster: id, IP, GPUs and CPUs (total and free now), sorted by IP."
     import ray
@@ -419,7 +427,7 @@ def cluster_nodes() -> list[dict]:
                      "free_gpus": _num(av.get("GPU", 0)), "free_cpus": _num(av.get("CPU", 0))})
     return sorted(rows, key=lambda r: (r["ip"], r["node_id"]))
 
-# %% ../nbs/02_placement.ipynb 68
+# %% ../nbs/02_placement.ipynb 71
 def nodes_text(rows:list[dict], # `cluster_nodes()`
                free:bool=True, # also say what is free now (Ray's view lags a little behind removals)
               ) -> str:
@@ -428,7 +436,7 @@ def nodes_text(rows:list[dict], # `cluster_nodes()`
     return "; ".join(f"{r['ip']} ({r['node_id'][:6]}): {r['gpus']} GPU{f(r, 'gpus')}, {r['cpus']} CPU{f(r, 'cpus')}"
                      for r in rows) or "no live node"
 
-# %% ../nbs/02_placement.ipynb 70
+# %% ../nbs/02_placement.ipynb 73
 def wait_for_nodes(n_nodes:int, # nodes that must be alive
                    n_gpus:int=0, # GPUs they must offer in total
                    timeout_s:float=300, # give up after this many seconds
@@ -454,7 +462,7 @@ def wait_for_nodes(n_nodes:int, # nodes that must be alive
         "look at `ray start --address=...` on the missing nodes (its log: <temp-dir>/session_latest/logs/raylet.err): "
         "the same RAY_AUTH_MODE (or token) on head, workers and driver, the head's port reachable, --num-gpus declared")
 
-# %% ../nbs/02_placement.ipynb 72
+# %% ../nbs/02_placement.ipynb 75
 def check_cluster(lay:Layout, # the plan
                   rows:list[dict], # `cluster_nodes()` of the live cluster
                  ) -> None:
@@ -478,7 +486,7 @@ def check_cluster(lay:Layout, # the plan
         raise PlacementError(f"the layout needs {_num(total)} {unit}s ({lay.num_engines} engines of {_num(eng)}); the cluster has "
                              f"{_num(sum(caps))}: {nt}.", fix)
 
-# %% ../nbs/02_placement.ipynb 74
+# %% ../nbs/02_placement.ipynb 77
 def wait_for_group(pg, # a ray PlacementGroup
                    what:str, # how to name it in errors ("learner", "engine")
                    timeout_s:float=60, # give up after this many seconds
@@ -499,7 +507,7 @@ def wait_for_group(pg, # a ray PlacementGroup
                                  f"{nodes_text(cluster_nodes())}.",
                                  "stop what holds them (ray list actors / placement-groups), or lower the engine count")
 
-# %% ../nbs/02_placement.ipynb 75
+# %% ../nbs/02_placement.ipynb 78
 @dataclass
 class PlacementGroups:
     "The placement groups realising a `Layout` on a live cluster (made by `create_placement_groups`)."
@@ -519,7 +527,7 @@ class PlacementGroups:
         for pg in (self.engines, self.learners):
             if pg is not None: remove_placement_group(pg)
 
-# %% ../nbs/02_placement.ipynb 76
+# %% ../nbs/02_placement.ipynb 79
 def create_placement_groups(lay:Layout, # the plan
                             timeout_s:float=60, # per group: refuse if not placed by then
                             poll_s:int=1, # seconds per slice of waiting
@@ -541,7 +549,7 @@ def create_placement_groups(lay:Layout, # the plan
         for pg in made: remove_placement_group(pg)
         raise
 
-# %% ../nbs/02_placement.ipynb 78
+# %% ../nbs/02_placement.ipynb 81
 def placed_actor_options(groups:PlacementGroups, # the live placement groups
                          role:Literal["learner","engine"], # which kind of actor
                          index:int, # learner rank, or engine index
@@ -563,7 +571,7 @@ def placed_actor_options(groups:PlacementGroups, # the live placement groups
     if env_vars: opts["runtime_env"] = {"env_vars": dict(env_vars)}
     return opts
 
-# %% ../nbs/02_placement.ipynb 80
+# %% ../nbs/02_placement.ipynb 83
 def placement_report() -> dict:
     "Where the calling Ray actor runs: node id, IP, host, pid, CUDA_VISIBLE_DEVICES and Ray's GPU ids."
     import ray
@@ -578,7 +586,7 @@ class _Probe:
         if extra is not None: r.update(extra())
         return r
 
-# %% ../nbs/02_placement.ipynb 81
+# %% ../nbs/02_placement.ipynb 84
 def probe_placement(groups:PlacementGroups, # the live placement groups
                     extra:Callable[[], dict]|None=None, # run inside every probe; its dict is merged into the report
                     env_vars:dict[str, str]|None=None, # environment of the probe actors
@@ -596,7 +604,7 @@ def probe_placement(groups:PlacementGroups, # the live placement groups
         for a in actors: ray.kill(a)
     return [{"role": role, **info, **r} for (role, _, info), r in zip(slots, reports)]
 
-# %% ../nbs/02_placement.ipynb 83
+# %% ../nbs/02_placement.ipynb 86
 def _check_colocated(lay:Layout, reports:list[dict], L:list[dict]) -> str:
     "Colocated: learner i and engine i share one GPU of one node; no two learners share a GPU."
     where = {}
@@ -613,7 +621,7 @@ def _check_colocated(lay:Layout, reports:list[dict], L:list[dict]) -> str:
     return next(r["ip"] for r in L if r["rank"] == 0)
 
 
-# %% ../nbs/02_placement.ipynb 84
+# %% ../nbs/02_placement.ipynb 87
 def check_placement(lay:Layout, # the plan
                     reports:list[dict], # `probe_placement` rows (or the same keys from real actors)
                    ) -> str:
@@ -642,7 +650,7 @@ def check_placement(lay:Layout, # the plan
                 owners[g] = f"{r['role']} {r['rank']}"
     return next(r["ip"] for r in L if r["rank"] == 0)
 
-# %% ../nbs/02_placement.ipynb 87
+# %% ../nbs/02_placement.ipynb 90
 def reports_table(reports:list[dict]) -> str:
     "One line per placed actor: role, rank, bundle, node, IP, CUDA_VISIBLE_DEVICES, sync ranks (and GPU UUID if reported)."
     lines = [f"{'role':<8} {'rank':>4} {'bundle':>6}  {'node':<8} {'ip':<15} {'CUDA_VISIBLE_DEVICES':<20} sync ranks"]
@@ -651,7 +659,7 @@ def reports_table(reports:list[dict]) -> str:
                      f"{str(r.get('cuda_visible_devices')):<20} {r.get('sync_ranks')}" + (f"  {r['gpu_uuids']}" if r.get("gpu_uuids") else ""))
     return "\n".join(lines)
 
-# %% ../nbs/02_placement.ipynb 91
+# %% ../nbs/02_placement.ipynb 94
 def layout_command(*, config:str|None=None, # YAML file or preset whose cluster/rollout sections give the defaults (default: the default config)
                    nodes:int|None=None, # nodes in the Ray cluster
                    gpus_per_node:int|None=None, # GPUs on each node

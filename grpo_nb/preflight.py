@@ -138,7 +138,8 @@ def check_layout(cfg:TrainConfig) -> Check:
     if rc: return "FAIL", (err or out).strip()[:300]
     try: lay = json.loads(out)
     except ValueError: return "PASS", "layout feasible"
-    if lay.get("idle_gpus"): return "WARN", idle_advice(Layout.from_config(cfg))
+    if lay.get("idle_gpus"):   # `train` refuses these unless cluster.allow_idle_gpus says they are idle on purpose
+        return ("WARN" if C.allow_idle_gpus else "FAIL"), idle_advice(Layout.from_config(cfg)) + ("" if C.allow_idle_gpus else "; or --cluster.allow_idle_gpus=true")
     return "PASS", f"learner world {lay.get('learner_world_size')}, sync world {lay.get('sync_world_size')}, idle GPUs {lay.get('idle_gpus')}"
 
 # %% ../nbs/09b_preflight.ipynb 34

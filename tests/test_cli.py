@@ -191,6 +191,14 @@ def test_idle_gpus_are_named_with_the_fix():
     assert rc == 0 and "11 of 16 would sit idle" in out, out
 
 
+def test_train_refuses_idle_gpus_before_ray_unless_allowed(tmp_path):
+    over = ["--cluster.device=cuda", "--cluster.gpus_per_node=4", "--cluster.learners_per_node=[2]", "--rollout.num_engines=1",
+            f"--logging.output_dir={tmp_path / 'run'}"]
+    rc, out, err = run(["train", "default", *over])
+    assert rc == 2 and "1 of 4 GPUs would sit idle" in err and "--rollout.num_engines=2" in err, err
+    assert "--cluster.allow_idle_gpus=true" in err and "Ray" not in err, err
+
+
 def test_plan_of_a_whole_node_leaves_room_for_the_engines():
     rc, out, err = run(["plan", "--model", "Qwen2.5-7B", "--learner-gpus", "8", "--gpus-per-node", "8", "--json"])
     j = json.loads(out)
