@@ -286,7 +286,7 @@ def trl_fields(peer:str, child:dict|None, warmup:int, peak_mib:dict, plan:dict, 
     if error is None and len(steps) < plan["spec"]["grpo"]["max_steps"]:
         error = f"TRL stopped after {len(steps)} of {plan['spec']['grpo']['max_steps']} steps"
     return {"trl_backend": peer, "trl_version": (child or {}).get("version"), "trl_step_s_all": [s["step"] for s in steps],
-            "trl_timed_steps": len(timed), "trl_step_mean_s": st["mean"], "trl_step_median_s": st["median"], "trl_step_p90_s": st["p90"],
+            "trl_timed_steps": len(timed), "trl_complete": len(steps) >= plan["spec"]["grpo"]["max_steps"], "trl_step_mean_s": st["mean"], "trl_step_median_s": st["median"], "trl_step_p90_s": st["p90"],
             "trl_split_s": trl_split(timed) if timed else None, "trl_peak_gib_measured": [peak_mib[i] / 1024 for i in sorted(peak_mib)][:4],
             "trl_rank0_peak_allocated_gib": (child or {}).get("rank0_peak_allocated_gib"), "trl_args_dropped": (child or {}).get("args_dropped"),
             "trl_args": {k: v for k, v in plan["spec"]["grpo"].items() if k not in ("output_dir", "vllm_server_port", "vllm_group_port")},
@@ -330,6 +330,7 @@ def _wait_gpus_free(limit_mib:int=2048, timeout:float=90):
 def run_trl(layout:str, model_dir:Path, sh:dict, tmp:Path, timeout:float, logs:Path|None=None, micro:int=TRL_MICRO, model:str="") -> dict:
     "TRL's GRPOTrainer in the mode paired with `layout`, on the same GPUs, model and work; its own time limit. Returns the record's TRL keys."
     peer = PEERS[layout]
+    _wait_gpus_free()   # our run's processes gone, so that TRL's peaks are TRL's own
     V = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     plan = trl_plan(peer, model_dir, write_prompts(tmp / "trl_prompts.jsonl", V, sh), sh, tmp, micro)
     import yaml
