@@ -30,6 +30,8 @@ trl_commands, trl_error; speedup_mean = trl_step_mean_s / step_mean_s.
 
     python bench/scale_4gpu.py --layouts split,colocated --dry-run        # print every command and config, run nothing
     python bench/scale_4gpu.py --layouts split --skip-ours --peers trl:vllm-server   # add TRL to the records in --out
+
+TRL, accelerate and DeepSpeed must be importable (and jmespath, for `trl vllm-serve`); `--smoke` runs ours only.
 """
 from __future__ import annotations
 import argparse, importlib.util, json, os, random, shlex, shutil, signal, statistics, subprocess, sys, tempfile, threading, time, traceback

@@ -140,11 +140,13 @@ def test_report_with_trl(tmp_path):
     measured = S.merge_trl({**base, "layout": "split"}, S.trl_fields("trl:vllm-server", _child(10), 2, {i: 40960 for i in range(4)}, plan))
     failed = S.merge_trl({**base, "layout": "colocated"}, S.trl_fields("trl:vllm-colocate", None, 2, {}, plan, "Traceback\ntorch.OutOfMemoryError: CUDA out of memory | x"))
     none = {**base, "model": "OLMo-2-7B", "layout": "split"}
-    p = tmp_path / "scale.json"; p.write_text(json.dumps({"records": [measured, failed, none]}))
+    cut = S.merge_trl({**base, "model": "OLMo-2-7B", "layout": "colocated"}, S.trl_fields("trl:vllm-colocate", _child(5), 2, {}, plan))
+    p = tmp_path / "scale.json"; p.write_text(json.dumps({"records": [measured, failed, none, cut]}))
     rows = REPORT["scale_table"](p).splitlines()
     assert "TRL ÷ ours (mean)" in rows[0] and all(r.count("|") == rows[0].count("|") for r in rows)
     assert "| vllm-server | 2.50 / 2.50 / 3.00 | 2.00× |" in rows[2]
     assert "failed: torch.OutOfMemoryError: CUDA out of memory / x" in rows[3] and "| not measured |" in rows[4]
+    assert "(3 timed steps; the run stopped) | 1.87× |" in rows[5]
     mem = REPORT["memory_table"](p).splitlines()
     assert "TRL measured peak (GiB)" in mem[0] and mem[2].endswith("| 40.0 |") and mem[-1].endswith("| not measured |")
     split = REPORT["split_table"](p)
@@ -153,6 +155,7 @@ def test_report_with_trl(tmp_path):
     assert "Qwen2.5-7B split: ≥1.5× TRL by mean step time: 2.00× (TRL vllm-server 2.50 s, ours 1.25 s): met." in v
     assert any("colocated: ≥1.2× TRL by mean step time: not measured: TRL vllm-colocate failed (torch.OutOfMemoryError" in x for x in v)
     assert any(x.startswith("OLMo-2-7B split: ≥1.5× TRL") and "no TRL run" in x for x in v)
+    assert any(x.startswith("OLMo-2-7B colocated: ≥1.2× TRL") and "TRL stopped after 3 timed steps): met." in x for x in v)
 
 
 def test_child_builds_its_grpo_config(tmp_path):
