@@ -296,9 +296,9 @@ def trl_fields(peer:str, child:dict|None, warmup:int, peak_mib:dict, plan:dict, 
 
 
 def merge_trl(rec:dict, trl:dict) -> dict:
-    "Our record with the TRL keys of `trl` (replacing any earlier ones) and the speed-up by mean step time."
+    "Our record with the TRL keys of `trl` (replacing any earlier ones) and the speed-up by mean step time (only where our run completed)."
     out = {k: v for k, v in rec.items() if not k.startswith("trl_")} | trl
-    ours, theirs = out.get("step_mean_s"), trl.get("trl_step_mean_s")
+    ours, theirs = out.get("step_mean_s") if out.get("rc") in (0, None) else None, trl.get("trl_step_mean_s")
     out["speedup_mean"] = theirs / ours if ours and theirs else None
     return out
 

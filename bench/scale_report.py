@@ -137,5 +137,5 @@ def speedup_verdict(r:dict) -> str:
                 + ("met." if x >= TARGETS[key] else "missed."))
     if r.get("trl_error"):
         return head + f"not measured: TRL {r['trl_backend'].removeprefix('trl:')} failed ({_short(r['trl_error'], 200)})."
-    if r.get("trl_step_mean_s"): return head + "not measured (TRL ran, ours has no timed steps)."
+    if r.get("trl_step_mean_s"): return head + f"not measured (TRL {r['trl_backend'].removeprefix('trl:')} ran; our run did not complete)."
     return head + "not measured (no TRL run on these GPUs yet)."

@@ -78,6 +78,7 @@ def test_trl_fields_and_the_merge_keep_our_record(tmp_path):
     again = S.merge_trl(rec, failed)   # a later failed run replaces the TRL keys, never ours
     assert again["speedup_mean"] is None and again["trl_step_mean_s"] is None and "boom" in again["trl_error"]
     assert again["exact_sync"] and again["step_mean_s"] == 1.25
+    assert S.merge_trl({**ours, "rc": 1}, trl)["speedup_mean"] is None   # no speed-up against a run of ours that failed
     cut = S.trl_fields("trl:vllm-server", _child(5), 2, {}, plan)   # stopped by its time limit: its steps stay, and it says so
     assert cut["trl_timed_steps"] == 3 and "after 5 of 10 steps" in cut["trl_error"] and not cut["trl_complete"] and trl["trl_complete"]
 
