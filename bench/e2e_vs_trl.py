@@ -153,6 +153,26 @@ def trl_split(timed:list[dict]) -> dict:
     return split
 
 
+def time_method(cls, name:str, key:str, acc:dict):
+    "Wrap `cls.name` so that each call adds its seconds to `acc[key]` (times the peer's own phases; nothing else changes)."
+    fn = getattr(cls, name, None)
+    if fn is None: return
+    def wrap(self, *a, **k):
+        t = time.perf_counter()
+        try: return fn(self, *a, **k)
+        finally: acc[key] = acc.get(key, 0.0) + time.perf_counter() - t
+    setattr(cls, name, wrap)
+
+
+def time_trl_phases(trainer_cls, acc:dict):
+    "Time TRL's generation (`_generate_single_turn`, the weight sync inside it) and its weight sync into `acc`."
+    time_method(trainer_cls, "_generate_single_turn", "generation", acc)
+    try:
+        from trl.generation.vllm_generation import VLLMGeneration
+        time_method(VLLMGeneration, "sync_weights", "sync", acc)
+    except ImportError: pass
+
+
 def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, device:str, progress=None) -> dict:
     "TRL's GRPOTrainer on the same work; `progress(steps)` is called after every step (the parent keeps a run cut by its time limit)."
     import torch, datasets
@@ -180,19 +200,7 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
         args = GRPOConfig(**{k: v for k, v in want.items() if k in fields})
         sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
         steps, cur = [], {}
-        def timed(cls, name, key):   # time the peer's own phases (for the split; nothing else changes)
-            fn = getattr(cls, name, None)
-            if fn is None: return
-            def wrap(self, *a, **k):
-                t = time.perf_counter()
-                try: return fn(self, *a, **k)
-                finally: cur[key] = cur.get(key, 0.0) + time.perf_counter() - t
-            setattr(cls, name, wrap)
-        timed(GRPOTrainer, "_generate_single_turn", "generation")
-        try:
-            from trl.generation.vllm_generation import VLLMGeneration
-            timed(VLLMGeneration, "sync_weights", "sync")
-        except ImportError: pass
+        time_trl_phases(GRPOTrainer, cur)
         class Timer(TrainerCallback):
             def on_step_begin(self, *a, **k): sync(); cur.clear(); cur["t0"] = time.perf_counter()
             def on_step_end(self, *a, **k):

@@ -1,6 +1,8 @@
 """Tables and verdicts of `bench/results/scale_4gpu.json` (written by `bench/scale_4gpu.py`), for the pages.
 
 Plain Python over the JSON, no heavy imports: the notebook pages import it to render what the GPU runs measured.
+The TRL columns (the peer on the same GPUs: `trl_*` keys, `speedup_mean`) appear once any record has a TRL run;
+a record without one says "not measured".
 """
 from __future__ import annotations
 import json
@@ -20,6 +22,29 @@ def _f(x, fmt="{:.2f}", none="—"):
     return none if x is None else fmt.format(x)
 
 
+def has_trl(recs:list[dict]) -> bool:
+    "Whether any record carries a TRL run (measured or failed)."
+    return any(r.get("trl_backend") for r in recs)
+
+
+def trl_cells(r:dict) -> list[str]:
+    "The TRL cells of a record's row: its mode, step mean / median / p90 (s), and TRL's mean over ours."
+    if not r.get("trl_backend"): return ["not measured", "—", "—"]
+    mode = r["trl_backend"].removeprefix("trl:")
+    if r.get("trl_step_mean_s") is None:
+        return [mode, "failed: " + _short(r.get("trl_error")), "—"]
+    cut = f" ({r.get('trl_timed_steps')} timed steps; the run stopped)" if r.get("trl_error") and not r.get("trl_complete") else ""
+    return [mode, f"{_f(r.get('trl_step_mean_s'))} / {_f(r.get('trl_step_median_s'))} / {_f(r.get('trl_step_p90_s'))}{cut}",
+            _f(r.get("speedup_mean"), "{:.2f}×")]
+
+
+def _short(err:str|None, n:int=120) -> str:
+    "The last line of an error that names it (`...Error: ...`), cut to `n` characters, without table pipes."
+    lines = [l.strip() for l in (err or "").splitlines() if l.strip()]
+    named = [l for l in lines if "Error" in l or "error" in l] or lines or ["no output"]
+    return named[-1][:n].replace("|", "/")
+
+
 def planner_ratios(r:dict) -> list[float]:
     "Measured / planned peak memory of each GPU of a record."
     return [m / p for m, p in zip(r.get("peak_gib_measured") or [], r.get("peak_gib_planned") or []) if p]
@@ -27,9 +52,12 @@ def planner_ratios(r:dict) -> list[float]:
 
 def scale_table(path:str|Path) -> str:
     "Markdown: one row per (model, layout) with step times, MFU, sync against its floor and the exactness of every sync."
-    rows = ["| model | layout | GPUs (learners + engines × TP) | timed steps | step mean / median / p90 (s) | MFU per learner GPU | sync (ms) | NCCL floor (ms) | sync ÷ floor | every sync bit-identical | largest log-prob Δ (tolerance) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in records(path):
+    recs = records(path)
+    trl = has_trl(recs)
+    rows = ["| model | layout | GPUs (learners + engines × TP) | timed steps | step mean / median / p90 (s) | MFU per learner GPU | sync (ms) | NCCL floor (ms) | sync ÷ floor | every sync bit-identical | largest log-prob Δ (tolerance) |"
+            + (" TRL mode | TRL step mean / median / p90 (s) | TRL ÷ ours (mean) |" if trl else ""),
+            "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if trl else "")]
+    for r in recs:
         if r.get("smoke"): continue
         eng = f"{r.get('learners')} + {r.get('engines')} × {r.get('tp')}"
         ratio = r["sync_s"] / r["sync_floor_s"] if r.get("sync_s") and r.get("sync_floor_s") else None
@@ -38,26 +66,37 @@ def scale_table(path:str|Path) -> str:
         rows.append(f"| {r['model']} | {r['layout']} | {eng} | {steps} | {_f(r.get('step_mean_s'))} / {_f(r.get('step_median_s'))} / "
                     f"{_f(r.get('step_p90_s'))} | {_f(r.get('mfu_per_learner_gpu') and 100 * r['mfu_per_learner_gpu'], '{:.1f}%')} | "
                     f"{_f(r.get('sync_s') and 1e3 * r['sync_s'], '{:.0f}')} | {_f(r.get('sync_floor_s') and 1e3 * r['sync_floor_s'], '{:.1f}')} | "
-                    f"{_f(ratio, '{:.2f}×')} | {exact} | {_f(r.get('max_abs_logprob_diff'), '{:.3f}')} ({_f(r.get('logprob_atol'), '{:.3f}')}) |")
+                    f"{_f(ratio, '{:.2f}×')} | {exact} | {_f(r.get('max_abs_logprob_diff'), '{:.3f}')} ({_f(r.get('logprob_atol'), '{:.3f}')}) |"
+                    + ("".join(f" {c} |" for c in trl_cells(r)) if trl else ""))
     return "\n".join(rows)
 
 
 def memory_table(path:str|Path) -> str:
     "Markdown: every GPU's peak memory in use next to `grpo_nb plan`'s prediction."
-    rows = ["| model | layout | GPU | measured peak (GiB) | planned (GiB) | measured ÷ planned |", "|---|---|---|---|---|---|"]
-    for r in records(path):
+    recs = records(path)
+    trl = has_trl(recs)
+    rows = ["| model | layout | GPU | measured peak (GiB) | planned (GiB) | measured ÷ planned |" + (" TRL measured peak (GiB) |" if trl else ""),
+            "|---|---|---|---|---|---|" + ("---|" if trl else "")]
+    for r in recs:
+        theirs = r.get("trl_peak_gib_measured") or []
         for i, (m, p) in enumerate(zip(r.get("peak_gib_measured") or [], r.get("peak_gib_planned") or [])):
-            rows.append(f"| {r['model']} | {r['layout']} | {i} | {m:.1f} | {p:.1f} | {m / p:.2f} |")
+            t = (f" {theirs[i]:.1f} |" if i < len(theirs) else " not measured |") if trl else ""
+            rows.append(f"| {r['model']} | {r['layout']} | {i} | {m:.1f} | {p:.1f} | {m / p:.2f} |" + t)
     return "\n".join(rows)
 
 
 def split_table(path:str|Path) -> str:
-    "Markdown: where a step's time goes (mean seconds per phase of the timed steps)."
+    "Markdown: where a step's time goes (mean seconds per phase of the timed steps); TRL's run, when there is one, in the row below ours (its learner column: everything but generation and sync)."
     keys = ["time/generation", "time/wait_rollout", "time/learner", "time/sync", "time/sleep", "time/wake", "time/verify"]
+    theirs = {"time/generation": "generation", "time/learner": "learner_and_rest", "time/sync": "sync"}   # TRL's phases, as e2e_vs_trl splits them
     rows = ["| model | layout | step (s) | " + " | ".join(f"{k.split('/')[1]} (s)" for k in keys) + " |", "|---" * (len(keys) + 3) + "|"]
     for r in records(path):
         ts = r.get("time_split") or {}
         rows.append(f"| {r['model']} | {r['layout']} | {_f(r.get('step_mean_s'))} | " + " | ".join(_f(ts.get(k)) for k in keys) + " |")
+        if r.get("trl_split_s"):
+            tr = r["trl_split_s"]
+            rows.append(f"| {r['model']} | {r['layout']}: TRL {r['trl_backend'].removeprefix('trl:')} | {_f(r.get('trl_step_mean_s'))} | "
+                        + " | ".join(_f(tr.get(theirs[k])) if k in theirs else "—" for k in keys) + " |")
     return "\n".join(rows)
 
 
@@ -83,7 +122,20 @@ def verdicts(path:str|Path) -> list[str]:
             worst = max(rs, key=lambda q: abs(q - 1))
             out.append(f"{name}: planner within {100 * TARGETS['planner_err']:.0f}% of every GPU's peak: "
                        + ("met" if abs(worst - 1) <= TARGETS["planner_err"] else "missed") + f" (worst measured ÷ planned {worst:.2f}).")
-        key = "speedup_split" if r["layout"] == "split" else "speedup_colocated"
-        out.append(f"{name}: ≥{TARGETS[key]}× TRL by mean step time: " + (f"{r['speedup_mean']:.2f}×" if r.get("speedup_mean") else
-                   "not measured (no TRL run on these GPUs yet)."))
+        out.append(speedup_verdict(r))
     return out
+
+
+def speedup_verdict(r:dict) -> str:
+    "One sentence: ours against TRL by mean step time, the target, met or missed; or why there is no number."
+    name, key = f"{r['model']} {r['layout']}", "speedup_split" if r["layout"] == "split" else "speedup_colocated"
+    head = f"{name}: ≥{TARGETS[key]}× TRL by mean step time: "
+    if r.get("speedup_mean"):
+        x, mode = r["speedup_mean"], (r.get("trl_backend") or "trl").removeprefix("trl:")
+        cut = f"; TRL stopped after {r.get('trl_timed_steps')} timed steps" if r.get("trl_error") and not r.get("trl_complete") else ""
+        return (head + f"{x:.2f}× (TRL {mode} {r['trl_step_mean_s']:.2f} s, ours {r['step_mean_s']:.2f} s{cut}): "
+                + ("met." if x >= TARGETS[key] else "missed."))
+    if r.get("trl_error"):
+        return head + f"not measured: TRL {r['trl_backend'].removeprefix('trl:')} failed ({_short(r['trl_error'], 200)})."
+    if r.get("trl_step_mean_s"): return head + f"not measured (TRL {r['trl_backend'].removeprefix('trl:')} ran; our run did not complete)."
+    return head + "not measured (no TRL run on these GPUs yet)."

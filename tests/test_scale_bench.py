@@ -1,0 +1,171 @@
+"""bench/scale_4gpu.py's TRL side and bench/scale_report.py, on CPU: the commands and configs a 4-GPU run would use,
+the merging of TRL's run into our records, and what the pages render with and without TRL numbers."""
+import json, runpy, subprocess, sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import scale_4gpu as S   # noqa: E402
+
+REPORT = runpy.run_path(str(ROOT / "bench" / "scale_report.py"))
+PORTS = {"server": 8000, "group": 51216, "main": 29500}
+
+
+def _plan(layout, tmp_path, micro=S.TRL_MICRO):
+    sh = S.preset_work(layout, 10, 2)
+    return sh, S.trl_plan(S.PEERS[layout], tmp_path / "model", tmp_path / "p.jsonl", sh, tmp_path, micro, PORTS)
+
+
+def test_both_sides_get_the_presets_work(tmp_path):
+    for layout in ("split", "colocated"):
+        sh, plan = _plan(layout, tmp_path)
+        assert (sh["prompts"], sh["G"], sh["prompt_len"], sh["gen"]) == (16, 8, 512, 1024)   # the preset's step
+        g, n = plan["spec"]["grpo"], S.TRL_ROLES[S.PEERS[layout]]["processes"]
+        assert g["per_device_train_batch_size"] * n * g["gradient_accumulation_steps"] == sh["prompts"] * sh["G"]
+        assert (g["num_generations"], g["max_completion_length"], g["max_steps"]) == (sh["G"], sh["gen"], sh["steps"])
+        over = S.ours_overrides(tmp_path / "model", tmp_path / "p.jsonl", tmp_path, sh, False, "4x NVIDIA H100")
+        for flag in (f"--rollout.prompts_per_step={sh['prompts']}", f"--rollout.num_samples_per_prompt={sh['G']}",
+                     f"--rollout.max_new_tokens={sh['gen']}", f"--total_steps={sh['steps']}"):
+            assert flag in over
+        assert plan["accelerate"]["distributed_type"] == "DEEPSPEED" and plan["accelerate"]["deepspeed_config"]["zero_stage"] == 3
+        assert plan["accelerate"]["num_processes"] == n and plan["spec"]["model_dir"] == str(tmp_path / "model")
+
+
+def test_server_mode_beside_split(tmp_path):
+    sh, plan = _plan("split", tmp_path)
+    srv, tr, g = plan["server"], plan["trainer"], plan["spec"]["grpo"]
+    assert srv["env"] == {"CUDA_VISIBLE_DEVICES": "2,3"} and tr["env"] == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    c = srv["cmd"]
+    assert c[c.index("vllm-serve") + 1:c.index("vllm-serve") + 3] == ["--model", str(tmp_path / "model")]
+    assert c[c.index("--tensor-parallel-size") + 1] == "2" and c[c.index("--port") + 1] == "8000"
+    assert c[c.index("--gpu-memory-utilization") + 1] == str(sh["gpu_memory_utilization"])
+    assert (g["vllm_mode"], g["vllm_server_port"], g["vllm_group_port"]) == ("server", 8000, 51216)
+    t = tr["cmd"]
+    assert t[1:3] == ["-m", "accelerate.commands.launch"] and t[t.index("--num_processes") + 1] == "2"
+    assert t[t.index("--config_file") + 1] == plan["accelerate_path"] and t[-2:] == ["--trl-child", plan["spec_path"]]
+
+
+def test_colocate_mode_beside_colocated(tmp_path):
+    sh, plan = _plan("colocated", tmp_path)
+    g = plan["spec"]["grpo"]
+    assert plan["server"] is None and plan["trainer"]["env"] == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    assert plan["trainer"]["cmd"][plan["trainer"]["cmd"].index("--num_processes") + 1] == "4"
+    assert (g["vllm_mode"], g["vllm_tensor_parallel_size"], g["vllm_gpu_memory_utilization"]) == ("colocate", 1, sh["gpu_memory_utilization"])
+    assert "vllm_server_port" not in g
+
+
+def test_a_micro_batch_that_does_not_divide_the_step_names_the_ones_that_do(tmp_path):
+    with pytest.raises(ValueError, match=r"use one of \[1, 2, 4, 8, 16, 32, 64\]"): _plan("split", tmp_path, micro=7)
+
+
+def _child(n, step=2.0):
+    return {"version": "1.16.0", "steps": [{"step": step + i % 2, "generation": 1.0, "sync": 0.25} for i in range(n)], "args_dropped": []}
+
+
+def test_trl_fields_and_the_merge_keep_our_record(tmp_path):
+    _, plan = _plan("split", tmp_path)
+    ours = {"model": "Qwen2.5-7B", "layout": "split", "step_mean_s": 1.25, "exact_sync": True, "trl_backend": None, "trl_step_mean_s": None}
+    trl = S.trl_fields("trl:vllm-server", _child(10), 2, {0: 1024, 1: 2048, 2: 4096, 3: 4096}, plan)
+    assert trl["trl_timed_steps"] == 8 and trl["trl_step_mean_s"] == 2.5 and trl["trl_step_p90_s"] == 3.0 and trl["trl_error"] is None
+    assert trl["trl_peak_gib_measured"] == [1.0, 2.0, 4.0, 4.0] and trl["trl_version"] == "1.16.0"
+    assert trl["trl_split_s"]["sync"] == 0.25 and trl["trl_split_s"]["generation"] == 0.75   # the sync runs inside the generation call
+    assert "vllm_server_port" not in trl["trl_args"] and any("vllm-serve" in c for c in trl["trl_commands"])
+    rec = S.merge_trl(ours, trl)
+    assert rec["speedup_mean"] == 2.0 and rec["exact_sync"] and rec["step_mean_s"] == 1.25
+    failed = S.trl_fields("trl:vllm-server", None, 2, {}, plan, "TRL trainer exited 1: ValueError: boom")
+    again = S.merge_trl(rec, failed)   # a later failed run replaces the TRL keys, never ours
+    assert again["speedup_mean"] is None and again["trl_step_mean_s"] is None and "boom" in again["trl_error"]
+    assert again["exact_sync"] and again["step_mean_s"] == 1.25
+    assert S.merge_trl({**ours, "rc": 1}, trl)["speedup_mean"] is None   # no speed-up against a run of ours that failed
+    cut = S.trl_fields("trl:vllm-server", _child(5), 2, {}, plan)   # stopped by its time limit: its steps stay, and it says so
+    assert cut["trl_timed_steps"] == 3 and "after 5 of 10 steps" in cut["trl_error"] and not cut["trl_complete"] and trl["trl_complete"]
+
+
+def test_skip_ours_needs_our_records(tmp_path):
+    recs = [{"model": "Qwen2.5-7B", "layout": "split", "step_mean_s": 1.0}, {"model": "OLMo-2-7B", "layout": "split"}]
+    keep, ours = S.existing_records(recs, [("Qwen2.5-7B", "split")], True)
+    assert keep == [recs[1]] and ours == {("Qwen2.5-7B", "split"): recs[0]}
+    with pytest.raises(SystemExit, match="none for: Qwen2.5-7B colocated"):
+        S.existing_records(recs, [("Qwen2.5-7B", "split"), ("Qwen2.5-7B", "colocated")], True)
+
+
+def _script(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "scale_4gpu.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_dry_run_prints_every_command_and_config(tmp_path):
+    r = _script("--layouts", "split,colocated", "--dry-run", "--out", str(tmp_path / "none.json"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("grpo_nb train scale-7b-4gpu-") == 2 and r.stdout.count("accelerate.commands.launch") == 2
+    assert "CUDA_VISIBLE_DEVICES=2,3" in r.stdout and "vllm-serve" in r.stdout and r.stdout.count("zero_stage: 3") == 2
+    assert not (tmp_path / "none.json").exists()
+    r = _script("--layouts", "split", "--peers", "", "--dry-run")
+    assert r.returncode == 0 and "accelerate" not in r.stdout
+    for bad, says in ((["--peers", "trl:nope"], "use a comma-separated subset"), (["--trl-micro-batch", "7"], "use one of"),
+                      (["--layouts", "tp4"], "--layouts: unknown")):
+        r = _script("--dry-run", *bad)
+        assert r.returncode != 0 and says in r.stderr, r.stderr
+
+
+def test_skip_ours_merges_trl_into_the_file(tmp_path, monkeypatch):
+    out = tmp_path / "scale.json"
+    other = {"model": "OLMo-2-7B", "layout": "split", "step_mean_s": 3.0}
+    ours = {"model": "Qwen2.5-7B", "layout": "split", "step_mean_s": 1.25, "exact_sync": True, "time": "then", "device": "4x NVIDIA H200"}
+    out.write_text(json.dumps({"records": [other, ours]}))
+    (tmp_path / "models" / "Qwen2.5-7B").mkdir(parents=True); (tmp_path / "models" / "Qwen2.5-7B" / "config.json").write_text("{}")
+    def fake_run_trl(layout, model_dir, sh, tmp, timeout, logs, micro, model):   # stands in for the 4-GPU run only
+        _, plan = _plan(layout, tmp)
+        return S.trl_fields(S.PEERS[layout], _child(sh["steps"]), sh["warmup"], {}, plan)
+    monkeypatch.setattr(S, "run_trl", fake_run_trl)
+    monkeypatch.setattr(sys, "argv", ["scale_4gpu.py", "--layouts", "split", "--skip-ours", "--out", str(out), "--models-dir", str(tmp_path / "models")])
+    S.main()
+    recs = json.loads(out.read_text())["records"]
+    assert recs[0] == other and len(recs) == 2
+    r = recs[1]
+    assert r["time"] == "then" and r["device"] == "4x NVIDIA H200" and r["exact_sync"]   # ours as it was
+    assert r["trl_backend"] == "trl:vllm-server" and r["speedup_mean"] == 2.0 and "trl_time" in r
+
+
+def test_report_without_trl_says_not_measured():
+    committed = ROOT / "bench" / "results" / "scale_4gpu.json"
+    assert "TRL" not in REPORT["scale_table"](committed) and "TRL" not in REPORT["memory_table"](committed)
+    assert any("not measured (no TRL run on these GPUs yet)" in v for v in REPORT["verdicts"](committed))
+
+
+def test_report_with_trl(tmp_path):
+    _, plan = _plan("split", tmp_path)
+    base = {"model": "Qwen2.5-7B", "gpus": 4, "tp": 2, "learners": 2, "engines": 1, "rc": 0, "step_mean_s": 1.25, "step_median_s": 1.2,
+            "step_p90_s": 1.4, "exact_sync": True, "peak_gib_measured": [70.0] * 4, "peak_gib_planned": [72.0] * 4}
+    measured = S.merge_trl({**base, "layout": "split"}, S.trl_fields("trl:vllm-server", _child(10), 2, {i: 40960 for i in range(4)}, plan))
+    failed = S.merge_trl({**base, "layout": "colocated"}, S.trl_fields("trl:vllm-colocate", None, 2, {}, plan, "Traceback\ntorch.OutOfMemoryError: CUDA out of memory | x"))
+    none = {**base, "model": "OLMo-2-7B", "layout": "split"}
+    cut = S.merge_trl({**base, "model": "OLMo-2-7B", "layout": "colocated"}, S.trl_fields("trl:vllm-colocate", _child(5), 2, {}, plan))
+    p = tmp_path / "scale.json"; p.write_text(json.dumps({"records": [measured, failed, none, cut]}))
+    rows = REPORT["scale_table"](p).splitlines()
+    assert "TRL ÷ ours (mean)" in rows[0] and all(r.count("|") == rows[0].count("|") for r in rows)
+    assert "| vllm-server | 2.50 / 2.50 / 3.00 | 2.00× |" in rows[2]
+    assert "failed: torch.OutOfMemoryError: CUDA out of memory / x" in rows[3] and "| not measured |" in rows[4]
+    assert "(3 timed steps; the run stopped) | 1.87× |" in rows[5]
+    mem = REPORT["memory_table"](p).splitlines()
+    assert "TRL measured peak (GiB)" in mem[0] and mem[2].endswith("| 40.0 |") and mem[-1].endswith("| not measured |")
+    split = REPORT["split_table"](p)
+    assert "| Qwen2.5-7B | split: TRL vllm-server | 2.50 | 0.75 | — | 1.50 | 0.25 |" in split
+    v = REPORT["verdicts"](p)
+    assert "Qwen2.5-7B split: ≥1.5× TRL by mean step time: 2.00× (TRL vllm-server 2.50 s, ours 1.25 s): met." in v
+    assert any("colocated: ≥1.2× TRL by mean step time: not measured: TRL vllm-colocate failed (torch.OutOfMemoryError" in x for x in v)
+    assert any(x.startswith("OLMo-2-7B split: ≥1.5× TRL") and "no TRL run" in x for x in v)
+    assert any(x.startswith("OLMo-2-7B colocated: ≥1.2× TRL") and "TRL stopped after 3 timed steps): met." in x for x in v)
+
+
+def test_child_builds_its_grpo_config(tmp_path):
+    "Where TRL is installed: every argument the child passes is a GRPOConfig field, and the config builds on CPU."
+    trl = pytest.importorskip("trl")
+    for layout in ("split", "colocated"):
+        _, plan = _plan(layout, tmp_path)
+        g = dict(plan["spec"]["grpo"])
+        assert not set(g) - set(trl.GRPOConfig.__dataclass_fields__)
+        g.update(bf16=False, use_cpu=True)
+        cfg = trl.GRPOConfig(**g)
+        assert cfg.generation_batch_size == 128 // S.TRL_ROLES[S.PEERS[layout]]["processes"] and cfg.vllm_mode == g["vllm_mode"]
