@@ -101,6 +101,7 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
     wall = time.perf_counter() - t0
     recs = [json.loads(l) for l in (tmp / "run" / "metrics.jsonl").read_text().splitlines()] if (tmp / "run" / "metrics.jsonl").exists() else []
     recs = [r for r in recs if "time/step" in r]
+    startup = {k.removeprefix("startup/"): v for k, v in (recs[0] if recs else {}).items() if k.startswith("startup/")}   # the first step carries them
     stopped = None
     if rc == "timeout" and len(recs) - shape["warmup"] >= MIN_TIMED:   # enough timed steps: keep them, and say the run was cut
         stopped = f"stopped by the benchmark's time limit after {len(recs)} of {n} steps ({wall:.0f} s, start-up included)"
@@ -112,7 +113,7 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
     return {"step_s_all": [r["time/step"] for r in recs], "split_s": {k.removeprefix("time/"): statistics.fmean(r.get(k, 0.0) for r in timed) for k in keys},
             "peak_gib": max(r.get("peak_gpu_mem_gib", 0) for r in recs), "staleness": timed[-1].get("staleness"),
             "learner_mfu": statistics.fmean(r["mfu"] for r in timed) if all(r.get("mfu") is not None for r in timed) else None,
-            "wall_s": wall, "command": "grpo_nb train default " + " ".join(o for o in over if "/" not in o),
+            "startup_s": startup, "wall_s": wall, "command": "grpo_nb train default " + " ".join(o for o in over if "/" not in o),
             **({"stopped": stopped} if stopped else {})}
 
 
