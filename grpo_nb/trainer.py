@@ -279,10 +279,12 @@ def finish_rollout(ro:Rollout, # from `start_rollout`
                    answers:list, # every prompt's reference answer
                    functions:dict[str, float], # `reward.functions`
                    ctx, # `grpo_nb.rewards.RewardContext`
+                   on_samples:Callable[[], None]|None=None, # called once the samples are in, before scoring (colocated: the engines start to sleep)
                   ) -> Rollout:
     "Wait for the samples, then score them."
     t0 = time.perf_counter()
     ro.samples = [s for part in gather(ro.calls) for s in part]
+    if on_samples is not None: on_samples()
     t1 = time.perf_counter()
     ro.gen_wait_s, ro.gen_s = t1 - t0, t1 - ro.t_submit
     G = len(ro.samples) // len(ro.prompt_idx)
@@ -458,12 +460,14 @@ def loop(self:Run):
         t_step = time.perf_counter()
         step = self.step + 1
         ro = pending or start_rollout(eng, self.prompts, self.order, step, self.consumed, P, self.spec, self.version)
-        finish_rollout(ro, self.answers, cfg.reward.functions, self.ctx)
+        sleeping = []   # colocated: the engines fall asleep while the driver scores the samples
+        finish_rollout(ro, self.answers, cfg.reward.functions, self.ctx,
+                       (lambda: sleeping.extend(submit(e, "sleep", R.sleep_level) for e in eng)) if sleepy else None)
         pending = None
         if off and step < cfg.total_steps:   # the engines sample step+1 with the current weights while the learner trains
             pending = start_rollout(eng, self.prompts, self.order, step + 1, ro.start + P, P, self.spec, self.version)
         t0 = time.perf_counter()
-        if sleepy: gather([submit(e, "sleep", R.sleep_level) for e in eng])   # colocated: the learner gets the GPU
+        if sleepy: gather(sleeping)   # colocated: the learner gets the GPU once its engine is asleep
         sleep_s = time.perf_counter() - t0
         learn = self.learn(ro)
         t0 = time.perf_counter()
