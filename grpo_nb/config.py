@@ -34,7 +34,7 @@ class ModelConfig:
     dtype:Literal["auto","bfloat16","float16","float32"]="auto" # "auto": bfloat16 on GPU, float32 on CPU
     attn_implementation:Literal["sdpa","flash_attention_2","eager"]="sdpa" # attention kernel of the learner
     gradient_checkpointing:bool=True # recompute activations in backward (less memory, about 30% more compute)
-    kernels:Literal["auto","torch","liger"]="torch" # learner's RMSNorm, SwiGLU and rotary kernels: the model's own ("torch"), Liger-Kernel's fused Triton ones ("liger", GPU only; faster, not bit-identical in bf16), or liger where it can run ("auto")
+    kernels:Literal["auto","torch","liger"]="auto" # learner's RMSNorm, SwiGLU and rotary kernels: the model's own ("torch"), Liger-Kernel's fused Triton ones ("liger", GPU only; faster, not bit-identical in bf16), or liger where it can run ("auto", the default; a resumed run keeps the kernels its checkpoint was trained with)
 
 # %% ../nbs/00_config.ipynb 11
 @dataclass
