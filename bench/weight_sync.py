@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5, help="timed syncs per bucket size (median reported)")
     ap.add_argument("--buckets-mib", default="1024,256,0", help="bucket sizes in MiB; 0 = the whole model in one bucket")
     ap.add_argument("--weight-load", default="auto", help="vllm receiver: comma-separated rollout.weight_load modes to measure "
-                    "(auto, direct, reload), each with every bucket size and its own bit-exact check")
+                    "(auto, direct, slices, reload), each with every bucket size and its own bit-exact check")
     ap.add_argument("--out", default=None, help="JSON output (default: bench/results/weight_sync.json; smoke: a temp file)")
     ap.add_argument("--budget-s", type=float, default=360, help="start no new bucket size after this many seconds")
     ap.add_argument("--call-timeout-s", type=float, default=120, help="a sync or floor call slower than this counts as hung")

@@ -577,10 +577,11 @@ def check_kernels(saved:str|None, # the kernels a checkpoint was trained with ("
                  ) -> None:
     "Refuse (CheckpointError) a resume whose `auto` kernels differ from the checkpoint's."
     if saved is None or saved == in_use or asked != "auto": return
+    keep = "install liger-kernel on every node of the job" if saved == "liger" else "--model.kernels=torch"
     raise CheckpointError(f"the checkpoint was trained with {saved} kernels, and model.kernels=auto picked {in_use} here"
-                          + (" (liger-kernel is missing or cannot run on this node)" if saved == "liger" else "") + ". Fix: "
-                          + ("install liger-kernel on every node of the job, or " if saved == "liger" else "")
-                          + f"--model.kernels={in_use} to go on with {in_use} kernels on purpose (log-probs shift by bf16 rounding).")
+                          + (" (liger-kernel is missing or cannot run on this node)" if saved == "liger" else "")
+                          + f". Fix: {keep} to keep the checkpoint's kernels, or --model.kernels={in_use} to switch on purpose"
+                          + " (log-probs shift by bf16 rounding).")
 
 # %% ../nbs/07_learner.ipynb 86
 def _flop_params(policy:nn.Module) -> int:

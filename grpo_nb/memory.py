@@ -329,11 +329,12 @@ def activations_bytes(s:ModelShape, # the model
 # %% ../nbs/01_memory.ipynb 68
 def elementwise_fused(kernels:str="torch", # the learner's kernels (`model.kernels`): "torch" | "liger" | "auto"
                       compile:bool=False, # decoder layers compiled (`LearnerSpec.compile`, ZeRO 0-2)
-                      liger_runs:bool=False, # "auto" only: Liger's kernels can run where the learner starts (a CUDA GPU, liger-kernel installed)
+                      liger_runs:bool|None=None, # "auto" only: Liger's kernels can run where the learner starts; None: liger-kernel is installed here
                      ) -> bool: # the `fused` argument of `learner_memory` and `plan`
     "Whether the learner's RMSNorm and SwiGLU run fused, from the settings that choose its kernels."
     if kernels not in ("torch", "liger", "auto"):
         raise ValueError(f"kernels must be torch, liger or auto (got {kernels!r}). Fix: --model.kernels=torch, liger or auto.")
+    if kernels == "auto" and liger_runs is None: liger_runs = importlib.util.find_spec("liger_kernel") is not None
     return compile or kernels == "liger" or (kernels == "auto" and liger_runs)
 
 
@@ -866,7 +867,7 @@ def plan_command(*overrides:str, # with --config: its fields, as --section.field
     try:
         pl = plan(model, learner_gpus, zero, offload, micro_batch, seq_len, grad_ckpt, engine_tp,
                   gpu_memory_utilization, gpu_mem_gib, attn, logits, logprob_chunk, optimizer, ref_policy, zero3_buckets=zero3_buckets,
-                  fused=elementwise_fused(kernels, liger_runs=importlib.util.find_spec("liger_kernel") is not None),
+                  fused=elementwise_fused(kernels),
                   engines=engines, nodes=nodes, gpus_per_node=gpus_per_node, learners_per_node=min(learner_gpus, gpus_per_node or learner_gpus),
                   host_mem_gib=host_mem_gib)
     except ValueError as e:
@@ -891,10 +892,9 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
         if model is None and (b := builtin_model(cfg.model.name_or_path)):   # a built-in tiny policy: its shape, without building it
             s = shape_from_hf(tiny_config(b[0]).to_dict(), name=cfg.model.name_or_path)
         else: raise ValueError(f"model.name_or_path: {e} Fix: point --model.name_or_path at a HF directory, or pass model= to plan_config.") from None
-    liger = C.device != "cpu" and importlib.util.find_spec("liger_kernel") is not None   # where model.kernels=auto picks Liger
     return plan(s, derive(cfg).learner_world_size, L.zero_stage, L.offload, B, T, cfg.model.gradient_checkpointing,
                 R.tensor_parallel_size, R.gpu_memory_utilization, C.gpu_mem_gib, cfg.model.attn_implementation,
-                "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq, fused=elementwise_fused(cfg.model.kernels, liger_runs=liger),
+                "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq, fused=elementwise_fused(cfg.model.kernels, liger_runs=False if C.device == "cpu" else None),
                 zero3_buckets=L.zero3_buckets, engines=R.num_engines, nodes=C.nodes, gpus_per_node=C.gpus_per_node if C.device != "cpu" else 0,
                 learners_per_node=max(C.learners_per_node), host_mem_gib=C.host_mem_gib, colocated=R.placement == "colocated")
 

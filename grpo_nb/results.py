@@ -6,11 +6,11 @@
 from __future__ import annotations
 import json
 from pathlib import Path
-from .memory import GiB, ZERO3_BUCKETS, elementwise_fused, learner_memory
+from .memory import GiB
 
 # %% auto 0
-__all__ = ['throughput_table', 'bench_table', 'tp2_table', 'mfu_records', 'planned_peak', 'mfu_table', 'profile_split',
-           'demo_report', 'e2e_table', 'e2e_split_table', 'accuracy_table']
+__all__ = ['throughput_table', 'bench_table', 'tp2_table', 'mfu_records', 'mfu_table', 'profile_split', 'demo_report',
+           'e2e_table', 'e2e_split_table', 'accuracy_table']
 
 # %% ../nbs/15_results.ipynb 7
 def throughput_table(path:str|Path="bench/results/rollout_throughput.json", # written by bench/rollout_throughput.py
@@ -79,19 +79,6 @@ def mfu_records(path:str|Path="bench/results/learner_mfu.json", # written by ben
     return data.get("records", []) if isinstance(data, dict) else data
 
 # %% ../nbs/15_results.ipynb 18
-def planned_peak(rec:dict, # a record of bench/learner_mfu.py (model, gpus, zero, grad_ckpt, compile, kernels, longest_row)
-                 chunk:int=2048, # the benchmark's log-prob chunk on GPUs
-                ) -> int|None: # the planner's peak bytes for that variant today (None for shapes it does not know)
-    "What the memory planner predicts now for a measured learner variant (so the page follows the planner as it improves)."
-    try:
-        return int(learner_memory(rec["model"], learners=rec["gpus"], zero=rec["zero"], micro_batch=1,
-                                  seq_len=rec.get("longest_row") or rec["pack_length"], grad_ckpt=bool(rec.get("grad_ckpt")),
-                                  attn="flash_attention_2", logits="chunked", logprob_chunk=chunk, adam="fused",
-                                  fused=elementwise_fused(rec.get("kernels") or "torch", bool(rec.get("compile"))),
-                                  knobs=ZERO3_BUCKETS[rec.get("zero3_buckets") or "deepspeed"]).peak_bytes)
-    except (ValueError, KeyError): return rec.get("predicted_bytes")
-
-# %% ../nbs/15_results.ipynb 19
 def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench/learner_mfu.py
              ) -> str: # a markdown table, or a note that there are no results yet
     "The learner benchmark's results as a markdown table (failed and skipped variants say why)."
@@ -105,12 +92,12 @@ def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench
                    + (", checkpointing" if r.get("grad_ckpt") else "") + (", larger ZeRO-3 buckets" if r.get("zero3_buckets") == "large" else ""))
         start = f"| {r['model']} | {r['gpus']} | {r['zero']} | {variant} | {r.get('attention') or '–'} | {r['device']} | {r.get('pack_length', '')} | "
         if not r.get("tokens_per_s"): return start + f"{r.get('error', '?')[:80]} | | | | | |"
-        pred = planned_peak(r) if r.get("device", "").startswith("NVIDIA") else r.get("predicted_bytes")
+        pred = r.get("predicted_bytes")
         ratio = f"{pred / r['measured_bytes']:.2f}" if pred and r.get("measured_bytes") else "–"
         return start + f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | {g(r['measured_bytes'])} | {g(pred)} | {ratio} |"
     return "\n".join([head] + [line(r) for r in rows])
 
-# %% ../nbs/15_results.ipynb 22
+# %% ../nbs/15_results.ipynb 21
 def profile_split(rec:dict, # a record of bench/learner_mfu.py with a `time_breakdown` that counted matmul FLOPs
                   peak_flops:float, # the GPU's dense bf16 peak (the records' `peak_flops`)
                  ) -> dict|None: # shares of the profiled step and the rates; None without a usable profile
@@ -125,7 +112,7 @@ def profile_split(rec:dict, # a record of bench/learner_mfu.py with a `time_brea
             "idle_share": tb.get("idle_frac") or 0.0,
             "top_other": [k for k in tb.get("top_kernels", []) if not any(x in k[0].lower() for x in ("nvjet", "gemm", "cutlass", "flash", "nccl"))][:4]}
 
-# %% ../nbs/15_results.ipynb 25
+# %% ../nbs/15_results.ipynb 24
 def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_nb demo` (demo.json of its output directory)
                ) -> str:
     "A markdown summary of a recorded demo run: the held-out curve, wall time, start-up time."
@@ -138,7 +125,7 @@ def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_
             f"(start-up {d['startup_s']:.0f} s, median step {d['step_s_median']:.2f} s){' on ' + d['machine'] if d.get('machine') else ''}. "
             f"Learned: **{d['learned']}**.\n\n| step | held-out reward |\n|---|---|\n{rows}")
 
-# %% ../nbs/15_results.ipynb 27
+# %% ../nbs/15_results.ipynb 26
 def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
               layout:str|None=None, # only this layout ("colocated" | "split"); None: all
              ) -> str:
@@ -160,7 +147,7 @@ def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/
                      f"{f(sp) + '×' if sp else ''} | ≥{r['target_speedup']:g}× {'met' if r.get('target_met') else ('missed' if sp else '')} | {note} |")
     return "\n".join(lines)
 
-# %% ../nbs/15_results.ipynb 29
+# %% ../nbs/15_results.ipynb 28
 def e2e_split_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
                    ) -> str:
     "Per-phase mean seconds of each measured run, ours next to TRL's."
@@ -181,7 +168,7 @@ def e2e_split_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by 
             lines.append(f"| {name} | {f(step)} | {f(parts[0])} | {f(parts[1])} | {f(parts[2])} | {f(parts[3])} | {f(parts[4] + parts[5])} | {f(parts[6])} | {f(rest)} |")
     return "\n".join(lines)
 
-# %% ../nbs/15_results.ipynb 32
+# %% ../nbs/15_results.ipynb 31
 def accuracy_table(path:str|Path="bench/results/memory_accuracy.json", # the benchmark's output
                   ) -> str: # a table, or why there is none
     "Predicted vs measured peak memory from `bench/memory_accuracy.py`."

@@ -760,7 +760,7 @@ class WeightSyncSource:
         m = self.sync_module()
         return {"logprobs": lps, "max_abs_logit": zmax, "dtype": str(next(m.parameters()).dtype),
                 "layers": int(getattr(getattr(m, "config", None), "num_hidden_layers", 1) or 1)}
-    def ws_release(self, need:float=1.0, # the share of the GPU's memory that must be free afterwards; 1.0: always release
+    def ws_release(self, need:float=1.0, # share of the GPU's memory the waking engine needs free; below it, release (1.0: always)
                   ) -> bool: # True when the cache was released
         "Every rank: give the CUDA cache's free blocks back when less than `need` of the GPU is free (a colocated engine is about to wake on it)."
         if not torch.cuda.is_available(): return False

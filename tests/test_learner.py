@@ -7,7 +7,7 @@ the first run bit for bit (losses, every rank's parameters, optimizer state, sch
 Its first step (7 sequences: 4 on one rank, 3 on the other) is checked against a single-process plain-torch
 computation of the same loss (the global token denominator × W under DeepSpeed's averaging), and the exported HF directory against the learners.
 """
-import logging, shutil, tempfile, time
+import json, logging, shutil, tempfile, time
 from pathlib import Path
 import pytest
 import torch
@@ -119,6 +119,8 @@ def test_zero3_kill_resume_is_bit_exact(cluster, caplog):
     assert abs(first[1]["grad_norm"] - ref["grad_norm"]) < 1e-4 * ref["grad_norm"], (first[1], ref)
     assert first[1]["kl"] == 0.0 and first[N]["kl"] > 0 and first[N]["optimizer_steps"] == 2
     assert digests[0]["rng"] != digests[1]["rng"]  # ranks have their own generators
+    saved = [json.loads((c / "trainer.json").read_text())["kernels"] for c in sorted(ck.glob("step_*"))]
+    assert saved == ["torch", "torch"], saved  # the kernels each checkpoint was trained with: what a resume under `auto` must keep
     # the export is an ordinary HF directory computing what the learners computed
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
