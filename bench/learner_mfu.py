@@ -25,7 +25,7 @@ Every variant runs in its own process group with a time limit (a crash, an OOM o
 only); the results file is rewritten after every variant, records of other parts and variants are kept.
 Variants run most important first; those that no longer fit into --budget-s are recorded as skipped.
 """
-import argparse, json, os, signal, subprocess, sys, time, traceback
+import argparse, importlib.util, json, os, signal, subprocess, sys, time, traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,12 +85,23 @@ def predicted(v:dict, seq_len:int) -> int|None:
         print(f"planner: {type(e).__name__}: {e}", flush=True); return None
 
 
-def pick_pack(v:dict, gpu_bytes:int) -> int:
-    "The longest pack length (≤ 16384) whose predicted peak leaves 20% of the GPU free."
+def pick_pack(v:dict, gpu_bytes:int) -> int|None:
+    "The longest pack length (≤ 16384) whose predicted peak leaves 20% of the GPU free; None when even 4096 tokens do not."
     for pack in (16384, 12288, 8192, 4096):
         p = predicted(v, pack)
         if p is not None and p < 0.8 * gpu_bytes: return pack
-    return 4096
+    return None
+
+
+def fit_variant(v:dict, gpu_bytes:int) -> dict:
+    "Give `v` its pack length; where the planner says no pack fits without gradient checkpointing (7B on 2 GPUs), turn checkpointing on and say so."
+    pack = pick_pack(v, gpu_bytes)
+    if pack is None and not v["ckpt"]:
+        v["ckpt"], v["note"] = True, "gradient checkpointing on: without it the planner fits no pack of 4096 tokens in 80% of the GPU"
+        pack = pick_pack(v, gpu_bytes)
+    if pack is None: v["note"] = (v.get("note", "") + "; " if v.get("note") else "") + "the planner fits no pack of 4096 tokens in 80% of the GPU: run at 4096 anyway"
+    v["pack"] = pack or 4096
+    return v
 
 
 def spec_for(v:dict, device:str):
@@ -184,6 +195,7 @@ def record(v:dict, device_name:str, info:dict|None, res:dict|None, err:str|None)
          "grad_ckpt": v["ckpt"], "compile": v["compile"], "attention": (info or {}).get("attention_kernel"),
          "launcher": v.get("launcher"), "zero3_buckets": v.get("buckets", "deepspeed") if v["zero"] == 3 else None, "kernels": v.get("kernels", "torch"),
          "logprob_chunk": v["chunk"]}
+    if v.get("note"): r["note"] = v["note"]
     if res: r.update(res)
     if r.get("measured_bytes") and r.get("predicted_bytes"): r["predicted_over_measured"] = r["predicted_bytes"] / r["measured_bytes"]
     if err: r["error"] = err
@@ -360,9 +372,18 @@ def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smo
             if not smoke:
                 out.append(dict(model=name, gpus=2, zero=3, ckpt=False, compile=False, kernels="liger"))
                 out.append(dict(model=name, gpus=2, zero=3, ckpt=False, compile=False, kernels="liger", buckets="large"))
+    if part == "4gpu":   # ZeRO-3 over four GPUs (7B and up): the model's own kernels, then Liger's
+        for name in (["tiny"] if smoke else list(reversed(models))):
+            out += [dict(model=name, gpus=4, zero=3, ckpt=False, compile=False)] + \
+                   ([] if smoke else [dict(model=name, gpus=4, zero=3, ckpt=False, compile=False, kernels="liger")])
+    if not smoke and importlib.util.find_spec("liger_kernel") is None:   # say so once, instead of failing each Liger variant after its start-up
+        gone = [v for v in out if v.get("kernels") == "liger"]
+        if gone: print(f"liger-kernel is not installed: {len(gone)} Liger variant(s) left out (pip install liger-kernel)", flush=True)
+        out = [v for v in out if v.get("kernels") != "liger"]
     for v in out:
         v.update(chunk=256 if smoke else 2048, launcher=launcher if v["gpus"] > 1 else "local", profile=v["gpus"] == 1 or launcher == "mp")
-        v["pack"] = 256 if smoke else pack or pick_pack(v, gpu_bytes)
+        if smoke or pack: v["pack"] = 256 if smoke else pack
+        else: fit_variant(v, gpu_bytes)
         v["skip_check"] = skip_check
         v.update(variant=f"{v['model']} {v['gpus']}gpu zero{v['zero']}" + (" compiled" if v["compile"] else "") + (" ckpt" if v["ckpt"] else "")
                          + (f" {v['kernels']}" if v.get("kernels", "torch") != "torch" else "") + (" large-buckets" if v.get("buckets") == "large" else ""),
@@ -432,7 +453,7 @@ def repredict(path:Path) -> list:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=["1gpu", "2gpu", "all"], default="all", help="which measurements (default: all)")
+    p.add_argument("--part", choices=["1gpu", "2gpu", "4gpu", "all"], default="all", help="which measurements (default: all = 1gpu and 2gpu; 4gpu: ZeRO-3 over four GPUs)")
     p.add_argument("--models", default="Qwen2.5-0.5B,Qwen2.5-1.5B", help="comma-separated shapes from grpo_nb.memory.ARCHS, smallest first")
     p.add_argument("--out", default=None, help="results JSON (default bench/results/learner_mfu.json; smoke: /tmp/learner_mfu_smoke.json)")
     p.add_argument("--budget-s", type=float, default=420, help="wall-clock budget of each part; variants that no longer fit are skipped")
@@ -475,6 +496,8 @@ def main(argv=None) -> int:
     gpu_bytes = gpu_bytes or 80 * 2**30
     if not a.smoke and not n_gpus: print(f"no GPU visible: use --smoke on a CPU machine {facts.stderr[-300:]}", file=sys.stderr); return 2
     part = a.part
+    if not a.smoke and part == "4gpu" and n_gpus < 4:
+        print(f"the 4-GPU part needs 4 visible GPUs (found {n_gpus}): use --part 2gpu or 1gpu", file=sys.stderr); return 2
     if not a.smoke and part != "1gpu" and n_gpus < 2:
         if part == "2gpu": print(f"the 2-GPU part needs 2 visible GPUs (found {n_gpus}): use --part 1gpu", file=sys.stderr); return 2
         print("one GPU visible: the 2-GPU part is left out", flush=True); part = "1gpu"
@@ -483,7 +506,7 @@ def main(argv=None) -> int:
     meta = {"versions": versions(), "command": " ".join(sys.argv)}
     records, starts = [], {}
     for v in vs:
-        part = "1gpu" if v["gpus"] == 1 else "2gpu"
+        part = f"{v['gpus']}gpu"
         starts.setdefault(part, time.time())
         left = a.budget_s - (time.time() - starts[part])
         need = 120 if v["compile"] and not a.smoke else 45

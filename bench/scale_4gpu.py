@@ -12,7 +12,8 @@ is recorded next to `grpo_nb plan`'s prediction for the same GPU. After the run,
 synced bytes is timed between the learner's GPU and the engines' GPUs.
 
 Record keys: model, layout, gpus, tp, learners, engines, step_s_all, step_mean_s, step_median_s, step_p90_s (over the
-steps after the first two), mfu_per_learner_gpu, sync_s, sync_floor_s, exact_sync (true only when every sync of the
+steps after the first two; each step with its bit-exact check, `time/step` + `time/verify`, since the check runs after
+every sync; step_mean_without_verify_s is the mean without it), mfu_per_learner_gpu, sync_s, sync_floor_s, exact_sync (true only when every sync of the
 run was bit-identical on every TP worker), max_abs_logprob_diff, logprob_atol, peak_gib_measured, peak_gib_planned,
 trl_backend, trl_step_mean_s, speedup_mean, device, rc, error (when it failed), time_split (mean seconds per phase).
 
@@ -87,7 +88,22 @@ def ours_overrides(model_dir:Path, data:Path, tmp:Path, sh:dict, smoke:bool, dev
 
 
 def build_model(name:str, out:Path, smoke:bool=False) -> Path:
-    "A random-init model of the named shape (bf16 on a GPU) with a word-level tokenizer covering every id (`t<id>`)."
+    "A random-init model of the named shape with a word-level tokenizer covering every id (`t<id>`); on a GPU machine it is built in a child process."
+    if smoke or (out / "config.json").exists(): return _build_model_here(name, out, smoke)
+    import torch
+    if not torch.cuda.is_available(): return _build_model_here(name, out, smoke)
+    # Built on GPU 0 for speed, but in its own process: the caching allocator of this script would otherwise keep the
+    # model's ~15 GiB on GPU 0 for as long as the runs it then times, and the learner and engine there would be short of it.
+    import multiprocessing as mp
+    proc = mp.get_context("spawn").Process(target=_build_model_here, args=(name, out, smoke))
+    proc.start(); proc.join()
+    if proc.exitcode != 0 or not (out / "config.json").exists():
+        raise RuntimeError(f"building the random-init {name} in {out} failed (exit {proc.exitcode}); its traceback is above")
+    return out
+
+
+def _build_model_here(name:str, out:Path, smoke:bool=False) -> Path:
+    "`build_model` in this process (bf16 on a GPU when there is one)."
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -109,6 +125,7 @@ def build_model(name:str, out:Path, smoke:bool=False) -> Path:
         m = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
     m.save_pretrained(out)
     del m
+    if torch.cuda.is_available(): torch.cuda.empty_cache()
     return out
 
 
@@ -168,6 +185,16 @@ def sync_floor(nbytes:int, devs:list[int], iters:int=5) -> float|None:
     return q.get(timeout=5) if not q.empty() else None
 
 
+def step_fields(recs:list[dict], warmup:int) -> dict:
+    "Step-time keys of a record from the trainer's metrics lines: each step with its bit-exact check (`time/step` + `time/verify`: the wall time a user waits per step with the check on), the statistics over the steps after `warmup`, and the same without the check."
+    recs = [r for r in recs if "time/step" in r]
+    full = [r["time/step"] + (r.get("time/verify") or 0.0) for r in recs]
+    st, bare = stats(full[warmup:]), stats([r["time/step"] for r in recs][warmup:])
+    return {"step_s_all": full, "step_includes": "time/step + time/verify", "timed_steps": len(full[warmup:]),
+            "step_mean_s": st["mean"], "step_median_s": st["median"], "step_p90_s": st["p90"],
+            "step_s_all_without_verify": [r["time/step"] for r in recs], "step_mean_without_verify_s": bare["mean"]}
+
+
 def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeout:float, device:str, logs:Path|None=None, on_record=None) -> dict:
     L = LAYOUTS[layout]
     sh = SMOKE if smoke else preset_work(layout, SHAPE["steps"], SHAPE["warmup"])
@@ -192,11 +219,9 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
     recs = [r for r in recs if "time/step" in r]
     timed = recs[sh["warmup"]:]
     mean = lambda k, rs=timed: statistics.fmean(r[k] for r in rs if r.get(k) is not None) if any(r.get(k) is not None for r in rs) else None
-    st = stats([r["time/step"] for r in timed])
     checked = [r for r in recs if "sync/exact" in r]
     out = {"model": model, "layout": layout, "gpus": L["gpus"], "tp": L["tp"], "learners": L["learners"], "engines": L["engines"],
-           "smoke": smoke, "step_s_all": [r["time/step"] for r in recs], "timed_steps": len(timed),
-           "step_mean_s": st["mean"], "step_median_s": st["median"], "step_p90_s": st["p90"],
+           "smoke": smoke, **step_fields(recs, sh["warmup"]),
            "mfu_per_learner_gpu": mean("mfu"), "sync_s": mean("time/sync"),
            "exact_sync": bool(checked) and len(checked) == len(recs) and all(r["sync/exact"] for r in checked),
            "syncs_checked": len(checked), "checksums_compared": max((r.get("sync/checksums_compared", 0) for r in checked), default=0),
@@ -414,14 +439,25 @@ def parse_peers(text:str) -> list[str]:
     return peers
 
 
-def existing_records(records:list[dict], runs:list[tuple], skip_ours:bool) -> tuple[list[dict], dict]:
-    "Split the records already in `--out` into those of other runs (kept as they are) and ours of `runs` (the base of `--skip-ours`); with `--skip-ours`, each run needs its record."
-    keep = [r for r in records if (r.get("model"), r.get("layout")) not in runs]
-    ours = {(r.get("model"), r.get("layout")): r for r in records if (r.get("model"), r.get("layout")) in runs}
+def gpus_here() -> str:
+    "The GPUs of this machine as the records name them (`4x NVIDIA H100 80GB HBM3`), from `nvidia-smi`: this process opens no CUDA context; 'cpu' without GPUs."
+    try: names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError): return "cpu"
+    names = [n.strip() for n in names if n.strip()]
+    return f"{len(names)}x {names[0]}" if names else "cpu"
+
+
+def existing_records(records:list[dict], runs:list[tuple], skip_ours:bool, device:str) -> tuple[list[dict], dict]:
+    "Split the records already in `--out` into those of other runs or other GPUs (kept as they are) and ours of `runs` on `device` (the base of `--skip-ours`); with `--skip-ours`, each run needs its record on these GPUs."
+    mine = lambda r: (r.get("model"), r.get("layout")) in runs and r.get("device") == device
+    keep = [r for r in records if not mine(r)]
+    ours = {(r.get("model"), r.get("layout")): r for r in records if mine(r)}
     missing = [f"{m} {l}" for m, l in runs if (m, l) not in ours]
     if skip_ours and missing:
-        raise SystemExit(f"--skip-ours adds TRL to our records in --out, and it has none for: {', '.join(missing)}. "
-                         "Run without --skip-ours (ours, then TRL), or point --out at the file that holds them.")
+        elsewhere = sorted({r.get("device") for r in records if (r.get("model"), r.get("layout")) in runs and r.get("device") != device})
+        raise SystemExit(f"--skip-ours adds TRL to our records in --out, and it has none on {device} for: {', '.join(missing)}"
+                         + (f" (only on {', '.join(map(str, elsewhere))}: a speed-up needs both sides on the same GPUs)" if elsewhere else "")
+                         + ". Run without --skip-ours (ours, then TRL), or point --out at the file that holds them.")
     return keep, ours
 
 
@@ -476,11 +512,8 @@ def main():
     if out.exists():   # keep the records of other runs
         try: old = json.loads(out.read_text()).get("records", [])
         except (json.JSONDecodeError, AttributeError): pass
-    keep, ours = existing_records(old, runs, a.skip_ours)
-    device = "cpu"
-    if not a.smoke:
-        import torch
-        device = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
+    device = "cpu" if a.smoke else gpus_here()
+    keep, ours = existing_records(old, runs, a.skip_ours, device)   # one record per model, layout and GPUs
     res = {"records": keep, "device": device}
     for model, layout in runs:
         def save(rec, keep=list(res["records"]), trl=False):

@@ -18,6 +18,13 @@ def records(path:str|Path) -> list[dict]:
     return json.loads(p.read_text()).get("records", []) if p.exists() else []
 
 
+def gpus(r:dict) -> str:
+    "The GPUs of a record, short: `4× H100` from `4x NVIDIA H100 80GB HBM3`."
+    d = (r.get("device") or "?").replace("NVIDIA ", "")
+    n, _, name = d.partition("x ") if "x " in d[:4] else ("", "", d)
+    return f"{n}× {name.split()[0]}" if n else (name.split() or ["?"])[0]
+
+
 def _f(x, fmt="{:.2f}", none="—"):
     return none if x is None else fmt.format(x)
 
@@ -54,12 +61,12 @@ def scale_table(path:str|Path) -> str:
     "Markdown: one row per (model, layout) with step times, MFU, sync against its floor and the exactness of every sync."
     recs = records(path)
     trl = has_trl(recs)
-    rows = ["| model | layout | GPUs (learners + engines × TP) | timed steps | step mean / median / p90 (s) | MFU per learner GPU | sync (ms) | NCCL floor (ms) | sync ÷ floor | every sync bit-identical | largest log-prob Δ (tolerance) |"
+    rows = ["| model | layout | GPUs: learners + engines × TP | timed steps | step with its check, mean / median / p90 (s) | MFU per learner GPU | sync (ms) | NCCL floor (ms) | sync ÷ floor | every sync bit-identical | largest log-prob Δ (tolerance) |"
             + (" TRL mode | TRL step mean / median / p90 (s) | TRL ÷ ours (mean) |" if trl else ""),
             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if trl else "")]
     for r in recs:
         if r.get("smoke"): continue
-        eng = f"{r.get('learners')} + {r.get('engines')} × {r.get('tp')}"
+        eng = f"{gpus(r)}: {r.get('learners')} + {r.get('engines')} × {r.get('tp')}"
         ratio = r["sync_s"] / r["sync_floor_s"] if r.get("sync_s") and r.get("sync_floor_s") else None
         exact = ("yes" if r.get("exact_sync") else "no") + f" ({r.get('syncs_checked', 0)} checks, {r.get('checksums_compared', 0)} tensors)"
         steps = f"{r.get('timed_steps', 0)}" + (" (the run failed)" if r.get("rc") not in (0, None) else "")
@@ -75,13 +82,13 @@ def memory_table(path:str|Path) -> str:
     "Markdown: every GPU's peak memory in use next to `grpo_nb plan`'s prediction."
     recs = records(path)
     trl = has_trl(recs)
-    rows = ["| model | layout | GPU | measured peak (GiB) | planned (GiB) | measured ÷ planned |" + (" TRL measured peak (GiB) |" if trl else ""),
-            "|---|---|---|---|---|---|" + ("---|" if trl else "")]
+    rows = ["| model | layout | GPUs | GPU | measured peak (GiB) | planned (GiB) | measured ÷ planned |" + (" TRL measured peak (GiB) |" if trl else ""),
+            "|---|---|---|---|---|---|---|" + ("---|" if trl else "")]
     for r in recs:
         theirs = r.get("trl_peak_gib_measured") or []
         for i, (m, p) in enumerate(zip(r.get("peak_gib_measured") or [], r.get("peak_gib_planned") or [])):
             t = (f" {theirs[i]:.1f} |" if i < len(theirs) else " not measured |") if trl else ""
-            rows.append(f"| {r['model']} | {r['layout']} | {i} | {m:.1f} | {p:.1f} | {m / p:.2f} |" + t)
+            rows.append(f"| {r['model']} | {r['layout']} | {gpus(r)} | {i} | {m:.1f} | {p:.1f} | {m / p:.2f} |" + t)
     return "\n".join(rows)
 
 
@@ -89,13 +96,13 @@ def split_table(path:str|Path) -> str:
     "Markdown: where a step's time goes (mean seconds per phase of the timed steps); TRL's run, when there is one, in the row below ours (its learner column: everything but generation and sync)."
     keys = ["time/generation", "time/wait_rollout", "time/learner", "time/sync", "time/sleep", "time/wake", "time/verify"]
     theirs = {"time/generation": "generation", "time/learner": "learner_and_rest", "time/sync": "sync"}   # TRL's phases, as e2e_vs_trl splits them
-    rows = ["| model | layout | step (s) | " + " | ".join(f"{k.split('/')[1]} (s)" for k in keys) + " |", "|---" * (len(keys) + 3) + "|"]
+    rows = ["| model | layout | GPUs | step (s) | " + " | ".join(f"{k.split('/')[1]} (s)" for k in keys) + " |", "|---" * (len(keys) + 4) + "|"]
     for r in records(path):
         ts = r.get("time_split") or {}
-        rows.append(f"| {r['model']} | {r['layout']} | {_f(r.get('step_mean_s'))} | " + " | ".join(_f(ts.get(k)) for k in keys) + " |")
+        rows.append(f"| {r['model']} | {r['layout']} | {gpus(r)} | {_f(r.get('step_mean_s'))} | " + " | ".join(_f(ts.get(k)) for k in keys) + " |")
         if r.get("trl_split_s"):
             tr = r["trl_split_s"]
-            rows.append(f"| {r['model']} | {r['layout']}: TRL {r['trl_backend'].removeprefix('trl:')} | {_f(r.get('trl_step_mean_s'))} | "
+            rows.append(f"| {r['model']} | {r['layout']}: TRL {r['trl_backend'].removeprefix('trl:')} | {gpus(r)} | {_f(r.get('trl_step_mean_s'))} | "
                         + " | ".join(_f(tr.get(theirs[k])) if k in theirs else "—" for k in keys) + " |")
     return "\n".join(rows)
 
@@ -104,10 +111,11 @@ def verdicts(path:str|Path) -> list[str]:
     "One sentence per target: met, missed (by how much) or not measured."
     out = []
     for r in records(path):
-        name = f"{r['model']} {r['layout']}"
+        name = f"{r['model']} {r['layout']} on {gpus(r)}"
         if r.get("rc") not in (0, None):
             errs = [l.strip() for l in (r.get("error") or "").splitlines() if "Error:" in l] or [(r.get("error") or "").strip()[-200:]]
-            out.append(f"{name}: the run stopped after {len(r.get('step_s_all') or [])} steps (exit {r['rc']}): {errs[-1][:200]}")
+            out.append(f"{name}: the run stopped after {len(r.get('step_s_all') or [])} steps (exit {r['rc']}): {errs[-1][:200]}"
+                       + (f" Why: {r['note']}" if r.get("note") else ""))
         out.append(f"{name}: every sync bit-identical on every TP worker: " + ("yes" if r.get("exact_sync") else "no")
                    + f" ({r.get('syncs_checked', 0)} checks).")
         if r.get("mfu_per_learner_gpu") is not None:
@@ -128,12 +136,15 @@ def verdicts(path:str|Path) -> list[str]:
 
 def speedup_verdict(r:dict) -> str:
     "One sentence: ours against TRL by mean step time, the target, met or missed; or why there is no number."
-    name, key = f"{r['model']} {r['layout']}", "speedup_split" if r["layout"] == "split" else "speedup_colocated"
+    name, key = f"{r['model']} {r['layout']} on {gpus(r)}", "speedup_split" if r["layout"] == "split" else "speedup_colocated"
     head = f"{name}: ≥{TARGETS[key]}× TRL by mean step time: "
     if r.get("speedup_mean"):
         x, mode = r["speedup_mean"], (r.get("trl_backend") or "trl").removeprefix("trl:")
         cut = f"; TRL stopped after {r.get('trl_timed_steps')} timed steps" if r.get("trl_error") and not r.get("trl_complete") else ""
-        return (head + f"{x:.2f}× (TRL {mode} {r['trl_step_mean_s']:.2f} s, ours {r['step_mean_s']:.2f} s{cut}): "
+        bare = r.get("step_mean_without_verify_s")
+        check = (f" with the bit-exact check after every sync; without it {bare:.2f} s, {r['trl_step_mean_s'] / bare:.2f}×"
+                 if bare and bare != r["step_mean_s"] else "")
+        return (head + f"{x:.2f}× (TRL {mode} {r['trl_step_mean_s']:.2f} s, ours {r['step_mean_s']:.2f} s{check}{cut}): "
                 + ("met." if x >= TARGETS[key] else "missed."))
     if r.get("trl_error"):
         return head + f"not measured: TRL {r['trl_backend'].removeprefix('trl:')} failed ({_short(r['trl_error'], 200)})."

@@ -83,12 +83,18 @@ def test_trl_fields_and_the_merge_keep_our_record(tmp_path):
     assert cut["trl_timed_steps"] == 3 and "after 5 of 10 steps" in cut["trl_error"] and not cut["trl_complete"] and trl["trl_complete"]
 
 
-def test_skip_ours_needs_our_records(tmp_path):
-    recs = [{"model": "Qwen2.5-7B", "layout": "split", "step_mean_s": 1.0}, {"model": "OLMo-2-7B", "layout": "split"}]
-    keep, ours = S.existing_records(recs, [("Qwen2.5-7B", "split")], True)
-    assert keep == [recs[1]] and ours == {("Qwen2.5-7B", "split"): recs[0]}
-    with pytest.raises(SystemExit, match="none for: Qwen2.5-7B colocated"):
-        S.existing_records(recs, [("Qwen2.5-7B", "split"), ("Qwen2.5-7B", "colocated")], True)
+def test_skip_ours_needs_our_records_on_the_same_gpus(tmp_path):
+    H100, H200 = "4x NVIDIA H100 80GB HBM3", "4x NVIDIA H200"
+    recs = [{"model": "Qwen2.5-7B", "layout": "split", "step_mean_s": 1.0, "device": H100}, {"model": "OLMo-2-7B", "layout": "split", "device": H100},
+            {"model": "Qwen2.5-7B", "layout": "split", "step_mean_s": 0.8, "device": H200}]
+    keep, ours = S.existing_records(recs, [("Qwen2.5-7B", "split")], True, H100)
+    assert keep == [recs[1], recs[2]] and ours == {("Qwen2.5-7B", "split"): recs[0]}   # the H200 record is kept beside, never merged into
+    with pytest.raises(SystemExit, match="none on .* for: Qwen2.5-7B colocated"):
+        S.existing_records(recs, [("Qwen2.5-7B", "split"), ("Qwen2.5-7B", "colocated")], True, H100)
+    with pytest.raises(SystemExit, match=r"only on 4x NVIDIA H200.*same GPUs"):   # TRL on H100 against our H200 run: refused
+        S.existing_records(recs[2:], [("Qwen2.5-7B", "split")], True, H100)
+    keep, ours = S.existing_records(recs, [("Qwen2.5-7B", "split")], False, H200)   # a new run of ours replaces only its own GPUs' record
+    assert keep == recs[:2] and ours == {("Qwen2.5-7B", "split"): recs[2]}
 
 
 def _script(*args, cwd=ROOT):
@@ -119,6 +125,7 @@ def test_skip_ours_merges_trl_into_the_file(tmp_path, monkeypatch):
         _, plan = _plan(layout, tmp)
         return S.trl_fields(S.PEERS[layout], _child(sh["steps"]), sh["warmup"], {}, plan)
     monkeypatch.setattr(S, "run_trl", fake_run_trl)
+    monkeypatch.setattr(S, "gpus_here", lambda: "4x NVIDIA H200")   # the GPUs our record was measured on
     monkeypatch.setattr(sys, "argv", ["scale_4gpu.py", "--layouts", "split", "--skip-ours", "--out", str(out), "--models-dir", str(tmp_path / "models")])
     S.main()
     recs = json.loads(out.read_text())["records"]
@@ -128,16 +135,24 @@ def test_skip_ours_merges_trl_into_the_file(tmp_path, monkeypatch):
     assert r["trl_backend"] == "trl:vllm-server" and r["speedup_mean"] == 2.0 and "trl_time" in r
 
 
-def test_report_without_trl_says_not_measured():
-    committed = ROOT / "bench" / "results" / "scale_4gpu.json"
-    assert "TRL" not in REPORT["scale_table"](committed) and "TRL" not in REPORT["memory_table"](committed)
-    assert any("not measured (no TRL run on these GPUs yet)" in v for v in REPORT["verdicts"](committed))
+def test_report_without_trl_says_not_measured(tmp_path):
+    f = tmp_path / "scale.json"
+    f.write_text(json.dumps({"records": [{"model": "Qwen2.5-7B", "layout": "split", "gpus": 4, "tp": 2, "learners": 2, "engines": 1, "rc": 0,
+                                          "step_mean_s": 1.25, "exact_sync": True, "device": "4x NVIDIA H200"}]}))
+    assert "TRL" not in REPORT["scale_table"](f) and "TRL" not in REPORT["memory_table"](f)
+    assert any("not measured (no TRL run on these GPUs yet)" in v for v in REPORT["verdicts"](f))
+    assert "4× H200: 2 + 1 × 2" in REPORT["scale_table"](f)
+
+
+def test_committed_records_pair_each_trl_run_with_ours_on_the_same_gpus():
+    for r in REPORT["records"](ROOT / "bench" / "results" / "scale_4gpu.json"):
+        if r.get("speedup_mean"): assert r.get("trl_device") == r.get("device"), r["device"]
 
 
 def test_report_with_trl(tmp_path):
     _, plan = _plan("split", tmp_path)
     base = {"model": "Qwen2.5-7B", "gpus": 4, "tp": 2, "learners": 2, "engines": 1, "rc": 0, "step_mean_s": 1.25, "step_median_s": 1.2,
-            "step_p90_s": 1.4, "exact_sync": True, "peak_gib_measured": [70.0] * 4, "peak_gib_planned": [72.0] * 4}
+            "step_p90_s": 1.4, "exact_sync": True, "peak_gib_measured": [70.0] * 4, "peak_gib_planned": [72.0] * 4, "device": "4x NVIDIA H100 80GB HBM3"}
     measured = S.merge_trl({**base, "layout": "split"}, S.trl_fields("trl:vllm-server", _child(10), 2, {i: 40960 for i in range(4)}, plan))
     failed = S.merge_trl({**base, "layout": "colocated"}, S.trl_fields("trl:vllm-colocate", None, 2, {}, plan, "Traceback\ntorch.OutOfMemoryError: CUDA out of memory | x"))
     none = {**base, "model": "OLMo-2-7B", "layout": "split"}
@@ -151,12 +166,12 @@ def test_report_with_trl(tmp_path):
     mem = REPORT["memory_table"](p).splitlines()
     assert "TRL measured peak (GiB)" in mem[0] and mem[2].endswith("| 40.0 |") and mem[-1].endswith("| not measured |")
     split = REPORT["split_table"](p)
-    assert "| Qwen2.5-7B | split: TRL vllm-server | 2.50 | 0.75 | — | 1.50 | 0.25 |" in split
+    assert "| Qwen2.5-7B | split: TRL vllm-server | 4× H100 | 2.50 | 0.75 | — | 1.50 | 0.25 |" in split
     v = REPORT["verdicts"](p)
-    assert "Qwen2.5-7B split: ≥1.5× TRL by mean step time: 2.00× (TRL vllm-server 2.50 s, ours 1.25 s): met." in v
-    assert any("colocated: ≥1.2× TRL by mean step time: not measured: TRL vllm-colocate failed (torch.OutOfMemoryError" in x for x in v)
-    assert any(x.startswith("OLMo-2-7B split: ≥1.5× TRL") and "no TRL run" in x for x in v)
-    assert any(x.startswith("OLMo-2-7B colocated: ≥1.2× TRL") and "TRL stopped after 3 timed steps): met." in x for x in v)
+    assert "Qwen2.5-7B split on 4× H100: ≥1.5× TRL by mean step time: 2.00× (TRL vllm-server 2.50 s, ours 1.25 s): met." in v
+    assert any("colocated on 4× H100: ≥1.2× TRL by mean step time: not measured: TRL vllm-colocate failed (torch.OutOfMemoryError" in x for x in v)
+    assert any(x.startswith("OLMo-2-7B split on 4× H100: ≥1.5× TRL") and "no TRL run" in x for x in v)
+    assert any(x.startswith("OLMo-2-7B colocated on 4× H100: ≥1.2× TRL") and "TRL stopped after 3 timed steps): met." in x for x in v)
 
 
 def test_child_builds_its_grpo_config(tmp_path):
