@@ -11,9 +11,10 @@ random-init Qwen2.5-1.5B-shaped policy (8 prompts x G=8 x 256 tokens a step, 10 
   tp1x2  2 ZeRO-3 learners on GPUs 0-1, two vLLM engines with TP=1 on GPUs 2 and 3
   dry    1 ZeRO-3 learner on GPU 0, one vLLM engine with TP=1 on GPU 1 (the 2-GPU dry run of the same script)
 
-`--rollout.verify_every=1` makes the trainer check, after every sync, that each engine's greedy log-probs on fixed
-prompts match the learner's forward (bf16 tolerance 0.1; fp32 1e-4), and compare bit-wise checksums where an engine
-keeps raw tensors (vLLM repacks its linear layers, so for vLLM engines the log-prob check is the one that applies).
+`--rollout.verify_every=1` makes the trainer check, after every sync, that every parameter of every engine worker is
+bit-identical to the learner's tensor packed and sliced the way that worker holds it (vLLM's fused q/k/v and gate/up,
+its TP slice, its vocabulary shard), and report the largest difference of the engines' greedy log-probs from the
+learner's forward on fixed prompts beside a tolerance derived from the dtype, the largest logit and the depth.
 `--rollout.fault_skip_sync_step=5` skips the sync after step 5 on purpose: the check after it must find the stale
 engine (`sync/stale_detected` = 1), re-sync it, and the run goes on.
 
@@ -21,7 +22,9 @@ Per layout the record holds every step's time, the sync phases as the trainer me
 `time/sync` and `sync/gather_s`, `sync/send_s`, `sync/load_s`; the phases overlap, since the trainer does not
 synchronise them one by one), the largest engine-vs-learner log-prob difference seen, whether checksums were
 compared, and whether the stale engine was detected. JSON keys: layout, tp, engines, learners, step_s_all, sync_s,
-gather_s, send_s, load_s, max_abs_logprob_diff, checksums_match, stale_detected, device.
+gather_s, send_s, load_s, max_abs_logprob_diff, checksums_match, exact_sync (true only when the check after every
+sync found every worker bit-identical, the deliberately skipped sync's re-sync included), syncs_checked,
+checksums_compared, stale_detected, device.
 """
 from __future__ import annotations
 import argparse, json, os, statistics, subprocess, sys, tempfile, time, traceback
@@ -79,6 +82,8 @@ def run_layout(name:str, smoke:bool, tmp:Path, timeout:float) -> dict:
            "verify_s": mean("time/verify"),
            "max_abs_logprob_diff": max((r["sync/max_abs_logprob_diff"] for r in checked.values()), default=None),
            "checksums_match": (True if any(r["sync/checksums_compared"] for r in checked.values()) else None),
+           "exact_sync": bool(checked) and len(checked) == len(recs) and all(r.get("sync/exact") for r in checked.values()),
+           "syncs_checked": len(checked), "checksums_compared": max((r.get("sync/checksums_compared", 0) for r in checked.values()), default=0),
            "stale_detected": bool(checked.get(sh["skip"], {}).get("sync/stale_detected")) and
                              all(not r["sync/stale_detected"] for s, r in checked.items() if s != sh["skip"]),
            "steps_checked": sorted(checked), "rc": rc, "wall_s": time.perf_counter() - t0, "command": "grpo_nb train default " + " ".join(

@@ -11,7 +11,7 @@ from torch import Tensor
 from .config import ConfigError
 
 # %% auto 0
-__all__ = ['IpcWork', 'IpcGroup', 'check_sleep_mode']
+__all__ = ['IpcWork', 'device_key', 'pick_source', 'IpcGroup', 'check_sleep_mode']
 
 # %% ../nbs/05a_colocate.ipynb 7
 class IpcWork:
@@ -40,33 +40,65 @@ def _release_shared(t:Tensor) -> None:
     "After every receiver has copied `t`: let the allocator reuse its block (CUDA keeps a shared block until `ipc_collect`)."
     if t.device.type == "cuda": torch.cuda.ipc_collect()
 
-# %% ../nbs/05a_colocate.ipynb 9
+# %% ../nbs/05a_colocate.ipynb 10
+def device_key(device:torch.device, # a member's buffer device
+              ) -> str:
+    "What identifies a device across processes: a GPU's UUID (its index differs with `CUDA_VISIBLE_DEVICES`), or `cpu`."
+    device = torch.device(device)
+    if device.type != "cuda": return device.type
+    return str(torch.cuda.get_device_properties(device.index if device.index is not None else torch.cuda.current_device()).uuid)
+
+def pick_source(keys:list[str], # `device_key` of each learner rank, by rank
+                mine:str, # this receiver's `device_key`
+                rank:int, # this receiver's rank (1…)
+               ) -> int: # the learner rank to read from
+    "The learner on the receiver's own device; among several (CPU) or none, spread the receivers over the candidates."
+    same = [s for s, k in enumerate(keys) if k == mine] or list(range(len(keys)))
+    return same[(rank - 1) % len(same)]
+
+# %% ../nbs/05a_colocate.ipynb 12
 class IpcGroup:
-    "A weight-sync group whose members share one host (and, on GPU, one device): broadcasts go through shared memory."
+    "A weight-sync group whose members share one host: each learner rank sends through shared memory to the engine workers on its own GPU."
     backend = "ipc"
     def __init__(self, store, # the sync group's `TCPStore` (rank 0's server, or a client of it)
-                 rank:int, # 0: the learner; 1…: engine workers
-                 world_size:int, # members
+                 rank:int, # 0: a learner rank (a sender); 1…: engine workers
+                 world_size:int, # 1 + engine workers
                  device:torch.device, # where the buffers live
                  timeout_s:float=600, # how long a member waits for the others
+                 source:int=0, # senders: this learner's rank (each learner rank is one source)
+                 sources:int=1, # learner ranks that send (source 0 publishes it for the receivers)
                 ):
         from torch.distributed import PrefixStore
         self.store, self.kv = store, PrefixStore("grpo_nb/ipc", store)
         self.rank, self.world_size, self.device, self.timeout = rank, world_size, torch.device(device), timedelta(seconds=timeout_s)
-        self.seq, self.pg = 0, None
+        self.seq, self.pg, self.source, self._mine = 0, None, source, None
+        if rank == 0:
+            if source == 0: self.kv.set("sources", str(sources))
+            self.kv.set(f"dev.s{source}", device_key(self.device))
+        else:   # a receiver reads from the learner on its own GPU
+            self.kv.wait(["sources"], self.timeout)
+            n = int(self.kv.get("sources"))
+            self.kv.wait([f"dev.s{s}" for s in range(n)], self.timeout)
+            keys = [self.kv.get(f"dev.s{s}").decode() for s in range(n)]
+            self.source = pick_source(keys, device_key(self.device), rank)
+            self.kv.set(f"src.{rank}", str(self.source))
 
     def broadcast(self, t:Tensor, # buffer on `self.device`; filled on every rank but `root`
                   root:int=0, # sending rank
                  ) -> IpcWork:
-        "Start a broadcast of `t` from `root`; `.wait()` the result."
-        seq = self.seq; self.seq += 1
+        "Start a broadcast of `t` from `root` (every source sends its own copy); `.wait()` the result."
+        seq, key = self.seq, f"h{self.seq}.s{self.source}"; self.seq += 1
         if self.rank == root:
-            self.kv.set(f"h{seq}", _export(t))
-            acks = [f"a{seq}.{r}" for r in range(self.world_size) if r != root]
+            if self._mine is None:   # the receivers that chose this source (all have joined by the first broadcast)
+                self.kv.wait([f"src.{r}" for r in range(1, self.world_size)], self.timeout)
+                self._mine = [r for r in range(1, self.world_size) if int(self.kv.get(f"src.{r}")) == self.source]
+            if not self._mine: return IpcWork(lambda: None)
+            self.kv.set(key, _export(t))
+            acks = [f"a{seq}.{r}" for r in self._mine]
             return IpcWork(lambda: (self.kv.wait(acks, self.timeout), _release_shared(t)))
         def receive():
-            self.kv.wait([f"h{seq}"], self.timeout)
-            src = _import(self.kv.get(f"h{seq}"))
+            self.kv.wait([key], self.timeout)
+            src = _import(self.kv.get(key))
             t.copy_(src)
             if t.device.type == "cuda": torch.cuda.synchronize(t.device)
             del src
@@ -77,9 +109,9 @@ class IpcGroup:
         "Drop the store (the buffers belong to their owners)."
         self.store = self.kv = None
 
-    def __repr__(self): return f"IpcGroup(rank={self.rank}, world_size={self.world_size}, device={self.device})"
+    def __repr__(self): return f"IpcGroup(rank={self.rank}, world_size={self.world_size}, device={self.device}, source={self.source})"
 
-# %% ../nbs/05a_colocate.ipynb 20
+# %% ../nbs/05a_colocate.ipynb 26
 def check_sleep_mode(backend:str, # `rollout.backend`
                      device:str, # "cuda" | "cpu": where the engines run
                      sleep_level:int, # `rollout.sleep_level`

@@ -170,6 +170,8 @@ def join_group(host:str, # rank 0's address
                device:torch.device|str|None=None, # buffers live here (cpu for gloo; this process's GPU for nccl)
                store=None, # rank 0: the store from `open_store`
                timeout_s:float=600, # collective timeout
+               source:int=0, # ipc senders: this learner's rank (every learner rank sends to the engines on its GPU)
+               sources:int=1, # ipc: how many learner ranks send
               ) -> SyncGroup:
     "Join the weight-sync group; blocks until all `world_size` members have joined (gloo), or lazily at the first broadcast (NCCL)."
     from torch.distributed import PrefixStore, TCPStore
@@ -178,7 +180,7 @@ def join_group(host:str, # rank 0's address
     if backend == "ipc":   # colocated members: shared memory instead of a process group (see grpo_nb.colocate)
         dev = torch.device(device) if device is not None else (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
         if dev.type == "cuda" and dev.index is None: dev = torch.device("cuda", torch.cuda.current_device())
-        return IpcGroup(store, rank, world_size, dev, timeout_s)
+        return IpcGroup(store, rank, world_size, dev, timeout_s, source, sources)
     ps = PrefixStore("grpo_nb/weight_sync", store)
     if backend == "gloo":
         from torch.distributed import ProcessGroupGloo
@@ -289,7 +291,7 @@ def _sync_device(dev:torch.device) -> None:
 
 def send_weights(named_params:Iterable[tuple[str, Tensor]], # `model.named_parameters()` of the learner (DeepSpeed: `engine.module`)
                  plan:SyncPlan, # the plan of this sync (the same on every rank)
-                 group:SyncGroup|None, # the sync group on learner rank 0; None on the other ranks
+                 group:SyncGroup|None, # the sync group on learner rank 0 (colocated, ipc: on every rank); None on the other ranks
                  timing:bool=False, # synchronise and time every phase (benchmarks)
                 ) -> dict: # rank 0: bytes, gather_s, send_s, total_s; other ranks: gather_s only
     "Gather every bucket of `plan` (all learner ranks under ZeRO-3) and broadcast it from rank 0 to every engine worker."
@@ -730,10 +732,12 @@ class WeightSyncSource:
         if backend == "auto": backend = "nccl" if next(self.sync_module().parameters()).device.type == "cuda" else "gloo"
         self._ws_store, self._ws_addr = open_store(host, timeout_s), (host, backend, timeout_s)
         return host, self._ws_store.port, backend
-    def ws_join(self, world_size:int) -> int:
-        "Rank 0: join the group as rank 0 (blocks until every engine worker has joined, with gloo)."
-        host, backend, timeout_s = self._ws_addr
-        self._ws_group = join_group(host, self._ws_store.port, 0, world_size, backend, store=self._ws_store, timeout_s=timeout_s)
+    def ws_join(self, world_size:int, addr:tuple|None=None) -> int:
+        "Join as the sender: rank 0 always (blocks until every engine worker has joined, with gloo); with ipc every rank, given rank 0's `addr`."
+        n = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        if self.learner_rank() == 0: (host, backend, timeout_s), port, store = self._ws_addr, self._ws_store.port, self._ws_store
+        else: (host, port, backend, timeout_s), store = addr, None
+        self._ws_group = join_group(host, port, 0, world_size, backend, store=store, timeout_s=timeout_s, source=self.learner_rank(), sources=n)
         return 0
     def ws_prepare(self, bucket_bytes:int|None=DEFAULT_BUCKET_BYTES, version:int=0) -> dict:
         "Every rank: NaN/Inf check of the local weights (all-reduced) and, on rank 0, the plan as plain data."
@@ -743,9 +747,8 @@ class WeightSyncSource:
         plan = make_plan(m.named_parameters(), bucket_bytes, version) if self.learner_rank() == 0 else None
         return {"nonfinite": bad, "plan": None if plan is None else plan.to_dict(), "check_s": check_s}
     def ws_send(self, plan:dict, timing:bool=False) -> dict:
-        "Every rank: gather and (rank 0) broadcast the buckets of `plan`."
-        return send_weights(self.sync_module().named_parameters(), SyncPlan.from_dict(plan),
-                            getattr(self, "_ws_group", None) if self.learner_rank() == 0 else None, timing)
+        "Every rank: gather and broadcast the buckets of `plan` (rank 0; with ipc, every rank to the engines on its GPU)."
+        return send_weights(self.sync_module().named_parameters(), SyncPlan.from_dict(plan), getattr(self, "_ws_group", None), timing)
     def ws_checksums(self, plan:dict, layouts:list|None=None) -> dict|list:
         "Every rank: checksums of the full tensors, or (`layouts` given) of the tensors each engine worker must hold (rank 0 returns them)."
         named = self.sync_module().named_parameters()
@@ -770,7 +773,7 @@ class WeightSyncSource:
         gc.collect(); torch.cuda.ipc_collect(); torch.cuda.empty_cache()
         return True
     def ws_close(self) -> None:
-        "Rank 0: leave the group."
+        "Leave the group (rank 0; with ipc, every rank)."
         g = getattr(self, "_ws_group", None)
         if g is not None: g.close()
         self._ws_group = self._ws_store = None
@@ -779,16 +782,17 @@ class WeightSyncSource:
 def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`WeightSyncSource`), rank 0 first
                         engines:Sequence, # engine objects or actor handles
                         tp:int=1, # TP workers per engine
-                        backend:Literal["auto","gloo","nccl"]="auto", # "auto": NCCL when the learner's weights are on a GPU
+                        backend:Literal["auto","gloo","nccl","ipc"]="auto", # "auto": NCCL when the learner's weights are on a GPU; "ipc": colocated (shared memory)
                         timeout_s:float=600, # join and collective timeout
                        ) -> dict: # host, port, backend, world_size, engine ranks
-    "Form the weight-sync group: learner rank 0 plus every engine worker (world = engines × TP + 1)."
+    "Form the weight-sync group: learner rank 0 plus every engine worker (world = engines × TP + 1); with ipc every learner rank sends."
     host, port, backend = call(learners[0], "ws_open", None, backend, timeout_s)
     world = len(engines) * tp + 1
-    calls = [submit(learners[0], "ws_join", world)] + \
-            [submit(e, "join_weight_sync", host, port, world, sync_rank(i, 0, tp), backend, timeout_s) for i, e in enumerate(engines)]
+    senders = [submit(learners[0], "ws_join", world)] + \
+              ([submit(l, "ws_join", world, (host, port, backend, timeout_s)) for l in learners[1:]] if backend == "ipc" else [])
+    calls = senders + [submit(e, "join_weight_sync", host, port, world, sync_rank(i, 0, tp), backend, timeout_s) for i, e in enumerate(engines)]
     ranks = gather(calls, timeout_s)
-    return {"host": host, "port": port, "backend": backend, "world_size": world, "engine_ranks": ranks[1:]}
+    return {"host": host, "port": port, "backend": backend, "world_size": world, "engine_ranks": ranks[len(senders):], "senders": len(senders)}
 
 # %% ../nbs/06_weight_sync.ipynb 120
 def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)

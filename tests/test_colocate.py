@@ -34,8 +34,9 @@ def _run(tmp:Path, *extra:str) -> tuple[list[dict], dict]:
         run.loop()
         where = [e for e in __import__("ray").get([h.info.remote() for h in run.actors.engines])]
         check = verify_weight_sync(run.actors.learner.actors, run.actors.engines, atol=1e-4, checksums=False)
+        senders = run.actors.sync_info.get("senders")
     finally: run.close()
-    return [r for r in read_metrics(tmp / "run") if "reward_mean" in r], {"layout": test_layout, "check": check, "engines": where}
+    return [r for r in read_metrics(tmp / "run") if "reward_mean" in r], {"layout": test_layout, "check": check, "engines": where, "senders": senders}
 
 
 def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tmp_path):
@@ -69,3 +70,12 @@ def test_colocated_refusals():
     from grpo_nb.colocate import check_sleep_mode
     with pytest.raises(ConfigError, match="sleep_level=0"):
         check_sleep_mode("vllm", "cpu", 1)
+
+
+def test_two_learner_ranks_each_send_to_the_engine_beside_them(tmp_path):
+    "ZeRO-3 over two learner ranks with two colocated engines: every learner rank is a sender (shared memory), and every sync is exact on both engines."
+    recs, info = _run(tmp_path, "--rollout.backend=transformers", "--rollout.sleep_level=1", "--rollout.num_engines=2",
+                      "--cluster.learners_per_node=[2]", "--learner.zero_stage=3", "--rollout.verify_every=1")
+    assert [r["step"] for r in recs] == [1, 2]
+    assert all(r["sync/exact"] == 1 and r["sync/checksums_compared"] > 0 for r in recs)   # both engines, bit for bit, after every sync
+    assert info["senders"] == 2 and info["check"]["max_abs_logprob_diff"] <= 1e-4
