@@ -3,6 +3,8 @@
 #
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 single1 split01 (or its parts split01a/b/c),
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 mfu2 mfuprof2 mfu1p5 mfu3b sc2
+#                                                        four GPUs, one lane a call: s7split s7coloc s7trlserver s7trlcoloc
+#                                                        s7olmosplit s7olmocoloc mfu7b2 mfu7b4 tp2
 #
 # Each lane runs its benchmarks one after another on its own GPUs (CUDA_VISIBLE_DEVICES), each under `timeout`,
 # writing JSON results and a log per benchmark under $GPUWORK (default /tmp/gpuwork, kept across calls). At the end
@@ -16,6 +18,12 @@ LANES=${*:?name the lanes: coloc0 single1 split01}
 OUT=${GPUWORK:-/tmp/gpuwork} SITE=${SITE:-/tmp/site}
 mkdir -p "$OUT/logs" "$SITE"
 T0=$SECONDS
+STAGE=${STAGE:-/tmp/stage}   # vLLM brought in parts (vllm.tar.xz.part*, plus its own wheels), extracted once into $SITE
+if ls "$STAGE"/vllm.tar.xz.part* > /dev/null 2>&1 && [ ! -d "$SITE/vllm" ]; then
+  cat "$STAGE"/vllm.tar.xz.part* | xz -d -T0 | tar -x -C "$SITE" && \
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$STAGE"/*.whl >> "$OUT/logs/pip.log" 2>&1 \
+    || { echo "installing vLLM from $STAGE failed"; tail "$OUT/logs/pip.log"; exit 1; }
+fi
 for w in .whl/*.whl; do   # each wheel once (a marker per wheel), so a later call with one more wheel installs only that
   [ -f "$w" ] && [ ! -f "$SITE/.$(basename "$w")" ] || continue
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$w" >> "$OUT/logs/pip.log" 2>&1 \
@@ -93,6 +101,29 @@ lane_mfu3b() { run learner_mfu_3b 200 0 python3 bench/learner_mfu.py --part 1gpu
                  --budget-s 150 --variant-limit-s 110 --out "$OUT/learner_mfu_3b.json"; }
 # both GPUs: the seed-004 2-GPU preset's placement with 3B policy and guidance (frozen models in CPU memory)
 lane_sc2() { run sc_memory_gpu 440 0,1 python3 bench/sc_memory_gpu.py --only 2 --merge --limit-s 420 --out "$OUT/sc_memory_gpu.json"; }
+
+# four GPUs: the 7B presets (bench/scale_4gpu.py), each alone in one 10-minute call; the random-init models are built once
+# into $OUT/models (kept across calls), and results merge into $OUT/scale_4gpu.json (seeded from the committed file, so a
+# TRL lane pairs with our run of an earlier call on the same GPUs, and records on other GPUs are kept)
+scale() {
+  [ -f "$OUT/scale_4gpu.json" ] || cp bench/results/scale_4gpu.json "$OUT/"
+  local name=$1 secs=$2; shift 2
+  run "scale_$name" "$secs" 0,1,2,3 python3 bench/scale_4gpu.py --models-dir "$OUT/models" --logs-dir "$OUT/logs/scale" --out "$OUT/scale_4gpu.json" "$@"
+}
+lane_s7split() { scale qwen_split 570 --models Qwen2.5-7B --layouts split --peers '' --timeout 520; }
+lane_s7coloc() { scale qwen_coloc 570 --models Qwen2.5-7B --layouts colocated --peers '' --timeout 520; }
+lane_s7trlserver() { scale qwen_trl_server 580 --models Qwen2.5-7B --layouts split --skip-ours --peers trl:vllm-server --trl-timeout 540; }
+lane_s7trlcoloc() { scale qwen_trl_coloc 580 --models Qwen2.5-7B --layouts colocated --skip-ours --peers trl:vllm-colocate --trl-timeout 540; }
+lane_s7olmosplit() { scale olmo_split 570 --models OLMo-2-7B --layouts split --peers '' --timeout 520; }
+lane_s7olmocoloc() { scale olmo_coloc 570 --models OLMo-2-7B --layouts colocated --peers '' --timeout 520; }
+# the ZeRO-3 learner alone at 7B: two GPUs (with gradient checkpointing, which the planner turns on there), and four
+lane_mfu7b2() { run learner_mfu_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-7B --budget-s 300 \
+                  --variant-limit-s 200 --out "$OUT/learner_mfu_7b.json"; }
+lane_mfu7b4() { run learner_mfu_7b_4gpu 330 0,1,2,3 python3 bench/learner_mfu.py --part 4gpu --models Qwen2.5-7B --budget-s 300 \
+                  --variant-limit-s 200 --out "$OUT/learner_mfu_7b.json"; }
+# the 1.5B shape with one TP=2 engine beside two ZeRO-3 learners, every sync checked bit for bit (bench/tp2_gpu.py)
+lane_tp2() { [ -f "$OUT/tp2_gpu.json" ] || cp bench/results/tp2_gpu.json "$OUT/"
+             run tp2_gpu 450 0,1,2,3 python3 bench/tp2_gpu.py --layouts tp2 --out "$OUT/tp2_gpu.json"; }
 
 for l in $LANES; do "lane_$l" & done
 wait
