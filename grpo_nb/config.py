@@ -76,7 +76,7 @@ class RolloutConfig:
     fault_skip_sync_step:int=0 # testing: skip the weight sync after this step once, leaving the engines a step stale (verify_every must catch it); 0: never
     chunked_prefill:Literal["auto","on","off"]="auto" # vLLM chunked prefill (long prompts split across scheduler steps): "auto" keeps vLLM's default
     weight_load:Literal["auto","direct","slices","reload"]="auto" # vLLM: load synced weights straight into the engine's parameters ("direct" through each parameter's loader, or "slices" by a map built once from the layouts, one copy per piece; unquantized models on GPUs), or through vLLM's layer-wise reload ("reload": quantized engines, the CPU build); "auto" picks slices on GPUs
-    sleep_level:int=1 # colocated: 1 offloads the engine's weights to CPU and frees its KV cache while the learner steps; 2 frees the weights too (the sync refills them); 0 keeps both
+    sleep_level:int=2 # colocated: 2 frees the engine's weights and KV cache while the learner steps (the sync after every wake rewrites every weight; vLLM keeps the model's buffers); 1 offloads the weights to CPU memory instead and copies them back; 0 keeps both
 
 # %% ../nbs/00_config.ipynb 13
 @dataclass

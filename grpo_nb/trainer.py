@@ -472,6 +472,7 @@ def loop(self:Run):
         learn = self.learn(ro)
         t0 = time.perf_counter()
         if sleepy: self.release_learner_cache()   # the learner's cached free blocks would leave the waking engine short
+        tr = time.perf_counter()
         if sleepy: gather([submit(e, "wake_up", ["weights"]) for e in eng])   # the sync writes into the woken weights
         t1 = time.perf_counter()
         if pending is not None: wait_ready(pending.calls)   # one-step-off: the engines finish step+1 before taking new weights
@@ -481,13 +482,16 @@ def loop(self:Run):
         else: st = sync_weights(self.actors.learner.actors, eng, version=step)
         t3 = time.perf_counter()
         if sleepy: self.release_learner_cache()   # ... and so would the sync's gathered buckets
+        t4 = time.perf_counter()
         if sleepy: gather([submit(e, "wake_up", ["kv_cache"]) for e in eng])
+        t5 = time.perf_counter()
         self.step, self.consumed, self.version = step, ro.start + P, step
         rec = self.step_record(ro, learn, t3 - t2, t_step)
         if R.verify_every and step % R.verify_every == 0: rec |= self.verify(step)
         rec["time/wait_rollout"] = t2 - t1
         rec |= {f"sync/{k}": st[k] for k in ("prepare_s", "gather_s", "send_s", "recv_s", "load_s") if k in st}   # phases, not synchronised one by one
-        if sleepy: rec |= {"time/sleep": sleep_s, "time/wake": (t1 - t0) + (time.perf_counter() - t3)}
+        if sleepy: rec |= {"time/sleep": sleep_s, "time/wake": (t1 - t0) + (t5 - t3), "time/wake_weights": t1 - tr, "time/wake_kv": t5 - t4,
+                           "time/release": (tr - t0) + (t4 - t3)}   # wake = release + both wake-ups (the check after the sync is time/verify)
         if self.eval_prompts and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.total_steps):
             rec |= self.run_eval()
         E = cfg.checkpoint.every_steps

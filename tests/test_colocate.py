@@ -45,6 +45,8 @@ def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tm
     assert info["layout"].placement == "colocated" and info["layout"].engine_bundles == ()
     for r in recs:
         assert r["time/sleep"] >= 0 and r["time/wake"] >= 0 and r["time/wait_rollout"] >= 0 and r["staleness"] == 0
+        parts = r["time/release"] + r["time/wake_weights"] + r["time/wake_kv"]
+        assert abs(r["time/wake"] - parts) < 1e-6   # the wake is its parts, and nothing after them (the check is time/verify)
     assert info["check"]["max_abs_logprob_diff"] <= 1e-4
 
 
