@@ -632,18 +632,24 @@ def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input
                       prompt_lens:Sequence[int], # prompt length of each sequence
                       temperature:float=1.0, # divide logits by it (1 for the greedy check)
                       with_max_logit:bool=False, # also return the largest |logit| over the completion positions
+                      max_tokens:int=8192, # tokens (padded) per forward; consecutive sequences share one while they fit
                      ) -> list[list[float]]|tuple[list[list[float]], float]: # log-prob of every completion token (and max |logit|)
-    "Log-probs of each sequence's completion tokens under `model`, one forward per sequence."
+    "Log-probs of each sequence's completion tokens under `model`, several right-padded sequences per forward."
     dev = next(model.parameters()).device
-    out, zmax = [], 0.0
-    for seq, L in zip(sequences, prompt_lens):
-        ids = torch.tensor([list(seq)], device=dev)                               # [1, T]
-        z = model(input_ids=ids).logits[0, L - 1:-1].float() / temperature          # [T - L, V]
-        if z.numel(): zmax = max(zmax, float(z.abs().max()))
-        out.append(z.log_softmax(-1).gather(-1, ids[0, L:, None])[:, 0].tolist())
+    seqs, out, zmax, i = [list(s) for s in sequences], [], 0.0, 0
+    while i < len(seqs):
+        j, T = i + 1, len(seqs[i])
+        while j < len(seqs) and (j + 1 - i) * max(T, len(seqs[j])) <= max_tokens: T = max(T, len(seqs[j])); j += 1
+        ids = torch.tensor([s + [0] * (T - len(s)) for s in seqs[i:j]], device=dev)   # [B, T], padding after the tokens
+        logits = model(input_ids=ids).logits                                             # [B, T, V]
+        for b, (s, L) in enumerate(zip(seqs[i:j], prompt_lens[i:j])):
+            z = logits[b, L - 1:len(s) - 1].float() / temperature                        # [len - L, V]
+            if z.numel(): zmax = max(zmax, float(z.abs().max()))
+            out.append(z.log_softmax(-1).gather(-1, ids[b, L:len(s), None])[:, 0].tolist())
+        i = j
     return (out, zmax) if with_max_logit else out
 
-# %% ../nbs/06_weight_sync.ipynb 107
+# %% ../nbs/06_weight_sync.ipynb 109
 UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 "Unit roundoff of each floating-point dtype: the largest relative error of one rounding."
 
@@ -655,11 +661,11 @@ def logprob_atol(dtype:str, # the policy's dtype, e.g. "bfloat16"
     u = UNIT_ROUNDOFF.get(str(dtype).removeprefix("torch."), UNIT_ROUNDOFF["bfloat16"])
     return max(1e-4, 4 * u * float(max_abs_logit) * math.sqrt(max(1, layers)))
 
-# %% ../nbs/06_weight_sync.ipynb 110
+# %% ../nbs/06_weight_sync.ipynb 112
 DEFAULT_VERIFY_PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14], [15, 16]]
 "Token-id prompts used by `verify_sync` when none are given (valid for any vocabulary of 17 tokens or more)."
 
-# %% ../nbs/06_weight_sync.ipynb 112
+# %% ../nbs/06_weight_sync.ipynb 114
 def _check_version(engines, version, timeout_s):
     held = gather([submit(e, "weights_version") for e in engines], timeout_s)
     stale = [(i, v) for i, v in enumerate(held) if v != version]
@@ -667,7 +673,7 @@ def _check_version(engines, version, timeout_s):
         raise WeightSyncError(f"engine {stale[0][0]} holds the weights of version {stale[0][1]}, the learner is at version {version} "
                               f"({len(stale)} engine(s) stale: a sync was missed). Fix: sync again; if it persists, re-create the engine.")
 
-# %% ../nbs/06_weight_sync.ipynb 114
+# %% ../nbs/06_weight_sync.ipynb 116
 def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`, `weight_checksums`, `weights_version`)
                 score:Callable[[list, list], list|dict], # (sequences, prompt_lens) -> learner log-probs per completion token (or `{"logprobs", "max_abs_logit", "dtype", "layers"}`)
                 prompts:Sequence|None=None, # fixed prompts (token ids or strings); None: `DEFAULT_VERIFY_PROMPTS`
@@ -689,13 +695,16 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
     prompts = list(prompts or DEFAULT_VERIFY_PROMPTS)
     spec = dict(n=1, max_new_tokens=max_new_tokens, temperature=0.0, seed=None)   # a `SamplingSpec`'s fields: greedy, one sample
     outs = gather([submit(e, "generate", prompts, spec) for e in engines], timeout_s)
+    keys = {(tuple(s.prompt_ids + s.completion_ids), len(s.prompt_ids)): None for samples in outs for s in samples}   # each sequence once
+    ref = score([list(k[0]) for k in keys], [k[1] for k in keys])   # one call for every engine's sequences
+    if isinstance(ref, dict):
+        if atol is None: report["logprob_atol"] = logprob_atol(ref["dtype"], ref["max_abs_logit"], ref.get("layers", 1))
+        ref = ref["logprobs"]
+    ref = dict(zip(keys, ref))
     worst = None
     for i, samples in enumerate(outs):
-        ref = score([s.prompt_ids + s.completion_ids for s in samples], [len(s.prompt_ids) for s in samples])
-        if isinstance(ref, dict):
-            if atol is None: report["logprob_atol"] = max(report["logprob_atol"] or 0.0, logprob_atol(ref["dtype"], ref["max_abs_logit"], ref.get("layers", 1)))
-            ref = ref["logprobs"]
-        for s, r in zip(samples, ref):
+        for s in samples:
+            r = ref[(tuple(s.prompt_ids + s.completion_ids), len(s.prompt_ids))]
             d = (torch.tensor(s.logprobs, dtype=torch.float64) - torch.tensor(r, dtype=torch.float64)).abs()
             if d.numel() == 0: continue
             report["tokens"] += d.numel()
@@ -712,7 +721,7 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
                 "(stale, partially loaded or corrupted). Fix: sync again; if it persists, re-create the engine.")
     return report
 
-# %% ../nbs/06_weight_sync.ipynb 116
+# %% ../nbs/06_weight_sync.ipynb 118
 class WeightSyncSource:
     "Mixin for learner actors: the learner side of `connect_weight_sync`, `sync_weights` and `verify_weight_sync`."
     def sync_module(self) -> nn.Module:
@@ -778,7 +787,7 @@ class WeightSyncSource:
         if g is not None: g.close()
         self._ws_group = self._ws_store = None
 
-# %% ../nbs/06_weight_sync.ipynb 117
+# %% ../nbs/06_weight_sync.ipynb 119
 def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`WeightSyncSource`), rank 0 first
                         engines:Sequence, # engine objects or actor handles
                         tp:int=1, # TP workers per engine
@@ -794,7 +803,7 @@ def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`
     ranks = gather(calls, timeout_s)
     return {"host": host, "port": port, "backend": backend, "world_size": world, "engine_ranks": ranks[len(senders):], "senders": len(senders)}
 
-# %% ../nbs/06_weight_sync.ipynb 120
+# %% ../nbs/06_weight_sync.ipynb 122
 def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
                        engines:Sequence, # every engine
                        prompts:Sequence|None=None, # fixed prompts; None: `DEFAULT_VERIFY_PROMPTS`
@@ -812,7 +821,7 @@ def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
         return gather([submit(l, "ws_checksums", plan, layouts) for l in learners], timeout_s)[0]
     return verify_sync(engines, score, prompts, max_new_tokens, atol, expect if checksums else None, timeout_s, version)
 
-# %% ../nbs/06_weight_sync.ipynb 123
+# %% ../nbs/06_weight_sync.ipynb 125
 def _one_host(*stats) -> bool: return len({st.get("host") for st in stats}) == 1 and stats[0].get("host") is not None
 
 def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 gathers need them all
