@@ -24,7 +24,7 @@ names its `peer` ("trl" | "verl") and its `shape`; the peer's keys carry its nam
 same GPU model. A peer's failure lands in its `<peer>_error` (the tail of its log) and never loses our record.
 
     python bench/e2e_vs_trl.py --runs ours:colocated:sync:bench,trl:vllm-colocate:bench --out-dir OUT   # on the GPU machine
-    python bench/e2e_vs_trl.py --peers verl:hybrid,verl:separate-async --shapes bench,long --out-dir OUT
+    python bench/e2e_vs_trl.py --peers verl:hybrid,verl:separate-async --shapes bench,long --out-dir OUT --timeout 540
     python bench/e2e_vs_trl.py --peers verl:hybrid --dry-run       # print each run's command, arguments and files; run nothing
     python bench/e2e_vs_trl.py --merge OUT --out bench/results/e2e_vs_trl.json
     python bench/e2e_vs_trl.py --smoke                                                                   # CPU-sized, here
@@ -368,7 +368,7 @@ def dry_run(runs:list[str], smoke:bool):
             print(f"trl {rest[0]}: GRPOConfig " + json.dumps(trl_args(rest[0], shape, tmp, device, 8000 if rest[0] == "vllm-server" else None, 51216)))
         else:
             n = shape["warmup"] + shape["steps"] + 2
-            print(dry_run_text(verl_plan(rest[0], shape, tmp / "model", tmp, prompts(model, shape, shape["prompts"] * n), toy_reward)))
+            print(dry_run_text(verl_plan(rest[0], shape, tmp / "model", tmp, prompts(model, shape, shape["prompts"] * n), toy_reward, hide_trl=True)))
 
 
 def main():

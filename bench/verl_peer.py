@@ -38,7 +38,10 @@ and transformers==5.9.0, which a plain install would put in place of the node's 
   and for the NCCL weight sync of separate-async and one-step-off: cupy-cuda13x (verl's `cupy-cu130` extra);
   for its best attention path: flash-attn 2.8.3 built for the node's torch and CUDA (verl's `flash-attn-cu130torch211`).
 `orjson` (its file logger) and `TransferQueue` (the v1 trainer that `main_ppo` runs by default) are imported by verl
-0.9.1 but not among its required dependencies.
+0.9.1 but not among its required dependencies. TRL must not be importable by verl: verl 0.9.1 (built against TRL 0.27)
+patches TRL's `AutoModelForCausalLMWithValueHead` whenever TRL is installed, a class TRL 1.x no longer has, so where
+TRL is installed (for the TRL peer) the run hides it from verl's processes with a `sitecustomize.py` at the head of
+their PYTHONPATH (`HIDE_TRL`); the record says so (`preflight.trl_hidden`).
 
 vLLM: verl 0.9.1's code refuses vLLM below 0.18.0 (verl/third_party/vllm) and checks no upper bound; it carries
 branches for vLLM >= 0.25. Its `vllm` extra pins vllm 0.24.0, so vLLM 0.26 is past what it was released against but
@@ -120,26 +123,49 @@ def verl_overrides(backend:str, shape:dict, model_dir:Path, data:Path, reward_fi
     return over
 
 
-def verl_plan(backend:str, shape:dict, model_dir:Path, tmp:Path, prompts:list[str], reward, visible:str="0,1", flash_attn:bool=True) -> dict:
+HIDE_TRL = '''"""Started by every Python process of the benchmark's verl run (this directory leads PYTHONPATH): TRL is hidden from it.
+verl 0.9.1 patches TRL's `AutoModelForCausalLMWithValueHead` whenever TRL is importable (verl.models.transformers.monkey_patch),
+and TRL 1.x has no such class (nor `trl.experimental.ppo`), so with TRL installed beside it every actor stops at that import."""
+import sys
+
+
+class _HideTRL:
+    def find_spec(self, name, path=None, target=None):
+        if name == "trl" or name.startswith("trl."): raise ModuleNotFoundError(f"No module named {name!r} (hidden from verl)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _HideTRL())
+'''
+"The `sitecustomize.py` of a verl run where TRL is installed: it hides TRL from verl's processes (its Ray workers inherit PYTHONPATH)."
+
+
+def verl_plan(backend:str, shape:dict, model_dir:Path, tmp:Path, prompts:list[str], reward, visible:str="0,1", flash_attn:bool=True,
+              hide_trl:bool=False, pythonpath:str="") -> dict:
     "Everything a verl run needs, built without running anything: its command, environment, log and metrics paths, and its files' contents."
     B = BACKENDS[backend]
     data, reward_file = tmp / "verl_prompts.parquet", tmp / "verl_reward.py"
     metrics, log = tmp / "verl_metrics.jsonl", tmp / "verl.log"
     gpus = ",".join(visible.split(",")[:B["gpus"]])
+    env = {"CUDA_VISIBLE_DEVICES": gpus, "VERL_FILE_LOGGER_PATH": str(metrics)}
+    files = {data: verl_rows(prompts), reward_file: reward_source(reward)}
+    if hide_trl:
+        files[tmp / "verl_site" / "sitecustomize.py"] = HIDE_TRL
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp / "verl_site")] + ([pythonpath] if pythonpath else []))
     return {"backend": backend, "cmd": [sys.executable, "-m", B["module"], *verl_overrides(backend, shape, model_dir, data, reward_file, tmp, flash_attn)],
-            "env": {"CUDA_VISIBLE_DEVICES": gpus, "VERL_FILE_LOGGER_PATH": str(metrics)}, "log": log, "metrics": metrics,
-            "files": {data: verl_rows(prompts), reward_file: reward_source(reward)}, "steps": shape["warmup"] + shape["steps"]}
+            "env": env, "log": log, "metrics": metrics, "files": files, "steps": shape["warmup"] + shape["steps"]}
 
 
 def shown(plan:dict) -> str:
     "A verl run's command as one shell line, its environment in front."
-    return " ".join(f"{k}={v}" for k, v in plan["env"].items()) + " " + shlex.join(plan["cmd"])
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in plan["env"].items()) + " " + shlex.join(plan["cmd"])
 
 
 def write_files(plan:dict):
     "Write the run's parquet data (with pyarrow, as verl reads it) and its reward file."
     import pyarrow as pa, pyarrow.parquet as pq
     for path, content in plan["files"].items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, str): Path(path).write_text(content)
         else: pq.write_table(pa.Table.from_pylist(content), path)
 
@@ -222,7 +248,8 @@ def preflight(backend:str) -> tuple[str|None, dict]:
     need = MODULES | (SYNC_MODULES if BACKENDS[backend]["rollout_gpus"] else {})
     missing = [pip for mod, pip in need.items() if importlib.util.find_spec(mod) is None]
     notes = {"verl_version": version("verl"), "vllm_version": version("vllm"), "transformers_version": version("transformers"),
-             "flash_attn": importlib.util.find_spec("flash_attn") is not None, "requirements_unmet": unmet_requirements()}
+             "flash_attn": importlib.util.find_spec("flash_attn") is not None, "trl_hidden": importlib.util.find_spec("trl") is not None,
+             "requirements_unmet": unmet_requirements()}
     problems = []
     if missing: problems.append("verl's run would import packages that are not installed: pip install " + " ".join(shlex.quote(m) for m in missing)
                                 + (" (verl itself with --no-deps, so that it keeps the installed transformers and vLLM)" if "verl==0.9.1" in missing else ""))
@@ -254,7 +281,7 @@ def run_verl(backend:str, shape:dict, model_dir:Path, tmp:Path, prompts:list[str
     visible = env.get("CUDA_VISIBLE_DEVICES") or "0,1"
     if len(visible.split(",")) < BACKENDS[backend]["gpus"]:
         return rec | {"error": f"not started: verl {backend} needs {BACKENDS[backend]['gpus']} GPUs and CUDA_VISIBLE_DEVICES={visible} names fewer", "step_s_all": []}
-    plan = verl_plan(backend, shape, model_dir, tmp, prompts, reward, visible, notes["flash_attn"])
+    plan = verl_plan(backend, shape, model_dir, tmp, prompts, reward, visible, notes["flash_attn"], notes["trl_hidden"], env.get("PYTHONPATH", ""))
     write_files(plan)
     wait_gpus_free()
     t0 = time.perf_counter()
@@ -275,7 +302,7 @@ def dry_run_text(plan:dict) -> str:
     "What `--dry-run` prints for a verl run: its command with its environment, then each file it would write (the parquet rows as JSON, the first two and the count)."
     out = [f"verl {plan['backend']}: {shown(plan)}",
            "(where flash_attn is not importable: actor_rollout_ref.model.use_remove_padding=False "
-           "+actor_rollout_ref.model.override_config.attn_implementation=sdpa)"]
+           "+actor_rollout_ref.model.override_config.attn_implementation=sdpa; the sitecustomize.py and its PYTHONPATH entry only where TRL is importable)"]
     for path, content in plan["files"].items():
         if isinstance(content, str): out.append(f"--- {path}\n{content.rstrip()}")
         else: out.append(f"--- {path} ({len(content)} rows, parquet; the first two as JSON)\n" + "\n".join(json.dumps(r) for r in content[:2]))

@@ -85,6 +85,18 @@ def test_files_hold_our_prompts_and_the_toy_reward(tmp_path):
         assert mod.compute_score("grpo_nb_bench", text, "0", {}) == E.toy_reward(text)
 
 
+def test_trl_is_hidden_from_verls_processes(tmp_path):
+    "verl 0.9.1 imports TRL's value-head class whenever TRL is importable; its run hides TRL (here: a stand-in `trl` package) from every process."
+    (tmp_path / "pkgs" / "trl").mkdir(parents=True); (tmp_path / "pkgs" / "trl" / "__init__.py").write_text("")
+    plan = V.verl_plan("hybrid", BENCH, tmp_path / "model", tmp_path, ["t1"], E.toy_reward, hide_trl=True, pythonpath=str(tmp_path / "pkgs"))
+    V.write_files(plan)
+    code = "import importlib.util\ntry: print(importlib.util.find_spec('trl'))\nexcept ModuleNotFoundError: print('hidden')\nimport json; print(json.__name__)"
+    seen = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60).stdout.split()
+    assert seen({"PYTHONPATH": str(tmp_path / "pkgs")})[0] != "hidden"   # the stand-in is importable...
+    assert seen({"PYTHONPATH": plan["env"]["PYTHONPATH"]}) == ["hidden", "json"]   # ...and hidden, everything else as it was
+    assert plan["env"]["PYTHONPATH"].split(":")[1] == str(tmp_path / "pkgs")
+
+
 def _script(*args):
     return subprocess.run([sys.executable, str(ROOT / "bench" / "e2e_vs_trl.py"), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
@@ -94,7 +106,7 @@ def test_dry_run_prints_the_command_and_files():
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("-m verl.trainer.main_ppo") == 4 and r.stdout.count("def compute_score(") == 4
     assert "data.max_response_length=1024" in r.stdout and "trainer.v1.trainer_mode=separate_async" in r.stdout
-    assert "CUDA_VISIBLE_DEVICES=0 VERL_FILE_LOGGER_PATH=" in r.stdout and '"ground_truth": "0"' in r.stdout
+    assert "CUDA_VISIBLE_DEVICES=0 VERL_FILE_LOGGER_PATH=" in r.stdout and '"ground_truth": "0"' in r.stdout and "class _HideTRL" in r.stdout
     r = _script("--peers", "verl:nope", "--dry-run")
     assert r.returncode != 0 and "verl:hybrid" in r.stderr and "unknown runs" in r.stderr
 
