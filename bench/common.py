@@ -56,12 +56,13 @@ def alive_group(pgid:int) -> bool:
     except (ProcessLookupError, PermissionError): return False
 
 
-def wait_gpus_free(limit_mib:int=2048, timeout:float=90):
-    "Wait until every GPU has less than `limit_mib` in use (the peer's processes gone) before the next run starts."
+def wait_gpus_free(limit_mib:int=2048, timeout:float=90, gpus:list[int]|None=None):
+    "Wait until every GPU of `gpus` (`nvidia-smi` indices; None: all) has less than `limit_mib` in use (the peer's processes gone) before the next run starts."
     t = time.monotonic()
     while time.monotonic() - t < timeout:
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
-            if all(int(x) < limit_mib for x in out.split()): return
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+            used = dict(tuple(int(x) for x in line.split(",")) for line in out.strip().splitlines())
+            if all(m < limit_mib for i, m in used.items() if gpus is None or i in gpus): return
         except (OSError, ValueError, subprocess.TimeoutExpired): return
         time.sleep(3)

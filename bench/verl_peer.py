@@ -283,18 +283,19 @@ def run_verl(backend:str, shape:dict, model_dir:Path, tmp:Path, prompts:list[str
         return rec | {"error": f"not started: verl {backend} needs {BACKENDS[backend]['gpus']} GPUs and CUDA_VISIBLE_DEVICES={visible} names fewer", "step_s_all": []}
     plan = verl_plan(backend, shape, model_dir, tmp, prompts, reward, visible, notes["flash_attn"], notes["trl_hidden"], env.get("PYTHONPATH", ""))
     write_files(plan)
-    wait_gpus_free()
+    deadline, gpus = time.monotonic() + timeout, [int(g) for g in plan["env"]["CUDA_VISIBLE_DEVICES"].split(",") if g.strip().isdigit()]
+    wait_gpus_free(gpus=gpus or None, timeout=min(90, timeout / 4))   # this run's GPUs only: another lane may hold the others
     t0 = time.perf_counter()
     with open(plan["log"], "w") as f, MemoryPoller() as mem:
         proc = subprocess.Popen(plan["cmd"], cwd=tmp, env={**env, **plan["env"]}, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        try: rc = proc.wait(timeout)
+        try: rc = proc.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired: rc = "timeout"
-        finally: stop_group(proc, 20)
+        finally: stop_group(proc, 10)   # its record must be written before the parent's limit (40 s after this one)
     wall = time.perf_counter() - t0
     steps = parse_jsonl(plan["metrics"].read_text()) if plan["metrics"].exists() else []
     if not steps and plan["log"].exists(): steps = parse_console(plan["log"].read_text(errors="replace"))
     tail = "\n".join(l for l in plan["log"].read_text(errors="replace").splitlines() if "Warning" not in l)[-3000:]
-    wait_gpus_free()
+    wait_gpus_free(gpus=gpus or None, timeout=10)
     return rec | verl_fields(steps, shape["warmup"], plan["steps"], min_timed, mem.peak, plan, rc, wall, tail)
 
 
