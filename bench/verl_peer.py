@@ -33,8 +33,9 @@ its steps and says so (stopped) when at least MIN_TIMED of them are timed.
 What verl needs installed, beside torch 2.11, transformers, vLLM and Ray (pip names; install verl itself with
 `pip install --no-deps verl==0.9.1`: its metadata asks for transformers<5.11 and, in its `vllm` extra, vllm==0.24.0
 and transformers==5.9.0, which a plain install would put in place of the node's own):
-    verl==0.9.1 hydra-core omegaconf codetiming "tensordict>=0.8,<=0.10,!=0.9.0" "TransferQueue>=0.1.10" orjson
+    verl==0.9.1 hydra-core omegaconf codetiming tensordict==0.10.0 "TransferQueue>=0.1.10" orjson prometheus_client
     torchdata peft accelerate msgspec cachetools fastapi uvicorn pyzmq psutil datasets pandas pyarrow
+  (tensordict: verl allows <=0.10.0 and TransferQueue 0.1.11 needs >=0.10.0);
   and for the NCCL weight sync of separate-async and one-step-off: cupy-cuda13x (verl's `cupy-cu130` extra);
   for its best attention path: flash-attn 2.8.3 built for the node's torch and CUDA (verl's `flash-attn-cu130torch211`).
 `orjson` (its file logger) and `TransferQueue` (the v1 trainer that `main_ppo` runs by default) are imported by verl
@@ -45,7 +46,11 @@ their PYTHONPATH (`HIDE_TRL`); the record says so (`preflight.trl_hidden`).
 
 vLLM: verl 0.9.1's code refuses vLLM below 0.18.0 (verl/third_party/vllm) and checks no upper bound; it carries
 branches for vLLM >= 0.25. Its `vllm` extra pins vllm 0.24.0, so vLLM 0.26 is past what it was released against but
-not refused by its code: the first GPU run says whether its rollout works with it. Each run checks up front that
+not refused by its code. Read against vLLM 0.26.0's source, every vLLM name its rollout imports on this bench's path
+(bf16, no LoRA, no FP8) exists, and the engine calls it makes (AsyncLLM's sleep, wake_up, pause_generation,
+reset_prefix_cache, collective_rpc; build_app and init_app_state, whose signatures it inspects) are there; the
+names 0.26 lacks are imported under `try` or only on FP8, ModelOpt, QAT and delta-sync paths. Whether the rollout
+runs is for the first GPU run to say. Each run checks up front that
 verl and its imports are there and that vLLM is at least 0.18.0, and records the missing pieces as its error
 instead of starting.
 """
@@ -67,7 +72,7 @@ PAIRS = [("colocated", "sync", "hybrid"), ("split", "sync", "hybrid-2gpu"), ("sp
          ("split", "one-step-off", "separate-async"), ("split", "one-step-off", "one-step-off")]
 "Our (layout, mode) beside each verl mode on the same GPUs."
 MODULES = {"verl": "verl==0.9.1", "hydra": "hydra-core", "omegaconf": "omegaconf", "codetiming": "codetiming",
-           "tensordict": "tensordict>=0.8,<=0.10,!=0.9.0", "transfer_queue": "TransferQueue>=0.1.10", "orjson": "orjson",
+           "tensordict": "tensordict==0.10.0", "transfer_queue": "TransferQueue>=0.1.10", "orjson": "orjson", "prometheus_client": "prometheus_client",
            "torchdata": "torchdata", "peft": "peft", "accelerate": "accelerate", "msgspec": "msgspec", "cachetools": "cachetools",
            "fastapi": "fastapi", "uvicorn": "uvicorn", "zmq": "pyzmq", "psutil": "psutil", "datasets": "datasets",
            "pandas": "pandas", "pyarrow": "pyarrow", "ray": "ray", "vllm": "vllm"}
