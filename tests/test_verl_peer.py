@@ -106,6 +106,10 @@ def test_dry_run_prints_the_command_and_files():
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("-m verl.trainer.main_ppo") == 4 and r.stdout.count("def compute_score(") == 4
     assert "data.max_response_length=1024" in r.stdout and "trainer.v1.trainer_mode=separate_async" in r.stdout
+    for flag in (f"data.train_batch_size={BENCH['prompts']}", f"actor_rollout_ref.rollout.n={BENCH['G']}", f"data.max_prompt_length={BENCH['prompt_len'] + 8}",
+                 f"data.max_response_length={BENCH['gen']}", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                 "actor_rollout_ref.rollout.n_gpus_per_node=1", "algorithm.adv_estimator=grpo"):
+        assert f" {flag} " in r.stdout, flag
     assert "CUDA_VISIBLE_DEVICES=0 VERL_FILE_LOGGER_PATH=" in r.stdout and '"ground_truth": "0"' in r.stdout and "class _HideTRL" in r.stdout
     r = _script("--peers", "verl:nope", "--dry-run")
     assert r.returncode != 0 and "verl:hybrid" in r.stderr and "unknown runs" in r.stderr
