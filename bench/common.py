@@ -1,9 +1,9 @@
-"""What the benchmark scripts share: the environment of every GPU process, a free port, and step-time statistics.
+"""What the benchmark scripts share: the environment of every GPU process, a free port, step-time statistics, and a poller of every GPU's memory in use.
 
 Run a script as `python bench/NAME.py`: its own directory is then on `sys.path`, and `from common import ...` finds this file.
 """
 from __future__ import annotations
-import math, statistics, sys
+import math, os, signal, statistics, subprocess, sys, threading, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,3 +19,50 @@ def step_stats(xs:list[float]) -> dict:
     if not xs: return {"mean": None, "median": None, "p90": None}
     s = sorted(xs)
     return {"mean": statistics.fmean(s), "median": statistics.median(s), "p90": s[min(len(s) - 1, math.ceil(0.9 * len(s)) - 1)]}
+
+
+class MemoryPoller:
+    "Peak memory in use of every GPU (MiB, as `nvidia-smi` reports it), polled every `every` seconds in a thread."
+    def __init__(self, every:float=0.5):
+        self.every, self.peak, self._stop = every, {}, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=10).stdout
+                for line in out.strip().splitlines():
+                    i, used = (int(x) for x in line.split(","))
+                    self.peak[i] = max(self.peak.get(i, 0), used)
+            except (OSError, ValueError, subprocess.TimeoutExpired): pass
+            self._stop.wait(self.every)
+    def __enter__(self): self._t.start(); return self
+    def __exit__(self, *a): self._stop.set(); self._t.join(5)
+
+
+def stop_group(proc:subprocess.Popen|None, grace:float=30):
+    "End the process group of `proc` (started by a benchmark with `start_new_session=True`): SIGTERM, then SIGKILL after `grace` seconds."
+    if proc is None or proc.poll() is not None and not alive_group(proc.pid): return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+        try: os.killpg(proc.pid, sig)
+        except ProcessLookupError: return
+        try: proc.wait(wait); return
+        except subprocess.TimeoutExpired: pass
+
+
+def alive_group(pgid:int) -> bool:
+    "Whether any process of the group `pgid` is still running."
+    try: os.killpg(pgid, 0); return True
+    except (ProcessLookupError, PermissionError): return False
+
+
+def wait_gpus_free(limit_mib:int=2048, timeout:float=90, gpus:list[int]|None=None):
+    "Wait until every GPU of `gpus` (`nvidia-smi` indices; None: all) has less than `limit_mib` in use (the peer's processes gone) before the next run starts."
+    t = time.monotonic()
+    while time.monotonic() - t < timeout:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+            used = dict(tuple(int(x) for x in line.split(",")) for line in out.strip().splitlines())
+            if all(m < limit_mib for i, m in used.items() if gpus is None or i in gpus): return
+        except (OSError, ValueError, subprocess.TimeoutExpired): return
+        time.sleep(3)

@@ -1,5 +1,6 @@
-"""End-to-end GRPO step time of `grpo_nb train` (the trainer users run, with real vLLM engines) against TRL's
-GRPOTrainer with its own vLLM integration, on the same GPUs, the same random-init model and the same work.
+"""End-to-end GRPO step time of `grpo_nb train` (the trainer users run, with real vLLM engines) against two peers,
+TRL's GRPOTrainer with its own vLLM integration and verl's PPO trainer with its vLLM rollout, on the same GPUs, the
+same random-init model and the same work.
 
 Each run is one subprocess with its own time limit and writes one JSON file; `--merge` pairs them into records.
 The committed run files are in bench/results/e2e_runs/ (`--merge bench/results/e2e_runs` rebuilds e2e_vs_trl.json).
@@ -11,21 +12,32 @@ The committed run files are in bench/results/e2e_runs/ (`--merge bench/results/e
   trl:<backend>:<shape>          TRL 1.16 GRPOTrainer
       backend vllm-colocate (1 GPU, `vllm_mode="colocate"`), vllm-server (2 GPUs: `trl vllm-serve` on GPU 1, trainer
               on GPU 0), transformers (1 GPU, HF generate)
+  verl:<backend>:<shape>         verl 0.9.1 `python -m verl.trainer.main_ppo` (bench/verl_peer.py: its modes, the
+                                 packages it needs, what it says about vLLM 0.26)
+      backend hybrid (1 GPU), hybrid-2gpu (2 GPUs), separate-async (2 GPUs: actor on GPU 0, rollout on GPU 1),
+              one-step-off (2 GPUs, verl's experimental one-step-off trainer)
   shapes  bench: 8 prompts of 128 tokens x G=8, 256 generated tokens; long: the same with 1024 generated tokens
 
-Every step's time is recorded; statistics use the steps after `warmup` (mean, median, p90).
+Every step's time is recorded; statistics use the steps after `warmup` (mean, median, p90). Every merged record
+names its `peer` ("trl" | "verl") and its `shape`; the peer's keys carry its name (`trl_step_mean_s`,
+`verl_step_mean_s`, ...), ours `ours_`. The speed-up by mean step time is given only where both sides completed on the
+same GPU model. A peer's failure lands in its `<peer>_error` (the tail of its log) and never loses our record.
 
     python bench/e2e_vs_trl.py --runs ours:colocated:sync:bench,trl:vllm-colocate:bench --out-dir OUT   # on the GPU machine
+    python bench/e2e_vs_trl.py --peers verl:hybrid,verl:separate-async --shapes bench,long --out-dir OUT --timeout 540
+    python bench/e2e_vs_trl.py --peers verl:hybrid --dry-run       # print each run's command, arguments and files; run nothing
     python bench/e2e_vs_trl.py --merge OUT --out bench/results/e2e_vs_trl.json
     python bench/e2e_vs_trl.py --smoke                                                                   # CPU-sized, here
 """
 from __future__ import annotations
-import argparse, json, os, random, statistics, subprocess, sys, tempfile, time, traceback
+import argparse, json, os, random, shlex, statistics, subprocess, sys, tempfile, time, traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import GPU_ENV, free_port, step_stats  # noqa: E402  (shared by the bench scripts)
+from verl_peer import BACKENDS as VERL_BACKENDS, PAIRS as VERL_PAIRS, dry_run_text, run_verl, verl_plan  # noqa: E402  (the second peer)
 
 MODEL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
              vocab_size=151936, tie_word_embeddings=True)   # the Qwen2.5-0.5B shape
@@ -35,7 +47,14 @@ MIN_TIMED = 8   # a run cut by its time limit still counts when at least this ma
 SHAPES = {"bench": dict(prompts=8, prompt_len=128, G=8, gen=256, steps=10, warmup=2),
           "long": dict(prompts=8, prompt_len=128, G=8, gen=1024, steps=10, warmup=2),
           "smoke": dict(prompts=2, prompt_len=8, G=2, gen=8, steps=3, warmup=1)}
-GPUS = {("ours", "colocated"): 1, ("ours", "split"): 2, ("trl", "vllm-colocate"): 1, ("trl", "vllm-server"): 2, ("trl", "transformers"): 1}
+GPUS = {("ours", "colocated"): 1, ("ours", "split"): 2, ("trl", "vllm-colocate"): 1, ("trl", "vllm-server"): 2, ("trl", "transformers"): 1,
+        **{("verl", b): v["gpus"] for b, v in VERL_BACKENDS.items()}}
+PEERS = {"trl": [("colocated", "sync", "vllm-colocate"), ("colocated", "sync", "transformers"),
+                 ("split", "sync", "vllm-server"), ("split", "one-step-off", "vllm-server")],
+         "verl": VERL_PAIRS}
+"Each peer's modes beside our (layout, mode) on the same GPUs: the comparisons `--merge` makes."
+TARGETS = {("trl", "vllm-colocate"): 1.5, ("trl", "vllm-server"): 1.5, ("trl", "transformers"): 3.0}
+"The speed-up by mean step time each comparison aims at (none against verl yet)."
 SAFE_ENV = {**GPU_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
 
@@ -67,15 +86,14 @@ def prompts(model:dict, shape:dict, n:int, seed:int=0) -> list[str]:
 
 
 def toy_reward(completion:str) -> float:
-    "Cheap, deterministic and not constant: the share of tokens with an even id (TRL side; ours uses `arith`)."
+    "Cheap, deterministic and not constant: the share of tokens with an even id (the peers' reward; ours uses `arith`)."
     ids = [int(t[1:]) for t in completion.split() if t[1:].isdigit()]
     return sum(i % 2 == 0 for i in ids) / max(len(ids), 1)
 
 
 # ---------------------------------------------------------------- ours: the trainer users run
-def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:Path, device:str, timeout:float) -> dict:
-    data = tmp / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p, "answer": "0"}) + "\n" for p in prompts(model, shape, 512)))
+def ours_overrides(layout:str, mode:str, shape:dict, model_dir:Path, data:Path, tmp:Path, device:str) -> list[str]:
+    "The `grpo_nb train default` overrides of our run of `shape` in `layout` and `mode` on `device`."
     n, B, gpu = shape["warmup"] + shape["steps"], shape["prompts"] * shape["G"], device == "cuda"
     over = [f"--model.name_or_path={model_dir}", f"--data.train_path={data}", "--data.eval_path=", f"--total_steps={n}", "--eval_every=0",
             f"--data.max_prompt_tokens={shape['prompt_len'] + 8}", "--rollout.backend=vllm", f"--rollout.prompts_per_step={shape['prompts']}",
@@ -89,6 +107,14 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
     if layout == "colocated": over += ["--rollout.gpu_memory_utilization=0.3"] + ([] if gpu else ["--rollout.sleep_level=0", "--rollout.kv_cache_mib=64"])
     else: over += [f"--rollout.gpu_memory_utilization={0.85 if gpu else 0.5}"] + ([] if gpu else ["--rollout.kv_cache_mib=64"])
     if not gpu: over += ["--model.dtype=float32", "--rollout.enforce_eager=true"]
+    return over
+
+
+def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:Path, device:str, timeout:float) -> dict:
+    data = tmp / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "answer": "0"}) + "\n" for p in prompts(model, shape, 512)))
+    n = shape["warmup"] + shape["steps"]
+    over = ours_overrides(layout, mode, shape, model_dir, data, tmp, device)
     cmd = [sys.executable, "-m", "grpo_nb.cli", "train", "default", *over]
     t0 = time.perf_counter()
     log = tmp / "train.log"
@@ -174,6 +200,18 @@ def time_trl_phases(trainer_cls, acc:dict):
     except ImportError: pass
 
 
+def trl_args(backend:str, shape:dict, tmp:Path, device:str, server_port:int|None=None, group_port:int|None=None) -> dict:
+    "The GRPOConfig arguments of TRL's run of `shape` with `backend`: the whole step in one batch, no KL, our learning rate."
+    B = shape["prompts"] * shape["G"]
+    want = dict(output_dir=str(tmp / "trl"), per_device_train_batch_size=B, num_generations=shape["G"], max_completion_length=shape["gen"],
+                gradient_accumulation_steps=1, max_steps=shape["warmup"] + shape["steps"], learning_rate=1e-6, beta=0.0, logging_steps=1, report_to=[],
+                save_strategy="no", temperature=1.0, bf16=device == "cuda", use_cpu=device == "cpu", gradient_checkpointing=device == "cuda",
+                seed=0, shuffle_dataset=False, dataloader_num_workers=0, use_vllm=backend != "transformers")
+    if backend == "vllm-colocate": want.update(vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
+    if backend == "vllm-server": want.update(vllm_mode="server", vllm_server_host="127.0.0.1", vllm_server_port=server_port, vllm_group_port=group_port)
+    return want
+
+
 def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, device:str, progress=None) -> dict:
     "TRL's GRPOTrainer on the same work; `progress(steps)` is called after every step (the parent keeps a run cut by its time limit)."
     import torch, datasets
@@ -190,13 +228,7 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         n = shape["warmup"] + shape["steps"]
         ds = datasets.Dataset.from_list([{"prompt": p} for p in prompts(model, shape, shape["prompts"] * n)])
-        B = shape["prompts"] * shape["G"]
-        want = dict(output_dir=str(tmp / "trl"), per_device_train_batch_size=B, num_generations=shape["G"], max_completion_length=shape["gen"],
-                    gradient_accumulation_steps=1, max_steps=n, learning_rate=1e-6, beta=0.0, logging_steps=1, report_to=[],
-                    save_strategy="no", temperature=1.0, bf16=device == "cuda", use_cpu=device == "cpu", gradient_checkpointing=device == "cuda",
-                    seed=0, shuffle_dataset=False, dataloader_num_workers=0, use_vllm=backend != "transformers")
-        if backend == "vllm-colocate": want.update(vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
-        if backend == "vllm-server": want.update(vllm_mode="server", vllm_server_host="127.0.0.1", vllm_server_port=port, vllm_group_port=free_port())
+        want = trl_args(backend, shape, tmp, device, port if server else None, free_port())
         fields = set(GRPOConfig.__dataclass_fields__)
         args = GRPOConfig(**{k: v for k, v in want.items() if k in fields})
         sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
@@ -249,60 +281,106 @@ def child(run:str, smoke:bool, out_json:Path, timeout:float):
     shape, model = SHAPES["smoke" if smoke else shape_name], SMOKE_MODEL if smoke else MODEL
     device = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
     tmp = Path(tempfile.mkdtemp(prefix="e2e"))
-    rec = {"run": run, "side": side, "shape": shape_name, "config": shape, "model": model, "smoke": smoke, "torch": torch.__version__,
-           "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    rec = {"run": run, "side": side, **({"peer": side} if side in PEERS else {}), "shape": shape_name, "config": shape, "model": model, "smoke": smoke,
+           "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     try:
         model_dir = build_model(model, tmp / "model")
+        left = lambda: timeout - (time.perf_counter() - t_child) - 10
         if side == "ours":
             layout, mode = rest[0], rest[1]
             rec.update(layout=layout, mode=mode, backend="vllm", gpus=GPUS[("ours", layout)])
-            rec.update(run_ours(layout, mode, shape, model, model_dir, tmp, device, timeout - (time.perf_counter() - t_child) - 10))
+            rec.update(run_ours(layout, mode, shape, model, model_dir, tmp, device, left()))
+        elif side == "verl":   # a failed verl run returns its error with its steps so far; nothing of ours is at stake here
+            rec.update(backend=rest[0], gpus=GPUS[("verl", rest[0])])
+            rec.update(run_verl(rest[0], shape, model_dir, tmp, prompts(model, shape, shape["prompts"] * (shape["warmup"] + shape["steps"] + 2)),
+                                toy_reward, left(), MIN_TIMED, dict(os.environ)))
         else:
             rec.update(backend=rest[0], gpus=GPUS[("trl", rest[0])])
             progress = lambda steps: partial_path(out_json).write_text(json.dumps({**rec, "steps": steps}))
             rec.update(run_trl(rest[0], shape, model, model_dir, tmp, device, progress))
-        rec["stats"] = stats(rec["step_s_all"][shape["warmup"]:])
+        if not rec.get("error"): rec["stats"] = stats(rec["step_s_all"][shape["warmup"]:])
     except Exception as e:
         rec["error"] = f"{type(e).__name__}: {e}"[-4000:]; traceback.print_exc()
     out_json.write_text(json.dumps(rec, indent=1))
 
 
+def peer_fields(peer:str, o:dict, p:dict) -> dict:
+    "The keys of one comparison: each side's step statistics, split, peak memory, error and note (prefixed `ours_` and `<peer>_`), and the speed-up by mean where both completed on the same GPU model."
+    rec = {}
+    for side, r in (("ours", o), (peer, p)):
+        s = r.get("stats") or {}
+        rec |= {f"{side}_step_s": s.get("median"), f"{side}_step_mean_s": s.get("mean"), f"{side}_step_p90_s": s.get("p90"),
+                f"{side}_step_s_all": r.get("step_s_all"), f"{side}_split_s": r.get("split_s"), f"{side}_peak_gib": r.get("peak_gib"),
+                f"{side}_error": r.get("error"), f"{side}_stopped": r.get("stopped")}
+    rec[f"{peer}_version"] = p.get("version")
+    rec["ours_command"] = o.get("command")
+    if peer != "trl":
+        rec |= {f"{peer}_command": p.get("command"), f"{peer}_timing_s": p.get("timing_s"), f"{peer}_peak_gib_per_gpu": p.get("peak_gib_per_gpu"),
+                f"{peer}_preflight": p.get("preflight")}
+    if o.get("device") and p.get("device") and o["device"] != p["device"]:
+        rec["note"] = f"ours ran on {o['device']}, {peer} on {p['device']}: no speed-up across GPU models"
+    elif rec["ours_step_mean_s"] and rec[f"{peer}_step_mean_s"] and not rec["ours_error"] and not rec[f"{peer}_error"]:
+        rec["speedup_mean"] = rec[f"{peer}_step_mean_s"] / rec["ours_step_mean_s"]
+    return rec
+
+
 def merge(run_dir:Path) -> dict:
-    "Pair our runs with the peer's on the same GPUs and work; one record per comparison."
+    "Pair our runs with each peer's on the same GPUs and work; one record per comparison, its `peer` naming the peer."
     files = [p for p in sorted(run_dir.glob("run_*.json")) if not p.name.endswith(".partial.json")]   # partials: runs in progress
     runs = {r["run"]: r for r in (json.loads(p.read_text()) for p in files)}
-    pairs = [("colocated", "sync", "vllm-colocate"), ("colocated", "sync", "transformers"),
-             ("split", "sync", "vllm-server"), ("split", "one-step-off", "vllm-server")]
     recs = []
     for shape in ("bench", "long", "smoke"):
-        for layout, mode, trl_backend in pairs:
-            o, t = runs.get(f"ours:{layout}:{mode}:{shape}"), runs.get(f"trl:{trl_backend}:{shape}")
-            if o is None and t is None and (shape == "smoke" or not runs): continue   # GPU shapes: list what is still unmeasured
-            o, t = o or {}, t or {}
-            rec = {"layout": layout, "shape": shape, "ours_mode": mode, "ours_backend": "vllm", "trl_backend": trl_backend,
-                   "gpus": GPUS[("ours", layout)], "device": o.get("device") or t.get("device"), "config": o.get("config") or t.get("config"),
-                   "target_speedup": 3.0 if trl_backend == "transformers" else 1.5}
-            for side, r in (("ours", o), ("trl", t)):
-                s = r.get("stats") or {}
-                rec |= {f"{side}_step_s": s.get("median"), f"{side}_step_mean_s": s.get("mean"), f"{side}_step_p90_s": s.get("p90"),
-                        f"{side}_step_s_all": r.get("step_s_all"), f"{side}_split_s": r.get("split_s"), f"{side}_peak_gib": r.get("peak_gib"),
-                        f"{side}_error": r.get("error"), f"{side}_stopped": r.get("stopped")}
-            rec["trl_version"] = t.get("version")
-            rec["ours_command"] = o.get("command")
-            if rec["ours_step_mean_s"] and rec["trl_step_mean_s"]:
-                rec["speedup_mean"] = rec["trl_step_mean_s"] / rec["ours_step_mean_s"]
-                rec["target_met"] = rec["speedup_mean"] >= rec["target_speedup"]
-            recs.append(rec)
+        for peer, pairs in PEERS.items():
+            for layout, mode, backend in pairs:
+                o, t = runs.get(f"ours:{layout}:{mode}:{shape}"), runs.get(f"{peer}:{backend}:{shape}")
+                if o is None and t is None and (shape == "smoke" or not runs): continue   # GPU shapes: list what is still unmeasured
+                if t is None and peer != "trl": continue   # a second peer's comparisons are listed once it has a run
+                o, t = o or {}, t or {}
+                target = TARGETS.get((peer, backend))
+                rec = {"peer": peer, "layout": layout, "shape": shape, "ours_mode": mode, "ours_backend": "vllm", f"{peer}_backend": backend,
+                       "gpus": GPUS[("ours", layout)], "device": o.get("device") or t.get("device"), "config": o.get("config") or t.get("config"),
+                       "target_speedup": target, **peer_fields(peer, o, t)}
+                if rec.get("speedup_mean") and target: rec["target_met"] = rec["speedup_mean"] >= target
+                recs.append(rec)
     return {"records": recs, "runs": sorted(runs)}
+
+
+def run_names(runs:str, peers:str, shapes:str) -> list[str]:
+    "The runs of `--runs` plus every peer mode of `--peers` on every shape of `--shapes`, each checked against the modes this script knows."
+    out = [r for r in runs.split(",") if r.strip()] + [f"{p.strip()}:{sh.strip()}" for p in peers.split(",") if p.strip() for sh in shapes.split(",") if sh.strip()]
+    known = {f"ours:{l}:{m}" for (side, l) in GPUS if side == "ours" for m in (("sync", "one-step-off") if l == "split" else ("sync",))}
+    known |= {f"{side}:{b}" for (side, b) in GPUS if side != "ours"}
+    bad = [r for r in out if r.rsplit(":", 1)[0] not in known or r.rsplit(":", 1)[-1] not in SHAPES]
+    if bad: raise SystemExit(f"unknown runs {bad}: a run is MODE:SHAPE with MODE one of {sorted(known)} and SHAPE one of {sorted(SHAPES)}")
+    return out
+
+
+def dry_run(runs:list[str], smoke:bool):
+    "Print each run's command (ours), GRPOConfig arguments (TRL) or command and files (verl), running nothing and writing nothing."
+    for run in runs:
+        side, *rest = run.split(":")
+        shape, model = SHAPES["smoke" if smoke else rest[-1]], SMOKE_MODEL if smoke else MODEL
+        tmp, device = Path(tempfile.gettempdir()) / "e2eXXXX", "cpu" if smoke else "cuda"
+        print(f"=== {run}: {shape}")
+        if side == "ours":
+            print("ours: grpo_nb train default " + shlex.join(ours_overrides(rest[0], rest[1], shape, tmp / "model", tmp / "prompts.jsonl", tmp, device)))
+        elif side == "trl":
+            print(f"trl {rest[0]}: GRPOConfig " + json.dumps(trl_args(rest[0], shape, tmp, device, 8000 if rest[0] == "vllm-server" else None, 51216)))
+        else:
+            n = shape["warmup"] + shape["steps"] + 2
+            print(dry_run_text(verl_plan(rest[0], shape, tmp / "model", tmp, prompts(model, shape, shape["prompts"] * n), toy_reward, hide_trl=True)))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", default="", help="comma-separated runs, e.g. ours:colocated:sync:bench,trl:vllm-colocate:bench")
+    ap.add_argument("--runs", default="", help="comma-separated runs, e.g. ours:colocated:sync:bench,trl:vllm-colocate:bench,verl:hybrid:bench")
+    ap.add_argument("--peers", default="", help=f"comma-separated peer modes to run on every shape of --shapes: {', '.join(f'{p}:{b}' for p, b in GPUS if p != 'ours')}")
+    ap.add_argument("--shapes", default="bench", help="the shapes of --peers (comma-separated)")
     ap.add_argument("--out-dir", default="", help="where each run writes run_<name>.json")
     ap.add_argument("--merge", default="", help="merge the run files of this directory into --out")
     ap.add_argument("--out", default="", help="merged results JSON")
     ap.add_argument("--smoke", action="store_true", help="CPU-sized runs of ours (and TRL if installed)")
+    ap.add_argument("--dry-run", action="store_true", help="print every run's command, arguments and files; run nothing")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -311,7 +389,8 @@ def main():
     if a.merge:
         out = Path(a.out or ROOT / "bench" / "results" / "e2e_vs_trl.json")
         out.write_text(json.dumps(merge(Path(a.merge)), indent=1)); print(out); return
-    runs = a.runs.split(",") if a.runs else ["ours:colocated:sync:smoke", "ours:split:one-step-off:smoke"]
+    runs = run_names(a.runs, a.peers, a.shapes) or ["ours:colocated:sync:smoke", "ours:split:one-step-off:smoke"]
+    if a.dry_run: dry_run(runs, a.smoke); return
     out_dir = Path(a.out_dir or tempfile.mkdtemp(prefix="e2e_runs")); out_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **SAFE_ENV, "PYTHONPATH": os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
     for run in runs:
@@ -324,7 +403,7 @@ def main():
             part = partial_path(dst)
             dst.write_text(json.dumps(from_partial(run, part, rc) if part.exists() else {"run": run, "error": f"run exited {rc} without a record"}))
         rec = json.loads(dst.read_text()); rec["run_wall_s"] = time.perf_counter() - t; dst.write_text(json.dumps(rec, indent=1))
-        print(f"[{time.strftime('%H:%M:%S')}] {run}: {rec.get('stats')} {rec.get('error', '')[:300]}", flush=True)
+        print(f"[{time.strftime('%H:%M:%S')}] {run}: {rec.get('stats')} {(rec.get('error') or '')[:300]}", flush=True)
     if a.smoke:
         res = merge(out_dir)
         print(json.dumps([{k: v for k, v in r.items() if not k.endswith("_all")} for r in res["records"]], indent=1))

@@ -5,6 +5,7 @@
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 mfu2 mfuprof2 mfu1p5 mfu3b sc2
 #                                                        four GPUs, one lane a call: s7split s7coloc s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc mfu7b2 mfu7b4 tp2
+#                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
 #
 # Each lane runs its benchmarks one after another on its own GPUs (CUDA_VISIBLE_DEVICES), each under `timeout`,
 # writing JSON results and a log per benchmark under $GPUWORK (default /tmp/gpuwork, kept across calls). At the end
@@ -77,6 +78,11 @@ lane_trlcoloclong1() { e2e trl:vllm-colocate:long 300 1; }
 # TRL with HF generate on the long shape: about 54 s a step on an H100, so 10 steps (2 warm-up + 8 timed, the least a
 # record needs) take about 9.5 minutes: the whole of one call, alone. A run cut by the limit keeps its steps (a partial record).
 lane_trlhflong1() { e2e trl:transformers:long 590 1; }
+# verl 0.9.1 (bench/verl_peer.py): its hybrid engine on one GPU (beside our colocated layout), then on both GPUs and its split
+# mode (beside our split layout); Ray, FSDP and vLLM with CUDA graphs start in a few minutes, so one run a lane per call
+lane_verl0() { e2e verl:hybrid:bench 560 0; }
+lane_verl01() { e2e verl:separate-async:bench 560 0,1; }
+lane_verl01b() { e2e verl:hybrid-2gpu:bench 560 0,1; }
 # both GPUs: weight sync into a real vLLM engine through both load paths of its workers (rollout.weight_load: straight into the
 # parameters, and vLLM's layer-wise reload); results merged into $OUT/weight_sync.json, which may hold the other receiver's
 lane_wsvllm01() { run weight_sync_vllm 220 0,1 python3 bench/weight_sync.py --receiver vllm --weight-load direct,reload --buckets-mib 1024,0 \

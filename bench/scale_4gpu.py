@@ -35,12 +35,12 @@ trl_commands, trl_error; speedup_mean = trl_step_mean_s / step_mean_s.
 TRL, accelerate and DeepSpeed must be importable (and jmespath, for `trl vllm-serve`); `--smoke` runs ours only.
 """
 from __future__ import annotations
-import argparse, importlib.util, json, os, random, shlex, shutil, signal, statistics, subprocess, sys, tempfile, threading, time, traceback
+import argparse, importlib.util, json, os, random, shlex, shutil, signal, statistics, subprocess, sys, tempfile, time, traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
-from common import free_port, step_stats as stats   # noqa: E402  (shared by the bench scripts: free ports, mean/median/p90)
+from common import MemoryPoller, free_port, step_stats as stats, stop_group, wait_gpus_free   # noqa: E402  (shared by the bench scripts)
 from e2e_vs_trl import SAFE_ENV, _SERVER_LOG, _tail, _wait_health, time_trl_phases, toy_reward, trl_split   # noqa: E402  (the TRL side of the 1-2 GPU bench)
 
 LAYOUTS = {"split": dict(gpus=4, learners=2, engines=1, tp=2), "colocated": dict(gpus=4, learners=4, engines=4, tp=1)}
@@ -127,25 +127,6 @@ def _build_model_here(name:str, out:Path, smoke:bool=False) -> Path:
     del m
     if torch.cuda.is_available(): torch.cuda.empty_cache()
     return out
-
-
-class MemoryPoller:
-    "Peak memory in use of every GPU (MiB, as `nvidia-smi` reports it), polled every `every` seconds in a thread."
-    def __init__(self, every:float=0.5):
-        self.every, self.peak, self._stop = every, {}, threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=10).stdout
-                for line in out.strip().splitlines():
-                    i, used = (int(x) for x in line.split(","))
-                    self.peak[i] = max(self.peak.get(i, 0), used)
-            except (OSError, ValueError, subprocess.TimeoutExpired): pass
-            self._stop.wait(self.every)
-    def __enter__(self): self._t.start(); return self
-    def __exit__(self, *a): self._stop.set(); self._t.join(5)
 
 
 def planned_gib(preset:str, over:list[str], layout:str, gpus:int) -> list[float]:
@@ -328,36 +309,10 @@ def merge_trl(rec:dict, trl:dict) -> dict:
     return out
 
 
-def _stop(proc:subprocess.Popen|None, grace:float=30):
-    "End a process group that this script started: SIGTERM, then SIGKILL after `grace` seconds."
-    if proc is None or proc.poll() is not None and not _alive(proc.pid): return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
-        try: os.killpg(proc.pid, sig)
-        except ProcessLookupError: return
-        try: proc.wait(wait); return
-        except subprocess.TimeoutExpired: pass
-
-
-def _alive(pgid:int) -> bool:
-    try: os.killpg(pgid, 0); return True
-    except (ProcessLookupError, PermissionError): return False
-
-
-def _wait_gpus_free(limit_mib:int=2048, timeout:float=90):
-    "Wait until every GPU has less than `limit_mib` in use (the peer's processes gone) before the next run starts."
-    t = time.monotonic()
-    while time.monotonic() - t < timeout:
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
-            if all(int(x) < limit_mib for x in out.split()): return
-        except (OSError, ValueError, subprocess.TimeoutExpired): return
-        time.sleep(3)
-
-
 def run_trl(layout:str, model_dir:Path, sh:dict, tmp:Path, timeout:float, logs:Path|None=None, micro:int=TRL_MICRO, model:str="") -> dict:
     "TRL's GRPOTrainer in the mode paired with `layout`, on the same GPUs, model and work; its own time limit. Returns the record's TRL keys."
     peer = PEERS[layout]
-    _wait_gpus_free()   # our run's processes gone, so that TRL's peaks are TRL's own
+    wait_gpus_free()   # our run's processes gone, so that TRL's peaks are TRL's own
     V = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     plan = trl_plan(peer, model_dir, write_prompts(tmp / "trl_prompts.jsonl", V, sh), sh, tmp, micro)
     import yaml
@@ -383,7 +338,7 @@ def run_trl(layout:str, model_dir:Path, sh:dict, tmp:Path, timeout:float, logs:P
         except Exception as e:
             error = f"{type(e).__name__}: {e}"[-3000:]
         finally:
-            _stop(trainer, 10); _stop(server)
+            stop_group(trainer, 10); stop_group(server)
     if error and server is not None and "server" not in error: error += "\n--- server log:\n" + _tail(plan["server"]["log"], 1500)
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
@@ -391,7 +346,7 @@ def run_trl(layout:str, model_dir:Path, sh:dict, tmp:Path, timeout:float, logs:P
             if plan[role] and Path(plan[role]["log"]).exists(): shutil.copy(plan[role]["log"], logs / f"scale_{model}_{layout}_trl_{role}.log")
     out = Path(plan["spec"]["out"])
     child = json.loads(out.read_text()) if out.exists() else None
-    _wait_gpus_free()
+    wait_gpus_free()
     return trl_fields(peer, child, sh["warmup"], mem.peak, plan, error)
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from .memory import GiB
 
 # %% auto 0
-__all__ = ['throughput_table', 'bench_table', 'tp2_table', 'mfu_records', 'mfu_table', 'profile_split', 'demo_report',
-           'e2e_table', 'e2e_split_table', 'accuracy_table']
+__all__ = ['PEER_NAMES', 'throughput_table', 'bench_table', 'tp2_table', 'mfu_records', 'mfu_table', 'profile_split',
+           'demo_report', 'e2e_table', 'e2e_split_table', 'accuracy_table']
 
 # %% ../nbs/15_results.ipynb 7
 def throughput_table(path:str|Path="bench/results/rollout_throughput.json", # written by bench/rollout_throughput.py
@@ -126,40 +126,51 @@ def demo_report(path:str|Path="bench/results/demo_run.json", # written by `grpo_
             f"Learned: **{d['learned']}**.\n\n| step | held-out reward |\n|---|---|\n{rows}")
 
 # %% ../nbs/15_results.ipynb 26
+PEER_NAMES = {"trl": "TRL", "verl": "verl"}
+"How the pages name each peer of `bench/e2e_vs_trl.py` (the records' `peer`)."
+
+# %% ../nbs/15_results.ipynb 27
 def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
               layout:str|None=None, # only this layout ("colocated" | "split"); None: all
              ) -> str:
-    "The end-to-end comparison as a markdown table: seconds per step (mean / median / p90), speed-up by mean, target."
+    "The end-to-end comparison as a markdown table: ours beside each peer's run, seconds per step (mean / median / p90), speed-up by mean, target."
     p = Path(path)
     if not p.exists(): return "_No GPU results yet: see `bench/e2e_vs_trl.py`._"
+    recs = [r for r in json.loads(p.read_text())["records"] if layout is None or r["layout"] == layout]
     f = lambda x: f"{x:.2f}" if isinstance(x, (int, float)) else ""
     st = lambda r, s: " / ".join(f(r.get(k)) for k in (f"{s}_step_mean_s", f"{s}_step_s", f"{s}_step_p90_s")) if r.get(f"{s}_step_mean_s") else ""
-    lines = ["| layout | shape | ours | TRL | GPUs | device | ours s/step mean / median / p90 | TRL s/step mean / median / p90 | speed-up (mean) | target | note |",
+    peers = sorted({r.get("peer", "trl") for r in recs}) or ["trl"]
+    head = PEER_NAMES.get(peers[0], peers[0]) if len(peers) == 1 else "peer"   # one peer: named in the header; both: in each row
+    lines = [f"| layout | shape | ours | {head} | GPUs | device | ours s/step mean / median / p90 | {head} s/step mean / median / p90 | speed-up (mean) | target | note |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in json.loads(p.read_text())["records"]:
-        if layout is not None and r["layout"] != layout: continue
-        err = (r.get("ours_error") or r.get("trl_error") or "").splitlines()
-        note = ("ours: " if r.get("ours_error") else "TRL: ") + err[0][:70] if err else ""
-        for side, who in (("ours", "ours"), ("trl", "TRL")):
-            if r.get(f"{side}_stopped"): note = (note + "; " if note else "") + f"{who}: " + r[f"{side}_stopped"]
-        sp = r.get("speedup_mean")
-        lines.append(f"| {r['layout']} | {r['shape']} | {r['ours_mode']} | {r['trl_backend']} | {r['gpus']} | {r.get('device') or ''} | {st(r, 'ours')} | {st(r, 'trl')} | "
-                     f"{f(sp) + '×' if sp else ''} | ≥{r['target_speedup']:g}× {'met' if r.get('target_met') else ('missed' if sp else '')} | {note} |")
+    for r in recs:
+        k = r.get("peer", "trl"); who = PEER_NAMES.get(k, k)
+        err = (r.get("ours_error") or r.get(f"{k}_error") or "").splitlines()
+        note = ("ours: " if r.get("ours_error") else f"{who}: ") + err[0][:70] if err else ""
+        for side, w in (("ours", "ours"), (k, who)):
+            if r.get(f"{side}_stopped"): note = (note + "; " if note else "") + f"{w}: " + r[f"{side}_stopped"]
+        if r.get("note"): note = (note + "; " if note else "") + r["note"]
+        sp, tg = r.get("speedup_mean"), r.get("target_speedup")
+        mode = r.get(f"{k}_backend") if len(peers) == 1 else f"{who} {r.get(f'{k}_backend')}"
+        target = f"≥{tg:g}× {'met' if r.get('target_met') else ('missed' if sp else '')}" if tg else "—"
+        lines.append(f"| {r['layout']} | {r['shape']} | {r['ours_mode']} | {mode} | {r['gpus']} | {r.get('device') or ''} | {st(r, 'ours')} | {st(r, k)} | "
+                     f"{f(sp) + '×' if sp else ''} | {target} | {note} |")
     return "\n".join(lines)
 
-# %% ../nbs/15_results.ipynb 28
+# %% ../nbs/15_results.ipynb 29
 def e2e_split_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/e2e_vs_trl.py --merge
                    ) -> str:
-    "Per-phase mean seconds of each measured run, ours next to TRL's."
+    "Per-phase mean seconds of each measured run, ours next to each peer's (a peer's learner column holds its learner and the rest)."
     p = Path(path)
     if not p.exists(): return ""
     runs, lines = {}, ["| run | step | generation | wait for rollout | learner | sync | sleep + wake | reward | rest |", "|---|---|---|---|---|---|---|---|---|"]
     for r in json.loads(p.read_text())["records"]:
-        for side, name in (("ours", f"ours {r['layout']} {r['ours_mode']}"), ("trl", f"TRL {r['trl_backend']}")):
-            if r.get(f"{side}_split_s") and r.get(f"{side}_step_mean_s"): runs[f"{name}, {r['shape']}"] = (r[f"{side}_step_mean_s"], r[f"{side}_split_s"])
+        k = r.get("peer", "trl")
+        for side, name in (("ours", f"ours {r['layout']} {r['ours_mode']}"), (k, f"{PEER_NAMES.get(k, k)} {r.get(f'{k}_backend')}")):
+            if r.get(f"{side}_split_s") and r.get(f"{side}_step_mean_s"): runs[f"{name}, {r['shape']}"] = (side != "ours", r[f"{side}_step_mean_s"], r[f"{side}_split_s"])
     f = lambda x: f"{x:.2f}" if x else ""
-    for name, (step, s) in runs.items():
-        if name.startswith("TRL"):
+    for name, (peer, step, s) in runs.items():
+        if peer:
             gen, learn, sync = s.get("generation"), s.get("learner_and_rest"), s.get("sync")
             lines.append(f"| {name} | {f(step)} | {f(gen)} | | {f(learn)} | {f(sync)} | | | |")
         else:
@@ -168,7 +179,7 @@ def e2e_split_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by 
             lines.append(f"| {name} | {f(step)} | {f(parts[0])} | {f(parts[1])} | {f(parts[2])} | {f(parts[3])} | {f(parts[4] + parts[5])} | {f(parts[6])} | {f(rest)} |")
     return "\n".join(lines)
 
-# %% ../nbs/15_results.ipynb 31
+# %% ../nbs/15_results.ipynb 32
 def accuracy_table(path:str|Path="bench/results/memory_accuracy.json", # the benchmark's output
                   ) -> str: # a table, or why there is none
     "Predicted vs measured peak memory from `bench/memory_accuracy.py`."
