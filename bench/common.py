@@ -66,3 +66,32 @@ def wait_gpus_free(limit_mib:int=2048, timeout:float=90, gpus:list[int]|None=Non
             if all(m < limit_mib for i, m in used.items() if gpus is None or i in gpus): return
         except (OSError, ValueError, subprocess.TimeoutExpired): return
         time.sleep(3)
+
+
+PROMPT_SYMBOLS = "0123456789"
+"What the benchmark prompts are written in: one token per character, whichever tokenizer class transformers loads."
+
+
+def save_bench_tokenizer(vocab_size:int, out:Path) -> Path:
+    """A tokenizer over every id of a random-init model, saved to `out`: `<pad>`, `<bos>`, `<eos>`, `<unk>` (ids 0-3), the digits
+    (ids 4-13, one token each), and `t<id>` for every other id. transformers 5 loads a Qwen2 directory's tokenizer as its own
+    `Qwen2Tokenizer` (byte-level BPE over this vocabulary, no merges, digits split one by one) and other models' as the saved fast
+    tokenizer (words, then digits one by one): both read a prompt of `n` digits as exactly `n` tokens, and both decode every id."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3} | {d: 4 + i for i, d in enumerate(PROMPT_SYMBOLS)}
+    vocab |= {f"t{i}": i for i in range(len(vocab), vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=True)])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)   # joins tokens with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    fast.save_pretrained(out)
+    return out
+
+
+def digit_prompts(n:int, length:int, seed:int=0) -> list[str]:
+    "`n` random prompts of `length` digits: `length` tokens each under `save_bench_tokenizer`'s tokenizer."
+    import random
+    rng = random.Random(seed)
+    return ["".join(rng.choice(PROMPT_SYMBOLS) for _ in range(length)) for _ in range(n)]

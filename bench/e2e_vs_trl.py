@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import GPU_ENV, free_port, step_stats  # noqa: E402  (shared by the bench scripts)
+from common import GPU_ENV, digit_prompts, free_port, save_bench_tokenizer, step_stats  # noqa: E402  (shared by the bench scripts)
 from verl_peer import BACKENDS as VERL_BACKENDS, PAIRS as VERL_PAIRS, dry_run_text, run_verl, verl_plan  # noqa: E402  (the second peer)
 
 MODEL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
@@ -62,17 +62,10 @@ stats = step_stats   # the name rollout_throughput and tp2_gpu import
 
 
 def build_model(model:dict, out:Path, weights:bool=True) -> Path:
-    "A random-init Qwen2 of `model`'s shape plus a word-level tokenizer covering every id (`t<id>` tokens), as a HF directory (`weights=False`: config and tokenizer only, for `load_format='dummy'`)."
+    "A random-init Qwen2 of `model`'s shape plus a tokenizer covering every id (`save_bench_tokenizer`), as a HF directory (`weights=False`: config and tokenizer only, for `load_format='dummy'`)."
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-    V = model["vocab_size"]
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(V)}, unk_token="t3"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)   # joins tokens with spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t2", unk_token="t3")
-    fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    fast.save_pretrained(out)
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    save_bench_tokenizer(model["vocab_size"], out)
     cfg = Qwen2Config(**model, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if not weights: cfg.architectures = ["Qwen2ForCausalLM"]; cfg.save_pretrained(out); return out
     torch.manual_seed(0)
@@ -81,13 +74,14 @@ def build_model(model:dict, out:Path, weights:bool=True) -> Path:
 
 
 def prompts(model:dict, shape:dict, n:int, seed:int=0) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(f"t{rng.randrange(10, model['vocab_size'])}" for _ in range(shape["prompt_len"])) for _ in range(n)]
+    "`n` random prompts of `shape['prompt_len']` tokens (digits: one token each, see `save_bench_tokenizer`)."
+    return digit_prompts(n, shape["prompt_len"], seed)
 
 
 def toy_reward(completion:str) -> float:
-    "Cheap, deterministic and not constant: the share of tokens with an even id (the peers' reward; ours uses `arith`)."
-    ids = [int(t[1:]) for t in completion.split() if t[1:].isdigit()]
+    "Cheap, deterministic and not constant: the share of `t<id>` tokens with an even id, spaced or not (the peers' reward; ours uses `arith`)."
+    import re
+    ids = [int(x) for x in re.findall(r"t(\d+)", completion)]
     return sum(i % 2 == 0 for i in ids) / max(len(ids), 1)
 
 

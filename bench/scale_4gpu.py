@@ -4,8 +4,8 @@
     python bench/scale_4gpu.py --smoke --out /tmp/scale_smoke.json      # CPU, tiny model, split layout with TP=2 (here)
 
 Each (model, layout) is one run of `grpo_nb train scale-7b-4gpu-<layout>` on a random-init model of the named shape
-(built here from `grpo_nb.memory.ARCHS`: there is no model hub on the GPU machines), with a word-level tokenizer and
-random 512-token prompts; the preset's work per step (16 prompts x G=8, 1,024 generated tokens) and
+(built here from `grpo_nb.memory.ARCHS`: there is no model hub on the GPU machines), with a tokenizer over every id
+and random 512-token prompts (512 digits, one token each: `common.save_bench_tokenizer`); the preset's work per step (16 prompts x G=8, 1,024 generated tokens) and
 `rollout.verify_every=1`, so after every sync each engine worker's parameters are compared with the learner's, cut
 and packed as the worker holds them. While it runs, `nvidia-smi` is polled for every GPU's memory in use; its peak
 is recorded next to `grpo_nb plan`'s prediction for the same GPU. After the run, the NCCL broadcast floor for the
@@ -35,12 +35,12 @@ trl_commands, trl_error; speedup_mean = trl_step_mean_s / step_mean_s.
 TRL, accelerate and DeepSpeed must be importable (and jmespath, for `trl vllm-serve`); `--smoke` runs ours only.
 """
 from __future__ import annotations
-import argparse, importlib.util, json, os, random, shlex, shutil, signal, statistics, subprocess, sys, tempfile, time, traceback
+import argparse, importlib.util, json, os, shlex, shutil, signal, statistics, subprocess, sys, tempfile, time, traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
-from common import MemoryPoller, free_port, step_stats as stats, stop_group, wait_gpus_free   # noqa: E402  (shared by the bench scripts)
+from common import MemoryPoller, digit_prompts, free_port, save_bench_tokenizer, step_stats as stats, stop_group, wait_gpus_free   # noqa: E402  (shared by the bench scripts)
 from e2e_vs_trl import SAFE_ENV, _SERVER_LOG, _tail, _wait_health, time_trl_phases, toy_reward, trl_split   # noqa: E402  (the TRL side of the 1-2 GPU bench)
 
 LAYOUTS = {"split": dict(gpus=4, learners=2, engines=1, tp=2), "colocated": dict(gpus=4, learners=4, engines=4, tp=1)}
@@ -65,10 +65,8 @@ def preset_work(layout:str, steps:int, warmup:int) -> dict:
 
 
 def write_prompts(path:Path, vocab:int, sh:dict, smoke:bool=False) -> Path:
-    "256 random prompts of `prompt_len` tokens (`t<id>` words) with a dummy answer; arithmetic prompts for the CPU smoke run."
-    rng = random.Random(0)
-    path.write_text("".join(json.dumps({"prompt": " ".join(f"t{rng.randrange(10, vocab)}" for _ in range(sh["prompt_len"])), "answer": "0"}) + "\n"
-                            for _ in range(256)) if not smoke else
+    "256 random prompts of `prompt_len` tokens (digits, one token each: `save_bench_tokenizer`) with a dummy answer; arithmetic prompts for the CPU smoke run."
+    path.write_text("".join(json.dumps({"prompt": p, "answer": "0"}) + "\n" for p in digit_prompts(256, sh["prompt_len"])) if not smoke else
                     "".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(10) for b in range(10)))
     return path
 
@@ -105,20 +103,14 @@ def build_model(name:str, out:Path, smoke:bool=False) -> Path:
 def _build_model_here(name:str, out:Path, smoke:bool=False) -> Path:
     "`build_model` in this process (bf16 on a GPU when there is one)."
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoConfig, AutoModelForCausalLM
     from grpo_nb.memory import ARCHS, shape_to_hf
     if smoke:
         from grpo_nb.tiny import build_tiny_model
         return Path(build_tiny_model("tiny-untied", out, seed=0))
     if (out / "config.json").exists(): return out
     hf = shape_to_hf(ARCHS[name]) | {"max_position_embeddings": 4096, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
-    V = hf["vocab_size"]
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(V)}, unk_token="t3"))
-    tok.pre_tokenizer, tok.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece(prefix="##", cleanup=False)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t2", unk_token="t3")
-    fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    fast.save_pretrained(out)
+    save_bench_tokenizer(hf["vocab_size"], out)   # prompts of digits: one token per digit
     cfg = AutoConfig.for_model(**hf)
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
@@ -173,7 +165,8 @@ def step_fields(recs:list[dict], warmup:int) -> dict:
     st, bare = stats(full[warmup:]), stats([r["time/step"] for r in recs][warmup:])
     return {"step_s_all": full, "step_includes": "time/step + time/verify", "timed_steps": len(full[warmup:]),
             "step_mean_s": st["mean"], "step_median_s": st["median"], "step_p90_s": st["p90"],
-            "step_s_all_without_verify": [r["time/step"] for r in recs], "step_mean_without_verify_s": bare["mean"]}
+            "step_s_all_without_verify": [r["time/step"] for r in recs], "step_mean_without_verify_s": bare["mean"],
+            "prompt_tokens_mean": statistics.fmean(r["prompt_len_mean"] for r in recs) if recs and all("prompt_len_mean" in r for r in recs) else None}
 
 
 def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeout:float, device:str, logs:Path|None=None, on_record=None) -> dict:

@@ -116,6 +116,11 @@ def verdicts(path:str|Path) -> list[str]:
             errs = [l.strip() for l in (r.get("error") or "").splitlines() if "Error:" in l] or [(r.get("error") or "").strip()[-200:]]
             out.append(f"{name}: the run stopped after {len(r.get('step_s_all') or [])} steps (exit {r['rc']}): {errs[-1][:200]}"
                        + (f" Why: {r['note']}" if r.get("note") else ""))
+        want, got = (r.get("work") or {}).get("prompt_len", 512), r.get("prompt_tokens_mean")
+        if got is not None and abs(got - want) > 0.1 * want:
+            out.append(f"{name}: its prompts were {got:.0f} tokens, not the {want} of the work: the benchmark's tokenizer then read a "
+                       "prompt word as an unknown token and split words apart; a peer beside it read the same ids, so a comparison holds for this "
+                       "shorter work, and the step times are not yet those of the work.")
         out.append(f"{name}: every sync bit-identical on every TP worker: " + ("yes" if r.get("exact_sync") else "no")
                    + f" ({r.get('syncs_checked', 0)} checks).")
         if r.get("mfu_per_learner_gpu") is not None:

@@ -438,6 +438,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
     S = ro.samples
     rec = {"step": ro.step, "data_start": ro.start, "data_end": ro.start + len(ro.prompt_idx), "staleness": ro.step - 1 - ro.version}  # policy updates between sampling and training
     rec |= rollout_metrics([len(s.completion_ids) for s in S], [s.finish_reason for s in S], ro.rewards.total, ro.rewards.per_function)
+    rec["prompt_len_mean"] = sum(len(s.prompt_ids) for s in S) / max(len(S), 1)   # tokens, as the tokenizer read the prompts
     rec |= learn
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in S)
     step_s = time.perf_counter() - t_step

@@ -80,4 +80,5 @@ def test_two_learner_ranks_each_send_to_the_engine_beside_them(tmp_path):
                       "--cluster.learners_per_node=[2]", "--learner.zero_stage=3", "--rollout.verify_every=1")
     assert [r["step"] for r in recs] == [1, 2]
     assert all(r["sync/exact"] == 1 and r["sync/checksums_compared"] > 0 for r in recs)   # both engines, bit for bit, after every sync
+    assert all(r["prompt_len_mean"] > 0 for r in recs)   # the prompts' length as the tokenizer read them
     assert info["senders"] == 2 and info["check"]["max_abs_logprob_diff"] <= 1e-4
