@@ -450,19 +450,21 @@ class VllmWorkerExtension:
         if g is not None: g.close(); self.grpo_group = None
 
 # %% ../nbs/06_weight_sync.ipynb 76
-_CHUNK = 1 << 24
+_CHUNK, _MOD = 1 << 22, 65521
+_WEIGHTS:dict = {}   # device -> position weights `i % _MOD + 1` for i < _CHUNK + _MOD (34 MB), made once per device
 
 def tensor_checksum(t:Tensor) -> int:
     "An exact, order-sensitive checksum of a tensor's bytes (the same on CPU and GPU, for any reduction order)."
     b = t.detach().contiguous().reshape(-1).view(torch.uint8)
     if b.storage_offset() % 4: b = b.clone()   # a view at an odd place of a flat buffer (ZeRO-3 partitions) cannot be read as int32
     w = b.view(torch.int32) if b.numel() % 4 == 0 else (b.view(torch.int16) if b.numel() % 2 == 0 else b)
-    total = 0
+    if w.device not in _WEIGHTS: _WEIGHTS[w.device] = torch.arange(_CHUNK + _MOD, device=w.device, dtype=torch.int64) % _MOD + 1
+    pos, total = _WEIGHTS[w.device], None
     for s in range(0, w.numel(), _CHUNK):
         c = w[s:s + _CHUNK].to(torch.int64)
-        pos = torch.arange(s, s + c.numel(), device=c.device, dtype=torch.int64) % 65521 + 1   # position weights
-        total += int((c * pos).sum())   # int64 sums wrap identically in any order
-    return total % (1 << 64)
+        part = (c * pos[s % _MOD:s % _MOD + c.numel()]).sum()   # element k weighs (k mod 65521) + 1; int64 sums wrap alike in any order
+        total = part if total is None else total + part        # on the device: one host sync per tensor
+    return 0 if total is None else int(total) % (1 << 64)
 
 # %% ../nbs/06_weight_sync.ipynb 78
 def module_checksums(named:Iterable[tuple[str, Tensor]], # (name, tensor) pairs
