@@ -343,7 +343,7 @@ def _check_colocated(cfg:TrainConfig):
     R = cfg.rollout
     _check(R.mode == "sync", "rollout.mode", "a colocated engine sleeps while its learner steps, so it cannot sample the next batch meanwhile.",
            "--rollout.mode=sync, or --rollout.placement=split to overlap generation with learning")
-    _check(R.sleep_level in (0, 1, 2), "rollout.sleep_level", f"must be 0, 1 or 2 (got {R.sleep_level}).", "--rollout.sleep_level=1")
+    _check(R.sleep_level in (0, 1, 2), "rollout.sleep_level", f"must be 0, 1 or 2 (got {R.sleep_level}).", "--rollout.sleep_level=2")
     _check(R.gpu_memory_utilization <= 0.7 or R.kv_cache_mib > 0, "rollout.gpu_memory_utilization",
            f"a colocated engine asking for {R.gpu_memory_utilization:.0%} of the GPU leaves its learner too little room.",
            "--rollout.gpu_memory_utilization=0.3 (or size the KV cache with --rollout.kv_cache_mib)")

@@ -377,7 +377,7 @@ def close(self:HFEngine|VllmEngine) -> None:
 def sleep(self:VllmEngine, level:int=1, # 1: weights to CPU, KV cache dropped; 2: both dropped (the next sync refills the weights)
          ) -> None:
     "Give the GPU back while a colocated learner steps."
-    if level not in (1, 2): raise ValueError(f"sleep level must be 1 or 2 (got {level}). Fix: --rollout.sleep_level=1")
+    if level not in (1, 2): raise ValueError(f"sleep level must be 1 or 2 (got {level}). Fix: --rollout.sleep_level=2")
     self.llm.sleep(level=level); self.asleep = {"weights", "kv_cache"}
 
 @patch
@@ -392,7 +392,7 @@ def wake_up(self:VllmEngine, tags:list[str]|None=None, # "weights" and/or "kv_ca
 def sleep(self:HFEngine, level:int=1, # either level: the model moves to the CPU
          ) -> None:
     "Give the GPU back while a colocated learner steps (the model moves to the CPU)."
-    if level not in (1, 2): raise ValueError(f"sleep level must be 1 or 2 (got {level}). Fix: --rollout.sleep_level=1")
+    if level not in (1, 2): raise ValueError(f"sleep level must be 1 or 2 (got {level}). Fix: --rollout.sleep_level=2")
     self.model.to("cpu"); self.asleep = {"weights", "kv_cache"}
     if self.device.type == "cuda": torch.cuda.empty_cache()
 
