@@ -114,7 +114,8 @@ def verdicts(path:str|Path) -> list[str]:
         name = f"{r['model']} {r['layout']} on {gpus(r)}"
         if r.get("rc") not in (0, None):
             errs = [l.strip() for l in (r.get("error") or "").splitlines() if "Error:" in l] or [(r.get("error") or "").strip()[-200:]]
-            out.append(f"{name}: the run stopped after {len(r.get('step_s_all') or [])} steps (exit {r['rc']}): {errs[-1][:200]}"
+            err = errs[-1] if len(errs[-1]) <= 200 else errs[-1][:200].rsplit(" ", 1)[0] + " …"
+            out.append(f"{name}: the run stopped after {len(r.get('step_s_all') or [])} steps (exit {r['rc']}): {err}"
                        + (f" Why: {r['note']}" if r.get("note") else ""))
         want, got = (r.get("work") or {}).get("prompt_len", 512), r.get("prompt_tokens_mean")
         if got is not None and abs(got - want) > 0.1 * want:
