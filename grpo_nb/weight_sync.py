@@ -264,9 +264,10 @@ def place_slices(gathered:Sequence[Tensor], # per rank: [S] uint8, that rank's s
 def gather_bucket(ps:Sequence[Tensor], # the bucket's ZeRO-3 parameters, in plan order (every learner rank calls this)
                   specs:Sequence[TensorSpec], # their specs
                   nbytes:int, # bucket buffer size
-                  device:torch.device|None, # rank 0: the sync group's device (where the bucket is built); other ranks: None
-                 ) -> Tensor|None: # rank 0: [nbytes] uint8, as `pack_bucket` of the full tensors; other ranks: None
-    "One all-gather of this bucket's ZeRO-3 slices (none with one rank); rank 0 places them into the bucket buffer."
+                  device:torch.device|None, # where a sending rank builds the bucket (its sync group's device); None: this rank does not send
+                  everyone:bool=False, # every rank sends (colocated): all-gather; False: rank 0 alone, so gather to rank 0
+                 ) -> Tensor|None: # a sending rank: [nbytes] uint8, as `pack_bucket` of the full tensors; other ranks: None
+    "One gather of this bucket's ZeRO-3 slices (none with one rank); each sending rank places them into the bucket buffer."
     import torch.distributed as dist
     group = ps[0].ds_process_group
     world = dist.get_world_size(group=group) if dist.is_initialized() else 1
@@ -274,14 +275,18 @@ def gather_bucket(ps:Sequence[Tensor], # the bucket's ZeRO-3 parameters, in plan
     if world == 1:   # the slice is the tensor: copy it into the bucket, no collective
         return None if device is None else pack_bucket([t[:full_numel(p)] for t, p in zip(parts, ps)], specs, nbytes, device)
     local = torch.cat([t.view(torch.uint8) for t in parts])                          # [S] this rank's slices
-    if dist.get_backend(group) == "nccl":
-        if local.device.type != "cuda": local = local.to(torch.device("cuda", torch.cuda.current_device()))
+    if dist.get_backend(group) == "nccl" and local.device.type != "cuda": local = local.to(torch.device("cuda", torch.cuda.current_device()))
+    if everyone and dist.get_backend(group) == "nccl":
         big = torch.empty(world * local.numel(), dtype=torch.uint8, device=local.device)
         dist.all_gather_into_tensor(big, local, group=group)
         gathered = list(big.chunk(world))                                            # world × [S]
-    else:
+    elif everyone:
         gathered = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(gathered, local, group=group)
+    else:   # only rank 0 needs the bucket: nothing leaves it but the broadcast to the engines
+        root = dist.get_global_rank(group, 0)
+        gathered = [torch.empty_like(local) for _ in range(world)] if dist.get_rank(group) == 0 else None
+        dist.gather(local, gathered, dst=root, group=group)
     if device is None: return None
     return place_slices(gathered, [t.numel() * t.element_size() for t in parts], specs, nbytes, device)
 
@@ -301,11 +306,12 @@ def send_weights(named_params:Iterable[tuple[str, Tensor]], # `model.named_param
     if group is None and not partitioned: return stats   # plain replicas: rank 0 sends alone
     stats["t_start"], stats["host"] = time.time(), socket.gethostname()   # wall clock: comparable with the receivers' t_end on one host
     t_start, pending = time.perf_counter(), None
+    everyone = getattr(group, "backend", None) == "ipc"   # colocated: every rank sends; else rank 0 alone (the others have no group)
     for k, specs in enumerate(plan.buckets):
         ps = [params[s.name] for s in specs]
         t0 = time.perf_counter()
         dev = group.device if group is not None else None
-        if partitioned and all(_partitioned(p) for p in ps): flat = gather_bucket(ps, specs, plan.bucket_nbytes[k], dev)
+        if partitioned and all(_partitioned(p) for p in ps): flat = gather_bucket(ps, specs, plan.bucket_nbytes[k], dev, everyone)
         else:   # replicas, or a bucket that mixes partitioned and whole tensors
             import deepspeed
             with (deepspeed.zero.GatheredParameters(ps, modifier_rank=None) if partitioned else nullcontext()):
