@@ -12,7 +12,7 @@ import torch
 from fastcore.basics import patch
 from .actors import submit, gather, GPU_SAFETY_ENV
 from .config import ConfigError
-from .weight_sync import SyncPlan, join_group, load_into_module, engine_layout, receive_buckets
+from .weight_sync import SyncPlan, accepted, join_group, load_into_module, engine_layout, receive_buckets
 
 # %% auto 0
 __all__ = ['ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask', 'HFEngine', 'VllmEngine', 'engine_env',
@@ -293,7 +293,9 @@ def receive_weights(self:HFEngine, plan:dict, # `SyncPlan.to_dict()` of this syn
     "Receive one sync's buckets and copy them into the model's parameters."
     if self.sync_group is None: raise RuntimeError("receive_weights before join_weight_sync. Fix: connect_weight_sync(learners, engines) first.")
     stats = {}
-    load_into_module(self.model, receive_buckets(self.sync_group, SyncPlan.from_dict(plan), stats, timing))
+    weights = accepted(receive_buckets(self.sync_group, SyncPlan.from_dict(plan), stats, timing), stats)
+    if weights is None: return stats   # the learner refused this sync (NaN/Inf): keep the weights held
+    load_into_module(self.model, weights)
     self._weights_version = int(plan.get("version", 0))
     return stats
 
@@ -322,6 +324,7 @@ def join_weight_sync(self:VllmEngine, host:str, port:int, world_size:int, rank_o
 def receive_weights(self:VllmEngine, plan:dict, timing:bool=False) -> dict:
     "Every TP worker receives the full tensors and loads them through vLLM's loaders (which shard them); then the prefix cache is reset."
     stats = self.llm.collective_rpc("grpo_receive_weights", args=(plan, timing, self.weight_load))
+    if stats[0].get("refused"): return stats[0]   # the learner refused this sync: the weights and their version stay
     self.llm.reset_prefix_cache()
     self._weights_version = int(plan.get("version", 0))
     return stats[0]

@@ -22,7 +22,7 @@ from .placement import create_placement_groups, placed_actor_options, Layout, Pl
 from .rewards import REWARDS, compute_rewards, RewardContext
 from .plugins import PluginError, check_registered, import_plugins, load_plugins, worker_hook
 from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend
-from .weight_sync import connect_weight_sync, sync_weights, WeightSyncError, verify_weight_sync, vllm_load_mode
+from .weight_sync import connect_weight_sync, sync_plan, sync_weights, WeightSyncError, verify_weight_sync, vllm_load_mode
 from .rollout import check_tensor_parallel
 from .memory import plan_config, colocated_plan
 
@@ -384,13 +384,14 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     self.actors = start_actors(self.cfg, self.layout)
     self.startup = {"startup/ray_s": t1 - t0, **self.actors.sync_info.get("startup", {})}
     self.consumed = 0
+    self.sync_plan = sync_plan(self.actors.learner.actors)   # the same for every sync of the run: each sync then skips that round trip
     if resume_from:
         meta = self.actors.learner.load(resume_from)
         ds = meta.get("data_state") or {}
         self.step, self.consumed = int(meta["step"]), int(ds.get("consumed", meta["step"] * self.cfg.rollout.prompts_per_step))
         self.resume_record = ds.get("record")   # the step's metrics, in case the kill came between the save and the log
         t2 = time.perf_counter()
-        sync_weights(self.actors.learner.actors, self.actors.engines, version=self.step)   # the engines still hold the initial weights
+        sync_weights(self.actors.learner.actors, self.actors.engines, version=self.step, plan=self.sync_plan)   # the engines still hold the initial weights
         self.startup["startup/resume_sync_s"] = time.perf_counter() - t2
         self.events.append(f"resumed from {resume_from} at step {self.step}, data position {self.consumed}")
     self.version = self.step
@@ -481,7 +482,7 @@ def loop(self:Run):
         t2 = time.perf_counter()
         st = {}
         if R.fault_skip_sync_step == step: self.events.append(f"step {step}: weight sync skipped on purpose (rollout.fault_skip_sync_step)")
-        else: st = sync_weights(self.actors.learner.actors, eng, version=step)
+        else: st = sync_weights(self.actors.learner.actors, eng, version=step, plan=self.sync_plan)
         t3 = time.perf_counter()
         if sleepy: self.release_learner_cache()   # ... and so would the sync's gathered buckets
         t4 = time.perf_counter()
@@ -526,7 +527,7 @@ def verify(self:Run, step:int) -> dict:
     except WeightSyncError as e:
         stale = 1
         self.events.append(f"step {step}: an engine did not match the learner ({str(e)[:160]}...); synced again")
-        sync_weights(L, E, version=step)
+        sync_weights(L, E, version=step, plan=self.sync_plan)
         rep = verify_weight_sync(L, E, atol=atol, version=step)   # a second mismatch propagates: its message names the fix
     if R.placement == "colocated": self.release_learner_cache()   # the check's gathers, before the next step's engines run
     return {"sync/max_abs_logprob_diff": rep["max_abs_logprob_diff"], "sync/logprob_atol": rep["logprob_atol"],

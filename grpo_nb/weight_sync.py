@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_weight_sync.ipynb 4
 from __future__ import annotations
-import json, math, re, time, socket
+import itertools, json, math, re, time, socket
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,11 +19,12 @@ from .placement import sync_rank
 __all__ = ['ALIGN', 'DEFAULT_BUCKET_BYTES', 'UNIT_ROUNDOFF', 'DEFAULT_VERIFY_PROMPTS', 'sync_unit', 'plan_buckets', 'TensorSpec',
            'SyncPlan', 'full_shape', 'full_numel', 'make_plan', 'pack_bucket', 'unpack_bucket', 'SyncGroup',
            'open_store', 'join_group', 'WeightSyncError', 'NonFiniteWeightsError', 'nonfinite_flags',
-           'nonfinite_params', 'place_slices', 'gather_bucket', 'send_weights', 'receive_buckets', 'check_covered',
-           'load_into_module', 'vllm_load_mode', 'refresh_shared_modules', 'VllmWorkerExtension', 'tensor_checksum',
-           'module_checksums', 'expected_tensor', 'param_layout', 'engine_layout', 'expected_checksums',
-           'compare_checksums', 'slice_map', 'load_slices', 'gathered_checksums', 'sequence_logprobs', 'logprob_atol',
-           'verify_sync', 'WeightSyncSource', 'connect_weight_sync', 'verify_weight_sync', 'sync_weights']
+           'nonfinite_params', 'place_slices', 'gather_bucket', 'send_weights', 'receive_buckets', 'accepted',
+           'check_covered', 'load_into_module', 'vllm_load_mode', 'refresh_shared_modules', 'VllmWorkerExtension',
+           'tensor_checksum', 'module_checksums', 'expected_tensor', 'param_layout', 'engine_layout',
+           'expected_checksums', 'compare_checksums', 'slice_map', 'load_slices', 'gathered_checksums',
+           'sequence_logprobs', 'logprob_atol', 'verify_sync', 'WeightSyncSource', 'connect_weight_sync',
+           'verify_weight_sync', 'sync_plan', 'sync_weights']
 
 # %% ../nbs/06_weight_sync.ipynb 7
 _UNIT = re.compile(r"^(.*?\.\d+)\.")
@@ -298,12 +299,18 @@ def send_weights(named_params:Iterable[tuple[str, Tensor]], # `model.named_param
                  plan:SyncPlan, # the plan of this sync (the same on every rank)
                  group:SyncGroup|None, # the sync group on learner rank 0 (colocated, ipc: on every rank); None on the other ranks
                  timing:bool=False, # synchronise and time every phase (benchmarks)
-                ) -> dict: # rank 0: bytes, gather_s, send_s, total_s; other ranks: gather_s only
+                 check_finite:bool=False, # check for NaN/Inf first; a sender whose weights hold any refuses the sync in its header
+                ) -> dict: # rank 0: bytes, gather_s, send_s, total_s, nonfinite; other ranks: gather_s, nonfinite
     "Gather every bucket of `plan` (all learner ranks under ZeRO-3) and broadcast it from rank 0 to every engine worker."
     params = dict(named_params)
     partitioned = any(_partitioned(p) for p in params.values())
     stats = {"bytes": 0, "gather_s": 0.0, "send_s": 0.0, "buckets": len(plan.buckets)}
     if group is None and not partitioned: return stats   # plain replicas: rank 0 sends alone
+    stats["nonfinite"] = bad = nonfinite_params(params.items()) if check_finite else []   # all-reduced over the ranks under ZeRO-3
+    if group is not None:   # the header: a non-zero first byte tells every receiver to keep its weights
+        head = torch.zeros(ALIGN, dtype=torch.uint8, device=group.device); head[0] = int(bool(bad))
+        group.broadcast(head).wait(); _sync_device(group.device)
+    if bad: return stats
     stats["t_start"], stats["host"] = time.time(), socket.gethostname()   # wall clock: comparable with the receivers' t_end on one host
     t_start, pending = time.perf_counter(), None
     everyone = getattr(group, "backend", None) == "ipc"   # colocated: every rank sends; else rank 0 alone (the others have no group)
@@ -336,9 +343,12 @@ def receive_buckets(group:SyncGroup, # this worker's sync group
                     stats:dict|None=None, # filled with recv_s, load_s, bytes
                     timing:bool=False, # synchronise around each phase (benchmarks)
                    ) -> Iterator[tuple[str, Tensor]]: # (name, full tensor view), in plan order
-    "Receive every bucket of `plan` from rank 0, yielding its tensors; the next bucket is in flight meanwhile."
+    "Receive every bucket of `plan` from rank 0, yielding its tensors; the next bucket is in flight meanwhile (nothing when the header refuses the sync)."
     stats = {} if stats is None else stats
     stats.update(recv_s=0.0, load_s=0.0, bytes=0)
+    head = torch.empty(ALIGN, dtype=torch.uint8, device=group.device)
+    group.broadcast(head).wait()                                   # the header: non-zero, the sender refused this sync
+    if int(head[0]): stats["refused"] = True; return
     def post(k):
         buf = torch.empty(plan.bucket_nbytes[k], dtype=torch.uint8, device=group.device)
         return buf, group.broadcast(buf)
@@ -357,7 +367,18 @@ def receive_buckets(group:SyncGroup, # this worker's sync group
     _sync_device(group.device)
     stats["t_end"], stats["host"] = time.time(), socket.gethostname()   # when the last bucket was handed over (and copied, on GPU)
 
-# %% ../nbs/06_weight_sync.ipynb 65
+# %% ../nbs/06_weight_sync.ipynb 64
+_END = object()
+
+def accepted(weights:Iterator[tuple[str, Tensor]], # `receive_buckets(...)`, not yet started
+             stats:dict, # the dict `receive_buckets` was given
+            ) -> Iterator[tuple[str, Tensor]]|None: # the same tensors; None when the sender refused the sync
+    "Read a sync's header (and its first bucket) before any loader runs: None means keep the weights you hold."
+    first = next(weights, _END)
+    if stats.get("refused"): return None
+    return iter(()) if first is _END else itertools.chain([first], weights)
+
+# %% ../nbs/06_weight_sync.ipynb 66
 def check_covered(params:Iterable[str], # the engine's parameter names
                   loaded:Iterable[str], # the names a sync loaded
                  ) -> None:
@@ -365,7 +386,7 @@ def check_covered(params:Iterable[str], # the engine's parameter names
     missing = sorted(set(params) - set(loaded))
     if missing: raise WeightSyncError(f"the sync did not cover {len(missing)} engine parameters, e.g. {missing[:3]}; they would stay stale.")
 
-# %% ../nbs/06_weight_sync.ipynb 68
+# %% ../nbs/06_weight_sync.ipynb 69
 def load_into_module(module:nn.Module, # the engine's model
                      named:Iterable[tuple[str, Tensor]], # (name, full tensor), e.g. from `receive_buckets`
                      strict:bool=True, # every parameter of `module` must be received
@@ -382,7 +403,7 @@ def load_into_module(module:nn.Module, # the engine's model
     if strict: check_covered(params, seen)
     return len(seen)
 
-# %% ../nbs/06_weight_sync.ipynb 70
+# %% ../nbs/06_weight_sync.ipynb 71
 def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct", "slices" or "reload"
                    quantization:str|None, # the engine's `model_config.quantization` (None: unquantized)
                    device_type:str, # the worker's device type: "cuda" or "cpu"
@@ -397,7 +418,7 @@ def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct", "
     if weight_load == "auto": return "slices" if can_direct else "reload"
     return weight_load
 
-# %% ../nbs/06_weight_sync.ipynb 73
+# %% ../nbs/06_weight_sync.ipynb 74
 def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.get_model()`)
                           ) -> list[str]: # names of the modules re-processed
     "Re-run `quant_method.process_weights_after_loading` on every module that shares a parameter with another module."
@@ -414,7 +435,7 @@ def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.
                 qm.process_weights_after_loading(mod); done.append(name)
     return done
 
-# %% ../nbs/06_weight_sync.ipynb 74
+# %% ../nbs/06_weight_sync.ipynb 75
 class VllmWorkerExtension:
     "Weight-sync methods added to every vLLM worker; called through `LLM.collective_rpc('grpo_…')`."
     def grpo_join_sync(self, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo", timeout_s:float=600) -> int:
@@ -430,7 +451,8 @@ class VllmWorkerExtension:
         stats, t0 = {}, time.perf_counter()
         model = self.model_runner.get_model()
         stats["weight_load"] = how = vllm_load_mode(weight_load, self.vllm_config.model_config.quantization, self.device.type)
-        weights = receive_buckets(self.grpo_group, SyncPlan.from_dict(plan), stats, timing)
+        weights = accepted(receive_buckets(self.grpo_group, SyncPlan.from_dict(plan), stats, timing), stats)
+        if weights is None: return stats   # the learner refused this sync (NaN/Inf): keep the weights held
         with set_current_vllm_config(self.vllm_config):
             if how == "slices" and getattr(self, "grpo_slices", None) is None:
                 self.grpo_slices = slice_map(model) or {}   # once per worker; {}: some parameter is held repacked
@@ -455,7 +477,7 @@ class VllmWorkerExtension:
         g = getattr(self, "grpo_group", None)
         if g is not None: g.close(); self.grpo_group = None
 
-# %% ../nbs/06_weight_sync.ipynb 76
+# %% ../nbs/06_weight_sync.ipynb 77
 _CHUNK, _MOD = 1 << 22, 65521
 _WEIGHTS:dict = {}   # device -> position weights `i % _MOD + 1` for i < _CHUNK + _MOD (34 MB), made once per device
 
@@ -472,13 +494,13 @@ def tensor_checksum(t:Tensor) -> int:
         total = part if total is None else total + part        # on the device: one host sync per tensor
     return 0 if total is None else int(total) % (1 << 64)
 
-# %% ../nbs/06_weight_sync.ipynb 78
+# %% ../nbs/06_weight_sync.ipynb 79
 def module_checksums(named:Iterable[tuple[str, Tensor]], # (name, tensor) pairs
                     ) -> dict[str, int]:
     "Checksum of every tensor, by name."
     return {n: tensor_checksum(t) for n, t in named}
 
-# %% ../nbs/06_weight_sync.ipynb 81
+# %% ../nbs/06_weight_sync.ipynb 82
 def expected_tensor(full:Callable[[str], Tensor], # learner tensor by name (full, gathered)
                     entry:dict, # a layout: {"dim", "pieces", "shape"} (see `engine_layout`)
                    ) -> Tensor: # what the engine must hold for this parameter
@@ -489,7 +511,7 @@ def expected_tensor(full:Callable[[str], Tensor], # learner tensor by name (full
     if pad > 0: t = torch.cat([t, t.new_zeros(*t.shape[:d], pad, *t.shape[d + 1:])], d)   # vocabulary padding rows
     return t
 
-# %% ../nbs/06_weight_sync.ipynb 85
+# %% ../nbs/06_weight_sync.ipynb 86
 def param_layout(module:nn.Module, # the layer owning the parameter (vLLM: a linear, embedding or norm layer)
                  p:Tensor, # the parameter as the engine holds it
                  sources:Sequence[str], # the learner's tensor names it is made of, in packing order
@@ -514,7 +536,7 @@ def param_layout(module:nn.Module, # the layer owning the parameter (vLLM: a lin
     if idim is not None and getattr(module, "input_is_parallel", False): return one(idim, r * shape[idim], shape[idim])
     return one(od, r * shape[od], shape[od])
 
-# %% ../nbs/06_weight_sync.ipynb 89
+# %% ../nbs/06_weight_sync.ipynb 90
 def _sources(name:str, packed:dict[str, list[str]]) -> list[str]:
     "The learner's names of a parameter's pieces: `...qkv_proj.weight` -> the q/k/v names, else the name itself."
     mod, _, leaf = name.rpartition(".")
@@ -535,7 +557,7 @@ def engine_layout(model:nn.Module, # the engine's model (vLLM: `worker.model_run
         out[name] = lay | {"checksum": tensor_checksum(p) if fits else None}
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 92
+# %% ../nbs/06_weight_sync.ipynb 93
 def expected_checksums(named_params:Iterable[tuple[str, Tensor]], # learner parameters (ZeRO-3 placeholders are fine)
                        plan:SyncPlan, # gives the buckets
                        layouts:Sequence[dict[str, dict]], # one per engine worker: `engine_layout`'s output
@@ -569,7 +591,7 @@ def expected_checksums(named_params:Iterable[tuple[str, Tensor]], # learner para
     held.clear()
     return out if rank == 0 else []
 
-# %% ../nbs/06_weight_sync.ipynb 95
+# %% ../nbs/06_weight_sync.ipynb 96
 def compare_checksums(held:Sequence[Sequence[dict[str, dict]]], # per engine, per TP rank: `engine_layout`'s output
                       want:Sequence[dict[str, int]], # per worker (engines' ranks in order): `expected_checksums`'s output
                      ) -> dict: # compared, repacked, workers, exact (True only when every parameter of every worker matched)
@@ -587,7 +609,7 @@ def compare_checksums(held:Sequence[Sequence[dict[str, dict]]], # per engine, pe
             w += 1
     return {"compared": compared, "repacked": repacked, "workers": w, "exact": w > 0 and repacked == 0}
 
-# %% ../nbs/06_weight_sync.ipynb 98
+# %% ../nbs/06_weight_sync.ipynb 99
 def slice_map(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.get_model()`)
              ) -> dict[str, list[tuple]]|None: # learner name -> [(parameter, dim, offset, source dim | None, start, length)]; None: not every parameter has a plain layout
     "Where each learner tensor's slices go in `model`'s parameters, from `param_layout` (None when some parameter is held repacked)."
@@ -602,7 +624,7 @@ def slice_map(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.
             else: out.setdefault(q[0], []).append((p, lay["dim"], off, q[1], q[2], q[3])); off += q[3]
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 100
+# %% ../nbs/06_weight_sync.ipynb 101
 @torch.no_grad()
 def load_slices(weights:Iterable[tuple[str, Tensor]], # (learner name, full tensor), e.g. from `receive_buckets`
                 smap:dict[str, list[tuple]], # `slice_map` of the engine's model
@@ -616,7 +638,7 @@ def load_slices(weights:Iterable[tuple[str, Tensor]], # (learner name, full tens
         done.add(name)
     return done
 
-# %% ../nbs/06_weight_sync.ipynb 103
+# %% ../nbs/06_weight_sync.ipynb 104
 def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner parameters (ZeRO-3 placeholders are fine)
                        plan:SyncPlan, # gives the buckets: memory stays bounded as in a sync
                        rank:int=0, # this learner's rank; only rank 0 computes
@@ -633,7 +655,7 @@ def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner para
             if rank == 0: out.update({s.name: tensor_checksum(p) for s, p in zip(specs, ps)})
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 105
+# %% ../nbs/06_weight_sync.ipynb 106
 @torch.no_grad()
 def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input_ids=...).logits`)
                       sequences:Sequence[Sequence[int]], # prompt + completion token ids
@@ -657,7 +679,7 @@ def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input
         i = j
     return (out, zmax) if with_max_logit else out
 
-# %% ../nbs/06_weight_sync.ipynb 109
+# %% ../nbs/06_weight_sync.ipynb 110
 UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 "Unit roundoff of each floating-point dtype: the largest relative error of one rounding."
 
@@ -669,11 +691,11 @@ def logprob_atol(dtype:str, # the policy's dtype, e.g. "bfloat16"
     u = UNIT_ROUNDOFF.get(str(dtype).removeprefix("torch."), UNIT_ROUNDOFF["bfloat16"])
     return max(1e-4, 4 * u * float(max_abs_logit) * math.sqrt(max(1, layers)))
 
-# %% ../nbs/06_weight_sync.ipynb 112
+# %% ../nbs/06_weight_sync.ipynb 113
 DEFAULT_VERIFY_PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14], [15, 16]]
 "Token-id prompts used by `verify_sync` when none are given (valid for any vocabulary of 17 tokens or more)."
 
-# %% ../nbs/06_weight_sync.ipynb 114
+# %% ../nbs/06_weight_sync.ipynb 115
 def _check_version(engines, version, timeout_s):
     held = gather([submit(e, "weights_version") for e in engines], timeout_s)
     stale = [(i, v) for i, v in enumerate(held) if v != version]
@@ -681,7 +703,7 @@ def _check_version(engines, version, timeout_s):
         raise WeightSyncError(f"engine {stale[0][0]} holds the weights of version {stale[0][1]}, the learner is at version {version} "
                               f"({len(stale)} engine(s) stale: a sync was missed). Fix: sync again; if it persists, re-create the engine.")
 
-# %% ../nbs/06_weight_sync.ipynb 116
+# %% ../nbs/06_weight_sync.ipynb 117
 def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`, `weight_checksums`, `weights_version`)
                 score:Callable[[list, list], list|dict], # (sequences, prompt_lens) -> learner log-probs per completion token (or `{"logprobs", "max_abs_logit", "dtype", "layers"}`)
                 prompts:Sequence|None=None, # fixed prompts (token ids or strings); None: `DEFAULT_VERIFY_PROMPTS`
@@ -729,7 +751,7 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
                 "(stale, partially loaded or corrupted). Fix: sync again; if it persists, re-create the engine.")
     return report
 
-# %% ../nbs/06_weight_sync.ipynb 118
+# %% ../nbs/06_weight_sync.ipynb 119
 class WeightSyncSource:
     "Mixin for learner actors: the learner side of `connect_weight_sync`, `sync_weights` and `verify_weight_sync`."
     def sync_module(self) -> nn.Module:
@@ -763,9 +785,9 @@ class WeightSyncSource:
         check_s = time.perf_counter() - t0
         plan = make_plan(m.named_parameters(), bucket_bytes, version) if self.learner_rank() == 0 else None
         return {"nonfinite": bad, "plan": None if plan is None else plan.to_dict(), "check_s": check_s}
-    def ws_send(self, plan:dict, timing:bool=False) -> dict:
-        "Every rank: gather and broadcast the buckets of `plan` (rank 0; with ipc, every rank to the engines on its GPU)."
-        return send_weights(self.sync_module().named_parameters(), SyncPlan.from_dict(plan), getattr(self, "_ws_group", None), timing)
+    def ws_send(self, plan:dict, timing:bool=False, check:bool=False) -> dict:
+        "Every rank: (`check`: refuse NaN/Inf in the header, then) gather and broadcast the buckets of `plan` (rank 0; with ipc, every rank to the engines on its GPU)."
+        return send_weights(self.sync_module().named_parameters(), SyncPlan.from_dict(plan), getattr(self, "_ws_group", None), timing, check)
     def ws_checksums(self, plan:dict, layouts:list|None=None) -> dict|list:
         "Every rank: checksums of the full tensors, or (`layouts` given) of the tensors each engine worker must hold (rank 0 returns them)."
         named = self.sync_module().named_parameters()
@@ -795,7 +817,7 @@ class WeightSyncSource:
         if g is not None: g.close()
         self._ws_group = self._ws_store = None
 
-# %% ../nbs/06_weight_sync.ipynb 119
+# %% ../nbs/06_weight_sync.ipynb 120
 def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`WeightSyncSource`), rank 0 first
                         engines:Sequence, # engine objects or actor handles
                         tp:int=1, # TP workers per engine
@@ -811,7 +833,7 @@ def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`
     ranks = gather(calls, timeout_s)
     return {"host": host, "port": port, "backend": backend, "world_size": world, "engine_ranks": ranks[len(senders):], "senders": len(senders)}
 
-# %% ../nbs/06_weight_sync.ipynb 122
+# %% ../nbs/06_weight_sync.ipynb 123
 def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
                        engines:Sequence, # every engine
                        prompts:Sequence|None=None, # fixed prompts; None: `DEFAULT_VERIFY_PROMPTS`
@@ -829,8 +851,25 @@ def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
         return gather([submit(l, "ws_checksums", plan, layouts) for l in learners], timeout_s)[0]
     return verify_sync(engines, score, prompts, max_new_tokens, atol, expect if checksums else None, timeout_s, version)
 
-# %% ../nbs/06_weight_sync.ipynb 125
+# %% ../nbs/06_weight_sync.ipynb 127
 def _one_host(*stats) -> bool: return len({st.get("host") for st in stats}) == 1 and stats[0].get("host") is not None
+
+def _refuse(bad:list[str]) -> None:
+    if bad: raise NonFiniteWeightsError(f"{len(bad)} learner parameters hold NaN/Inf (e.g. {bad[:3]}); the sync was refused and the engines "
+                                        "keep their previous weights. Fix: find the divergence (learning rate, loss scale, bad batch) and "
+                                        "resume from the last good checkpoint.")
+
+def _prepare(learners, bucket_bytes, timeout_s) -> tuple[dict, float]:
+    preps = gather([submit(l, "ws_prepare", bucket_bytes) for l in learners], timeout_s)
+    _refuse(sorted({n for p in preps for n in p["nonfinite"]}))
+    return preps[0]["plan"], max(q.get("check_s", 0.0) for q in preps)
+
+def sync_plan(learners:Sequence, # every learner rank (rank 0 first)
+              bucket_bytes:int|None=DEFAULT_BUCKET_BYTES, # bucket size; None: the whole model at once
+              timeout_s:float|None=None, # give up after this many seconds
+             ) -> dict: # `SyncPlan.to_dict()`: the same for every sync of a run
+    "The plan of a model's syncs (a round trip to the learners, which also refuses NaN/Inf); pass it to `sync_weights` to skip that trip."
+    return _prepare(learners, bucket_bytes, timeout_s)[0]
 
 def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 gathers need them all
                  engines:Sequence, # every engine
@@ -838,25 +877,22 @@ def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 
                  version:int=0, # policy version stamped on the plan
                  timing:bool=False, # exact per-phase times (synchronises; for benchmarks)
                  timeout_s:float|None=None, # give up after this many seconds
+                 plan:dict|None=None, # `sync_plan`'s result, kept from an earlier sync: the NaN/Inf check then rides in the sync's header
                 ) -> dict: # bytes, tensors, buckets, prepare_s, check_s, gather_s, send_s, recv_s, load_s, total_s, call_s
-    "Check the learner's weights, then push them into every engine; refuses NaN/Inf before any engine is contacted."
-    t0 = time.perf_counter()
-    preps = gather([submit(l, "ws_prepare", bucket_bytes, version) for l in learners], timeout_s)
-    bad = sorted({n for p in preps for n in p["nonfinite"]})
-    if bad:
-        raise NonFiniteWeightsError(f"{len(bad)} learner parameters hold NaN/Inf (e.g. {bad[:3]}); the sync was refused and the engines "
-                                    "keep their previous weights. Fix: find the divergence (learning rate, loss scale, bad batch) and "
-                                    "resume from the last good checkpoint.")
-    plan = preps[0]["plan"]
+    "Check the learner's weights, then push them into every engine; NaN/Inf is refused before any engine loads anything."
+    t0, check, check_s = time.perf_counter(), plan is not None, 0.0
+    if plan is None: plan, check_s = _prepare(learners, bucket_bytes, timeout_s)
+    plan = {**plan, "version": version}
     t1 = time.perf_counter()
     res = gather([submit(e, "receive_weights", plan, timing) for e in engines] +
-                 [submit(l, "ws_send", plan, timing) for l in learners], timeout_s)
+                 [submit(l, "ws_send", plan, timing, check) for l in learners], timeout_s)
     call_s = time.perf_counter() - t1
     recv, sent = res[:len(engines)], res[len(engines)]
+    _refuse(sorted({n for s in res[len(engines):] for n in s.get("nonfinite", [])}))   # every engine kept its weights
     p = SyncPlan.from_dict(plan)
     ends = [r["t_end"] for r in recv if "t_end" in r]
     return {"bytes": p.total_bytes, "tensors": p.num_tensors, "buckets": len(p.buckets), "prepare_s": t1 - t0,
-            "check_s": max(q.get("check_s", 0.0) for q in preps),   # the NaN/Inf check (inside prepare_s)
+            "check_s": check_s,   # the NaN/Inf check of the plan's round trip (inside prepare_s; 0 when it rode in the header)
             "gather_s": sent["gather_s"], "send_s": sent["send_s"],
             "recv_s": max((r.get("recv_s", 0.0) for r in recv), default=0.0),
             "load_s": max((r.get("load_s", 0.0) for r in recv), default=0.0),

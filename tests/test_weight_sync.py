@@ -12,7 +12,7 @@ from grpo_nb.rollout import HFEngine
 from grpo_nb.weight_sync import (NonFiniteWeightsError, SyncPlan, WeightSyncError, WeightSyncSource,
                                  connect_weight_sync, join_group, load_into_module, make_plan, module_checksums,
                                  nonfinite_flags, nonfinite_params, open_store, engine_layout,
-                                 pack_bucket, plan_buckets, receive_buckets, send_weights, sequence_logprobs, sync_unit,
+                                 pack_bucket, plan_buckets, receive_buckets, send_weights, sequence_logprobs, sync_plan, sync_unit,
                                  sync_weights, tensor_checksum, unpack_bucket, verify_sync, verify_weight_sync)
 
 CFG = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
@@ -174,13 +174,21 @@ def test_protocol_end_to_end_and_nan_refusal():
         with torch.no_grad(): learner.model.model.layers[1].mlp.down_proj.weight[0, 0] += 1e-7
         with pytest.raises(WeightSyncError, match="bit-wise"):
             verify_weight_sync([learner], [engine], atol=1.0)
-        sync_weights([learner], [engine])
-        # NaN: refused before the engine is called; the engine keeps its weights
+        plan = sync_plan([learner])   # kept by the trainer: each later sync is one round trip
+        st = sync_weights([learner], [engine], plan=plan, version=4)
+        assert st["check_s"] == 0.0 and engine.weights_version() == 4
+        # NaN: refused before the engine is called (no plan), or in the sync's header (plan kept); the engine keeps its weights
         before = module_checksums(engine.model.named_parameters())
+        keep = learner.model.model.embed_tokens.weight[3, 3].item()
         with torch.no_grad(): learner.model.model.embed_tokens.weight[3, 3] = float("nan")
         with pytest.raises(NonFiniteWeightsError, match="model.embed_tokens.weight"):
             sync_weights([learner], [engine])
-        assert module_checksums(engine.model.named_parameters()) == before
+        with pytest.raises(NonFiniteWeightsError, match="model.embed_tokens.weight"):
+            sync_weights([learner], [engine], plan=plan, version=5)
+        assert module_checksums(engine.model.named_parameters()) == before and engine.weights_version() == 4
+        with torch.no_grad(): learner.model.model.embed_tokens.weight[3, 3] = keep   # the group goes on after a refused sync
+        sync_weights([learner], [engine], plan=plan, version=5)
+        assert "bit-identical" in verify_weight_sync([learner], [engine], version=5)["checksums"]
     finally:
         learner.ws_close(); engine.close()
 
