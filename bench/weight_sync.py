@@ -18,7 +18,8 @@ for a few bucket sizes, then verifies the engine bit for bit (checksums) and by 
 gate/up into single tensors, so for it the learner's checksums are taken of the same packing (concatenated full
 tensors) and compared with the checksums of the worker's own parameters (`bench/vllm_bench_ext.py`).
 Records go to bench/results/weight_sync.json (receiver, model, bytes, floor_s, gather_s, send_s, load_s, total_s,
-total_over_floor, device); a run replaces the records of its own receiver and keeps the other receiver's.
+total_over_floor, device; prepare_s, the plan's round trip, and call_plan_kept_s / total_plan_kept_s, the sync as the
+trainer makes it, with the plan kept and the NaN/Inf check in the sync's header); a run replaces the records of its own receiver and keeps the other receiver's.
 
 GPU (2 GPUs; see the guide page "Measured on GPUs"):                     python bench/weight_sync.py [--receiver vllm]
 CPU smoke test (tiny model, gloo, ~1 min):                               python bench/weight_sync.py --smoke [--receiver vllm]
@@ -38,7 +39,7 @@ os.environ.update(SAFE_ENV)   # before torch/NCCL start: the engine process inhe
 
 import torch  # noqa: E402
 from grpo_nb.rollout import HFEngine, VllmEngine, gather, submit  # noqa: E402
-from grpo_nb.weight_sync import (WeightSyncError, WeightSyncSource, connect_weight_sync, sync_weights,  # noqa: E402
+from grpo_nb.weight_sync import (WeightSyncError, WeightSyncSource, connect_weight_sync, sync_plan, sync_weights,  # noqa: E402
                                  tensor_checksum, verify_weight_sync)
 from vllm_bench_ext import raw_broadcast  # noqa: E402  (the floor, timed the same way on every side)
 
@@ -275,12 +276,15 @@ def main(argv=None) -> int:
             sync_weights([L], [E], bucket_bytes=bb, timeout_s=timeout)              # warm-up at this size
             timed = [sync_weights([L], [E], bucket_bytes=bb, timing=True, timeout_s=timeout) for _ in range(args.reps)]
             piped = [sync_weights([L], [E], bucket_bytes=bb, timeout_s=timeout) for _ in range(args.reps)]
+            plan = sync_plan([L], bb, timeout)   # as the trainer syncs: the plan kept, the NaN/Inf check in the sync's header
+            kept = [sync_weights([L], [E], bucket_bytes=bb, timeout_s=timeout, plan=plan) for _ in range(args.reps)]
             med = lambda rows, k: statistics.median(r[k] for r in rows)
             rec = {"receiver": args.receiver, "model": model_name, "bytes": nbytes, "tensors": first["tensors"],
                    "bucket": "whole model" if bb is None else f"{mib} MiB", "buckets": piped[0]["buckets"],
                    "floor_s": floor_s, "gather_s": med(timed, "gather_s"), "send_s": med(timed, "send_s"),
                    "load_s": med(timed, "load_s"), "recv_s": med(timed, "recv_s"), "phased_total_s": med(timed, "total_s"),
                    "total_s": med(piped, "total_s"), "check_s": med(piped, "check_s"), "call_s": med(piped, "call_s"),
+                   "prepare_s": med(piped, "prepare_s"), "call_plan_kept_s": med(kept, "call_s"), "total_plan_kept_s": med(kept, "total_s"),
                    "device": device_name, "reps": args.reps}
             if mode is not None: rec["weight_load"] = mode
             rec["gbps"] = {k: nbytes / rec[f"{k}_s"] / 1e9 for k in ("gather", "send", "load", "total") if rec[f"{k}_s"] > 0}
