@@ -21,6 +21,12 @@ def step_stats(xs:list[float]) -> dict:
     return {"mean": statistics.fmean(s), "median": statistics.median(s), "p90": s[min(len(s) - 1, math.ceil(0.9 * len(s)) - 1)]}
 
 
+def gpu_memory_mib() -> dict[int, int]:
+    "Memory in use on every GPU (MiB, by `nvidia-smi` index); raises OSError / ValueError / TimeoutExpired where nvidia-smi cannot answer."
+    out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+    return dict(tuple(int(x) for x in line.split(",")) for line in out.strip().splitlines())
+
+
 class MemoryPoller:
     "Peak memory in use of every GPU (MiB, as `nvidia-smi` reports it), polled every `every` seconds in a thread."
     def __init__(self, every:float=0.5):
@@ -29,11 +35,7 @@ class MemoryPoller:
     def _run(self):
         while not self._stop.is_set():
             try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=10).stdout
-                for line in out.strip().splitlines():
-                    i, used = (int(x) for x in line.split(","))
-                    self.peak[i] = max(self.peak.get(i, 0), used)
+                for i, used in gpu_memory_mib().items(): self.peak[i] = max(self.peak.get(i, 0), used)
             except (OSError, ValueError, subprocess.TimeoutExpired): pass
             self._stop.wait(self.every)
     def __enter__(self): self._t.start(); return self
@@ -61,8 +63,7 @@ def wait_gpus_free(limit_mib:int=2048, timeout:float=90, gpus:list[int]|None=Non
     t = time.monotonic()
     while time.monotonic() - t < timeout:
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
-            used = dict(tuple(int(x) for x in line.split(",")) for line in out.strip().splitlines())
+            used = gpu_memory_mib()
             if all(m < limit_mib for i, m in used.items() if gpus is None or i in gpus): return
         except (OSError, ValueError, subprocess.TimeoutExpired): return
         time.sleep(3)

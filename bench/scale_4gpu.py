@@ -116,8 +116,6 @@ def _build_model_here(name:str, out:Path, smoke:bool=False) -> Path:
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         m = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
     m.save_pretrained(out)
-    del m
-    if torch.cuda.is_available(): torch.cuda.empty_cache()
     return out
 
 

@@ -11,10 +11,10 @@ from .config import TrainConfig, load_config, ConfigError, run_cli
 
 # %% auto 0
 __all__ = ['SEED_LAYOUTS', 'PlacementError', 'sync_rank', 'LearnerSlot', 'EngineSlot', 'Layout', 'plan_layout', 'plan_colocated',
-           'layout_table', 'idle_advice', 'check_fills', 'learner_env', 'ray_start_args', 'cluster_nodes', 'nodes_text',
-           'wait_for_nodes', 'check_cluster', 'wait_for_group', 'PlacementGroups', 'create_placement_groups',
-           'placed_actor_options', 'placement_report', 'probe_placement', 'check_placement', 'reports_table',
-           'layout_command', 'layout_cli']
+           'layout_table', 'config_layout', 'idle_advice', 'check_fills', 'learner_env', 'ray_start_args',
+           'cluster_nodes', 'nodes_text', 'wait_for_nodes', 'check_cluster', 'wait_for_group', 'PlacementGroups',
+           'create_placement_groups', 'placed_actor_options', 'placement_report', 'probe_placement', 'check_placement',
+           'reports_table', 'layout_command', 'layout_cli']
 
 # %% ../nbs/02_placement.ipynb 7
 class PlacementError(ValueError):
@@ -339,6 +339,15 @@ def _from_config(cls, cfg, # a `grpo_nb.config.TrainConfig`
 Layout.from_config = classmethod(_from_config)
 
 # %% ../nbs/02_placement.ipynb 49
+def config_layout(cfg, # a `grpo_nb.config.TrainConfig`
+                  cpus_per_learner:float=1, # CPUs reserved per learner process
+                  cpus_per_engine_worker:float=1, # CPUs reserved per engine TP worker
+                 ) -> Layout:
+    "`Layout.from_config`, raising `ConfigError` (with the fix) where the layout cannot be placed."
+    try: return Layout.from_config(cfg, cpus_per_learner, cpus_per_engine_worker)
+    except PlacementError as e: raise ConfigError("cluster", f"the layout cannot be placed: {e.problem}", e.fix) from None
+
+# %% ../nbs/02_placement.ipynb 52
 def idle_advice(lay:Layout, # a planned layout
                ) -> str: # "" when every GPU has work, else a warning that names the fixes
     "How many GPUs `lay` leaves idle, on which nodes, and how to fill them."
@@ -358,7 +367,7 @@ def idle_advice(lay:Layout, # a planned layout
     if 0 < need < lay.nodes: fixes.append(f"--cluster.nodes={need} (and sbatch --nodes {need}): the work fits on {need} node(s)")
     return f"{lay.idle_gpus} of {lay.nodes * lay.gpus_per_node} GPUs would sit idle ({', '.join(runs)}). Fill them: " + "; or ".join(fixes)
 
-# %% ../nbs/02_placement.ipynb 53
+# %% ../nbs/02_placement.ipynb 56
 def check_fills(lay:Layout, # the run's layout
                 allow_idle:bool=False, # `cluster.allow_idle_gpus`: run with idle GPUs on purpose
                ) -> None:
@@ -366,7 +375,7 @@ def check_fills(lay:Layout, # the run's layout
     if lay.device != "cuda" or lay.idle_gpus <= 0 or allow_idle: return
     raise ConfigError("cluster", idle_advice(lay) + ".", "one of the changes above, or --cluster.allow_idle_gpus=true to run with them idle")
 
-# %% ../nbs/02_placement.ipynb 56
+# %% ../nbs/02_placement.ipynb 59
 SEED_LAYOUTS:dict[str, dict] = {
     "7B on 5 × 8 GPUs (open-instruct)": dict(nodes=5, gpus_per_node=8, learners_per_node=[8], num_engines=32, tp=1),
     "7B on 10 × 4 GPUs (Isambard port)": dict(nodes=10, gpus_per_node=4, learners_per_node=[2] * 10, num_engines=20, tp=1),
@@ -378,7 +387,7 @@ SEED_LAYOUTS:dict[str, dict] = {
 }
 "Named example layouts from the reference runs (and their mistakes), used by the notebook and the tests."
 
-# %% ../nbs/02_placement.ipynb 63
+# %% ../nbs/02_placement.ipynb 66
 def learner_env(lay:Layout, # the layout
                 rank:int, # learner rank
                 master_addr:str, # IP of learner rank 0's node (the rendezvous)
@@ -390,7 +399,7 @@ def learner_env(lay:Layout, # the layout
             "MASTER_PORT": str(master_port), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
             "GRPO_NODE_LOCAL_RANK": str(s.local_rank), "GRPO_LEARNER_BUNDLE": str(s.bundle)}
 
-# %% ../nbs/02_placement.ipynb 66
+# %% ../nbs/02_placement.ipynb 69
 def ray_start_args(role:Literal["head","worker"], # "head" starts the cluster, "worker" joins it
                    head_ip:str, # IP address of the head node
                    port:int=6379, # GCS port of the head
@@ -412,7 +421,7 @@ def ray_start_args(role:Literal["head","worker"], # "head" starts the cluster, "
     a += [f"--{k}={v}" for k, v in (options or {}).items()] + ["--disable-usage-stats"]
     return a + (["--block"] if block else [])
 
-# %% ../nbs/02_placement.ipynb 69
+# %% ../nbs/02_placement.ipynb 72
 def cluster_nodes() -> list[dict]:
     "Live nodes of the connected Ray cluster: id, IP, GPUs and CPUs (total and free now), sorted by IP."
     import ray
@@ -427,7 +436,7 @@ def cluster_nodes() -> list[dict]:
                      "free_gpus": _num(av.get("GPU", 0)), "free_cpus": _num(av.get("CPU", 0))})
     return sorted(rows, key=lambda r: (r["ip"], r["node_id"]))
 
-# %% ../nbs/02_placement.ipynb 71
+# %% ../nbs/02_placement.ipynb 74
 def nodes_text(rows:list[dict], # `cluster_nodes()`
                free:bool=True, # also say what is free now (Ray's view lags a little behind removals)
               ) -> str:
@@ -436,7 +445,7 @@ def nodes_text(rows:list[dict], # `cluster_nodes()`
     return "; ".join(f"{r['ip']} ({r['node_id'][:6]}): {r['gpus']} GPU{f(r, 'gpus')}, {r['cpus']} CPU{f(r, 'cpus')}"
                      for r in rows) or "no live node"
 
-# %% ../nbs/02_placement.ipynb 73
+# %% ../nbs/02_placement.ipynb 76
 def wait_for_nodes(n_nodes:int, # nodes that must be alive
                    n_gpus:int=0, # GPUs they must offer in total
                    timeout_s:float=300, # give up after this many seconds
@@ -462,7 +471,7 @@ def wait_for_nodes(n_nodes:int, # nodes that must be alive
         "look at `ray start --address=...` on the missing nodes (its log: <temp-dir>/session_latest/logs/raylet.err): "
         "the same RAY_AUTH_MODE (or token) on head, workers and driver, the head's port reachable, --num-gpus declared")
 
-# %% ../nbs/02_placement.ipynb 75
+# %% ../nbs/02_placement.ipynb 78
 def check_cluster(lay:Layout, # the plan
                   rows:list[dict], # `cluster_nodes()` of the live cluster
                  ) -> None:
@@ -486,7 +495,7 @@ def check_cluster(lay:Layout, # the plan
         raise PlacementError(f"the layout needs {_num(total)} {unit}s ({lay.num_engines} engines of {_num(eng)}); the cluster has "
                              f"{_num(sum(caps))}: {nt}.", fix)
 
-# %% ../nbs/02_placement.ipynb 77
+# %% ../nbs/02_placement.ipynb 80
 def wait_for_group(pg, # a ray PlacementGroup
                    what:str, # how to name it in errors ("learner", "engine")
                    timeout_s:float=60, # give up after this many seconds
@@ -507,7 +516,7 @@ def wait_for_group(pg, # a ray PlacementGroup
                                  f"{nodes_text(cluster_nodes())}.",
                                  "stop what holds them (ray list actors / placement-groups), or lower the engine count")
 
-# %% ../nbs/02_placement.ipynb 78
+# %% ../nbs/02_placement.ipynb 81
 @dataclass
 class PlacementGroups:
     "The placement groups realising a `Layout` on a live cluster (made by `create_placement_groups`)."
@@ -527,7 +536,7 @@ class PlacementGroups:
         for pg in (self.engines, self.learners):
             if pg is not None: remove_placement_group(pg)
 
-# %% ../nbs/02_placement.ipynb 79
+# %% ../nbs/02_placement.ipynb 82
 def create_placement_groups(lay:Layout, # the plan
                             timeout_s:float=60, # per group: refuse if not placed by then
                             poll_s:int=1, # seconds per slice of waiting
@@ -549,7 +558,7 @@ def create_placement_groups(lay:Layout, # the plan
         for pg in made: remove_placement_group(pg)
         raise
 
-# %% ../nbs/02_placement.ipynb 81
+# %% ../nbs/02_placement.ipynb 84
 def placed_actor_options(groups:PlacementGroups, # the live placement groups
                          role:Literal["learner","engine"], # which kind of actor
                          index:int, # learner rank, or engine index
@@ -571,7 +580,7 @@ def placed_actor_options(groups:PlacementGroups, # the live placement groups
     if env_vars: opts["runtime_env"] = {"env_vars": dict(env_vars)}
     return opts
 
-# %% ../nbs/02_placement.ipynb 83
+# %% ../nbs/02_placement.ipynb 86
 def placement_report() -> dict:
     "Where the calling Ray actor runs: node id, IP, host, pid, CUDA_VISIBLE_DEVICES and Ray's GPU ids."
     import ray
@@ -586,7 +595,7 @@ class _Probe:
         if extra is not None: r.update(extra())
         return r
 
-# %% ../nbs/02_placement.ipynb 84
+# %% ../nbs/02_placement.ipynb 87
 def probe_placement(groups:PlacementGroups, # the live placement groups
                     extra:Callable[[], dict]|None=None, # run inside every probe; its dict is merged into the report
                     env_vars:dict[str, str]|None=None, # environment of the probe actors
@@ -604,7 +613,7 @@ def probe_placement(groups:PlacementGroups, # the live placement groups
         for a in actors: ray.kill(a)
     return [{"role": role, **info, **r} for (role, _, info), r in zip(slots, reports)]
 
-# %% ../nbs/02_placement.ipynb 86
+# %% ../nbs/02_placement.ipynb 89
 def _check_colocated(lay:Layout, reports:list[dict], L:list[dict]) -> str:
     "Colocated: learner i and engine i share one GPU of one node; no two learners share a GPU."
     where = {}
@@ -621,7 +630,7 @@ def _check_colocated(lay:Layout, reports:list[dict], L:list[dict]) -> str:
     return next(r["ip"] for r in L if r["rank"] == 0)
 
 
-# %% ../nbs/02_placement.ipynb 87
+# %% ../nbs/02_placement.ipynb 90
 def check_placement(lay:Layout, # the plan
                     reports:list[dict], # `probe_placement` rows (or the same keys from real actors)
                    ) -> str:
@@ -650,7 +659,7 @@ def check_placement(lay:Layout, # the plan
                 owners[g] = f"{r['role']} {r['rank']}"
     return next(r["ip"] for r in L if r["rank"] == 0)
 
-# %% ../nbs/02_placement.ipynb 90
+# %% ../nbs/02_placement.ipynb 93
 def reports_table(reports:list[dict]) -> str:
     "One line per placed actor: role, rank, bundle, node, IP, CUDA_VISIBLE_DEVICES, sync ranks (and GPU UUID if reported)."
     lines = [f"{'role':<8} {'rank':>4} {'bundle':>6}  {'node':<8} {'ip':<15} {'CUDA_VISIBLE_DEVICES':<20} sync ranks"]
@@ -659,7 +668,7 @@ def reports_table(reports:list[dict]) -> str:
                      f"{str(r.get('cuda_visible_devices')):<20} {r.get('sync_ranks')}" + (f"  {r['gpu_uuids']}" if r.get("gpu_uuids") else ""))
     return "\n".join(lines)
 
-# %% ../nbs/02_placement.ipynb 94
+# %% ../nbs/02_placement.ipynb 97
 def layout_command(*, config:str|None=None, # YAML file or preset whose cluster/rollout sections give the defaults (default: the default config)
                    nodes:int|None=None, # nodes in the Ray cluster
                    gpus_per_node:int|None=None, # GPUs on each node

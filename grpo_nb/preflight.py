@@ -11,7 +11,7 @@ from .plugins import PluginError, check_registered, import_plugins, load_plugins
 from .rewards import REWARDS
 from .run import data_path, load_rows
 from .memory import plan_config, colocated_plan, GiB
-from .placement import Layout, idle_advice, PlacementError
+from .placement import Layout, config_layout, idle_advice
 from .tiny import builtin_model
 
 # %% auto 0
@@ -223,8 +223,7 @@ def job_env(cfg:TrainConfig, environ:dict) -> dict[str, str]:
         raise ConfigError("cluster.gpus_per_node", f"the config expects {C.gpus_per_node} GPUs a node but the job has {gpus}.",
                           f"sbatch --gpus-per-node={C.gpus_per_node} ..., or --cluster.gpus_per_node={gpus}")
     if C.device != "cpu":   # the layout check of `grpo_nb preflight`, before any node starts Ray
-        try: Layout.from_config(cfg)
-        except PlacementError as e: raise ConfigError("cluster", f"the layout cannot be placed: {e.problem}", e.fix) from None
+        config_layout(cfg)
     return {"OUTPUT_DIR": str(Path(cfg.logging.output_dir).resolve()), "CKPT_DIR": str(Path(d.checkpoint_dir).resolve()),
             "TOTAL_STEPS": str(cfg.total_steps), "CODE_REWARDS": "1" if uses_code_rewards(cfg) else "0"}
 

@@ -18,7 +18,7 @@ from .checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, wr
 from .models import resolve_model
 from .colocate import check_sleep_mode
 from .loss import group_advantages, zero_variance_groups
-from .placement import create_placement_groups, placed_actor_options, Layout, PlacementError, check_fills
+from .placement import create_placement_groups, placed_actor_options, check_fills, config_layout
 from .rewards import REWARDS, compute_rewards, RewardContext
 from .plugins import PluginError, check_registered, import_plugins, load_plugins, worker_hook
 from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend
@@ -368,8 +368,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
          ):
     "Ray, actors, resume (learner state, data position), then weights into the engines."
     C, Rw = self.cfg.cluster, self.cfg.reward
-    try: self.layout = Layout.from_config(self.cfg, C.cpus_per_learner, C.cpus_per_engine_worker)
-    except PlacementError as e: raise ConfigError("cluster", f"the layout cannot be placed: {e.problem}", e.fix) from None   # nothing started: exit 2
+    self.layout = config_layout(self.cfg, C.cpus_per_learner, C.cpus_per_engine_worker)   # unplaceable: a ConfigError, exit 2, nothing started
     check_fills(self.layout, C.allow_idle_gpus)   # GPUs the job pays for and never uses: refused with the changes that fill them
     check_backend(self.cfg.rollout.backend)   # before Ray starts: a missing engine library or sleep mode is named with its fix
     if self.cfg.rollout.placement == "colocated": check_sleep_mode(self.cfg.rollout.backend, self.layout.device, self.cfg.rollout.sleep_level)

@@ -184,3 +184,11 @@ def test_child_builds_its_grpo_config(tmp_path):
         g.update(bf16=False, use_cpu=True)
         cfg = trl.GRPOConfig(**g)
         assert cfg.generation_batch_size == 128 // S.TRL_ROLES[S.PEERS[layout]]["processes"] and cfg.vllm_mode == g["vllm_mode"]
+
+
+def test_step_times_hold_the_check_that_follows_each_sync():
+    lines = [{"time/step": 9.0, "prompt_len_mean": 512.0}] + [{"time/step": 2.0, "time/verify": 0.5, "prompt_len_mean": 512.0}] * 3 + [{"step": 0}]
+    f = S.step_fields(lines, warmup=1)
+    assert f["step_s_all"] == [9.0, 2.5, 2.5, 2.5] and f["timed_steps"] == 3 and f["step_mean_s"] == 2.5
+    assert f["step_mean_without_verify_s"] == 2.0 and f["prompt_tokens_mean"] == 512.0
+    assert S.step_fields([{"time/step": 1.0}], warmup=0)["prompt_tokens_mean"] is None   # older metrics: no prompt length logged
