@@ -136,5 +136,5 @@ wait
 [ -d "$OUT/e2e" ] && python3 bench/e2e_vs_trl.py --merge "$OUT/e2e" --out "$OUT/e2e_vs_trl.json" >> "$OUT/logs/session.log" 2>&1
 ls -la "$OUT" "$OUT/e2e" >> "$OUT/logs/session.log" 2>&1
 echo "session: $((SECONDS - T0)) s" | tee -a "$OUT/logs/session.log"
-mkdir -p "$DEST"; tar -czf "$DEST/gpuwork.tgz" -C "$OUT" . ; cp "$OUT"/*.json "$DEST"/ 2>/dev/null
+mkdir -p "$DEST"; tar -czf "$DEST/gpuwork.tgz" -C "$OUT" --exclude=./models . ; cp "$OUT"/*.json "$DEST"/ 2>/dev/null
 for f in "$OUT"/e2e/run_*.json; do [ -f "$f" ] && python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['run'], r.get('stats'), (r.get('error') or '')[-600:])" "$f"; done

@@ -126,7 +126,18 @@ def planned_gib(preset:str, over:list[str], layout:str, gpus:int) -> list[float]
     p = json.loads(r.stdout)
     if layout == "colocated": return [p["colocated"]["peak_bytes"] / 2**30] * gpus
     L = LAYOUTS[layout]["learners"]
-    return [p["learner"]["total_bytes"] / 2**30] * L + [p["engine"]["budget_bytes"] / 2**30] * (gpus - L)
+    return [p["learner"]["total_bytes"] / 2**30] * L + [p["engine"]["total_bytes"] / 2**30] * (gpus - L)
+
+
+def replan(records:list[dict]) -> list[dict]:
+    "Each record's `peak_gib_planned` from today's planner (the run's preset and overrides, the model by its built-in shape); the value the run was given stays in `peak_gib_planned_at_run`."
+    for r in records:
+        if r.get("smoke") or not str(r.get("command", "")).startswith("grpo_nb train ") or r.get("layout") not in LAYOUTS: continue
+        head, *over = r["command"].split(" --")   # joined with spaces, values unquoted ("--reward.functions={arith: 1.0}")
+        r.setdefault("peak_gib_planned_at_run", r.get("peak_gib_planned"))
+        r["peak_gib_planned"] = planned_gib(head.split()[2], [f"--{o}" for o in over] + [f"--model.name_or_path={r['model']}"],
+                                            r["layout"], LAYOUTS[r["layout"]]["gpus"])
+    return records
 
 
 def _floor_worker(rank:int, world:int, port:int, devs:list[int], nbytes:int, iters:int, q):
@@ -440,9 +451,13 @@ def main():
     ap.add_argument("--trl-timeout", type=float, default=540, help="seconds per TRL run (server start-up included)")
     ap.add_argument("--trl-micro-batch", type=int, default=TRL_MICRO, help="TRL sequences per rank per forward/backward")
     ap.add_argument("--dry-run", action="store_true", help="print every command and config, run nothing")
+    ap.add_argument("--replan", action="store_true", help="recompute peak_gib_planned of every record in --out with today's planner, run nothing")
     ap.add_argument("--trl-child", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.trl_child: trl_child(a.trl_child); return
+    if a.replan:
+        res = json.loads(Path(a.out).read_text()); res["records"] = replan(res["records"])
+        Path(a.out).write_text(json.dumps(res, indent=1)); return
     SHAPE.update(steps=a.steps, warmup=a.warmup)
     global NO_FLOOR
     NO_FLOOR = a.no_floor

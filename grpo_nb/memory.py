@@ -13,12 +13,12 @@ from .tiny import builtin_model, tiny_config
 
 # %% auto 0
 __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer', 'ZERO3_BUCKETS', 'Attn', 'LogitsMode',
-           'RefPolicy', 'TERMS', 'ModelShape', 'layer_modules', 'param_counts', 'matches_published', 'shape_from_hf',
-           'get_shape', 'shape_to_hf', 'weights_bytes', 'moment_bytes_per_param', 'optimizer_bytes', 'ZeroKnobs',
-           'zero3_settings', 'grads_bytes', 'buffers_bytes', 'embedding_grad_bytes', 'step_transient_bytes',
-           'layer_activation_bytes', 'backward_working_bytes', 'fused_saving_bytes', 'activations_bytes',
-           'elementwise_fused', 'logits_bytes', 'zero3_gathered', 'persistent_params', 'Overheads', 'ref_policy_bytes',
-           'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu', 'valid_tps', 'kv_bytes_per_token',
+           'RefPolicy', 'TERMS', 'SYNC_BUCKET_BYTES', 'RELEASE_MARGIN', 'ModelShape', 'layer_modules', 'param_counts',
+           'matches_published', 'shape_from_hf', 'get_shape', 'shape_to_hf', 'weights_bytes', 'moment_bytes_per_param',
+           'optimizer_bytes', 'ZeroKnobs', 'zero3_settings', 'grads_bytes', 'buffers_bytes', 'embedding_grad_bytes',
+           'step_transient_bytes', 'layer_activation_bytes', 'backward_working_bytes', 'fused_saving_bytes',
+           'activations_bytes', 'elementwise_fused', 'logits_bytes', 'zero3_gathered', 'persistent_params', 'Overheads',
+           'ref_policy_bytes', 'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu', 'valid_tps', 'kv_bytes_per_token',
            'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory', 'engine_memory', 'min_learner_gpus',
            'min_engine_tp', 'Plan', 'gpu_budget', 'host_budget', 'plan', 'plan_json', 'format_plan', 'plan_command',
            'plan_cli', 'plan_config', 'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'plot_terms',
@@ -592,9 +592,13 @@ class EngineMemory:
     max_tokens:int # tokens the cache holds (whole 16-token blocks)
     tokens_per_seq:int # one sequence's cache footprint (prompt + generation, rounded up to blocks)
     max_concurrent_seqs:int # sequences of `tokens_per_seq` that fit at once (≤ max_num_seqs)
-    fits:bool # weights fit and at least one whole sequence fits in the cache
+    fits:bool # weights fit, at least one whole sequence fits in the cache, and `total_bytes` fits the GPU
+    sync_buffer_bytes:int # the weight sync's receive buffers, allocated beside vLLM's budget (two buckets in flight)
+    total_bytes:int # budget + sync buffers: what the engine GPU must have
 
 # %% ../nbs/01_memory.ipynb 111
+SYNC_BUCKET_BYTES = 1 << 30   # the weight sync's bucket (grpo_nb.weight_sync.DEFAULT_BUCKET_BYTES)
+
 def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelShape`
                   tp:int=1, # tensor-parallel GPUs of one engine
                   gpu_memory_utilization:float=0.9, # `U`
@@ -605,6 +609,7 @@ def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or 
                   max_num_batched_tokens:int=8192, # vLLM's tokens per forward (chunked prefill)
                   enforce_eager:bool=False, # no CUDA graphs
                   overheads:Overheads=Overheads(), # context, NCCL, CUDA-graph sizes
+                  sync_bucket_bytes:int=SYNC_BUCKET_BYTES, # the weight sync's bucket size (0: no sync buffers counted)
                  ) -> EngineMemory:
     "Weights, KV budget, cache capacity and concurrency of one vLLM engine GPU."
     s = get_shape(model)
@@ -617,8 +622,10 @@ def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or 
     cache = max(0, budget - w - act - over)
     max_tokens = cache // kvt // 16 * 16
     per_seq = math.ceil(seq_len / 16) * 16
+    sync = 2 * max(sync_bucket_bytes, s.vocab * s.hidden * 2) if sync_bucket_bytes else 0   # [V, h] bf16: the largest tensor
+    fits = max_tokens >= per_seq and budget + sync <= gpu_mem_gib * GiB
     return EngineMemory(tp, w, act, over, budget, kvt, cache, max_tokens, per_seq,
-                        min(max_num_seqs, max_tokens // per_seq), max_tokens >= per_seq)
+                        min(max_num_seqs, max_tokens // per_seq), fits, sync, budget + sync)
 
 # %% ../nbs/01_memory.ipynb 114
 def _learner_fits(m:LearnerMemory, gpu_mem_gib:float) -> bool: return m.total_bytes <= gpu_mem_gib * GiB
@@ -818,6 +825,8 @@ def format_plan(p:Plan, # a plan
              f"  {'activations':<20} {em.activation_bytes/GiB:8.2f} GiB",
              f"  {'context, graphs':<20} {em.overhead_bytes/GiB:8.2f} GiB",
              f"  {'KV cache':<20} {em.kv_cache_bytes/GiB:8.2f} GiB   ({em.kv_bytes_per_token/1024:.1f} KiB per token: {em.max_tokens:,} tokens)",
+             f"  {'sync buffers':<20} {em.sync_buffer_bytes/GiB:8.2f} GiB   (beside the budget)",
+             f"  {'total on the GPU':<20} {em.total_bytes/GiB:8.2f} GiB   of {G:.1f} GiB",
              f"  {'concurrent seqs':<20} {em.max_concurrent_seqs:8d}       {'fits' if p.engine_fits else 'DOES NOT FIT'}",
              *p.notes, f"verdict: {'fits' if p.fits else 'does not fit'}"]
     rows += [f"  - {a}" for a in p.advice]
@@ -908,19 +917,25 @@ class ColocatedMemory:
     gpu_bytes:int # the GPU's capacity
     fits:bool # peak ≤ capacity
     phase:str # "generate" | "learn": which phase sets the peak
+    cache_kept:bool=False # the learner keeps its CUDA cache while the engine generates (the engine fits beside it)
 
 # %% ../nbs/01_memory.ipynb 142
+RELEASE_MARGIN = 0.05   # share of the GPU kept free beyond the engine's budget before a colocated learner keeps its cache
+
 def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo_nb.memory.learner_memory`)
                      engine:EngineMemory, # the planner's engine terms (`grpo_nb.memory.engine_memory`)
                      gpu_mem_gib:float, # memory of the shared GPU, in GiB (2^30 bytes)
                      sleep_level:int=1, # 0: the engine keeps everything while the learner steps; 1, 2: it keeps its context
+                     margin:float=RELEASE_MARGIN, # the trainer's margin (`Run.release_learner_cache`)
                     ) -> ColocatedMemory:
     "Peak memory of one GPU shared by learner i and engine i (`rollout.placement='colocated'`)."
-    resident = learner.params_bytes + learner.optimizer_bytes + learner.fixed_bytes + (learner.total_bytes - learner.peak_bytes)
-    asleep = engine.budget_bytes if sleep_level == 0 else engine.overhead_bytes
-    gen, learn = resident + engine.budget_bytes, learner.total_bytes + asleep
     cap = int(gpu_mem_gib * GiB)
-    return ColocatedMemory(gen, learn, max(gen, learn), cap, max(gen, learn) <= cap, "generate" if gen >= learn else "learn")
+    asleep = engine.budget_bytes if sleep_level == 0 else engine.overhead_bytes
+    kept = cap - learner.total_bytes - asleep >= min(cap, engine.budget_bytes + margin * cap)   # the trainer's test, before the wake-up
+    states = learner.params_bytes + learner.grads_bytes + learner.optimizer_bytes + learner.fixed_bytes   # ZeRO keeps its gradient partitions
+    resident = learner.total_bytes if kept else states + (learner.total_bytes - learner.peak_bytes)
+    gen, learn = resident + engine.budget_bytes, learner.total_bytes + asleep
+    return ColocatedMemory(gen, learn, max(gen, learn), cap, max(gen, learn) <= cap, "generate" if gen >= learn else "learn", kept)
 
 # %% ../nbs/01_memory.ipynb 143
 def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement="colocated"`
@@ -930,7 +945,7 @@ def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement
     p = plan_config(cfg, model)
     return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
 
-# %% ../nbs/01_memory.ipynb 146
+# %% ../nbs/01_memory.ipynb 148
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -954,7 +969,7 @@ def _plan_config_cli(source:str, # YAML file or preset
               f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
     return 0
 
-# %% ../nbs/01_memory.ipynb 150
+# %% ../nbs/01_memory.ipynb 152
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -977,7 +992,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(units.get(sweep, sweep)); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=9, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 154
+# %% ../nbs/01_memory.ipynb 156
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."

@@ -24,7 +24,7 @@ from .plugins import PluginError, check_registered, import_plugins, load_plugins
 from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend
 from .weight_sync import connect_weight_sync, sync_plan, sync_weights, WeightSyncError, verify_weight_sync, vllm_load_mode
 from .rollout import check_tensor_parallel
-from .memory import plan_config, colocated_plan
+from .memory import plan_config, colocated_plan, RELEASE_MARGIN
 
 # %% auto 0
 __all__ = ['encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'preflight_run', 'start_ray', 'Actors',
@@ -509,7 +509,7 @@ def loop(self:Run):
 # %% ../nbs/08_trainer.ipynb 58
 @patch
 def release_learner_cache(self:Run,
-                          margin:float=0.05, # share of the GPU kept free beyond the engine's `gpu_memory_utilization`
+                          margin:float=RELEASE_MARGIN, # share of the GPU kept free beyond the engine's `gpu_memory_utilization` (the planner assumes the same)
                          ) -> int: # how many learner ranks released their cache
     "Learner ranks whose GPU has less free memory than the waking engine needs give their CUDA cache's free blocks back."
     need = min(1.0, self.cfg.rollout.gpu_memory_utilization + margin)

@@ -192,3 +192,18 @@ def test_step_times_hold_the_check_that_follows_each_sync():
     assert f["step_s_all"] == [9.0, 2.5, 2.5, 2.5] and f["timed_steps"] == 3 and f["step_mean_s"] == 2.5
     assert f["step_mean_without_verify_s"] == 2.0 and f["prompt_tokens_mean"] == 512.0
     assert S.step_fields([{"time/step": 1.0}], warmup=0)["prompt_tokens_mean"] is None   # older metrics: no prompt length logged
+
+
+def test_replan_recomputes_the_plan_from_each_records_own_config(tmp_path):
+    "`--replan` plans each record's preset with its overrides and the model's built-in shape; the run's own figure is kept beside it."
+    cmd = ("grpo_nb train scale-7b-4gpu-split --total_steps=10 --data.max_prompt_tokens=520 --rollout.prompts_per_step=16 "
+           "--rollout.num_samples_per_prompt=8 --rollout.max_new_tokens=1024 --reward.functions={arith: 1.0} --checkpoint.every_steps=0")
+    rec = {"model": "Qwen2.5-7B", "layout": "split", "smoke": False, "command": cmd, "peak_gib_planned": [1.0] * 4}
+    out = tmp_path / "scale.json"
+    out.write_text(json.dumps({"records": [rec, {"model": "tiny-untied", "layout": "split", "smoke": True, "command": cmd}]}))
+    subprocess.run([sys.executable, str(ROOT / "bench/scale_4gpu.py"), "--replan", "--out", str(out)], check=True, cwd=ROOT, timeout=300)
+    got = json.loads(out.read_text())["records"]
+    assert got[0]["peak_gib_planned_at_run"] == [1.0] * 4
+    learners, engines = got[0]["peak_gib_planned"][:2], got[0]["peak_gib_planned"][2:]
+    assert len(set(learners)) == 1 and len(set(engines)) == 1 and learners[0] > 60 and engines[0] > 60   # 2 learner GPUs, 2 engine GPUs of 80 GB
+    assert "peak_gib_planned" not in got[1]   # a smoke record has no plan to redo
