@@ -47,6 +47,7 @@ def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tm
         assert r["time/sleep"] >= 0 and r["time/wake"] >= 0 and r["time/wait_rollout"] >= 0 and r["staleness"] == 0
         parts = r["time/release"] + r["time/wake_weights"] + r["time/wake_kv"]
         assert abs(r["time/wake"] - parts) < 1e-6   # the wake is its parts, and nothing after them (the check is time/verify)
+        assert r["colocate/released_before_weights"] == r["colocate/released_before_kv"] == 0   # CPU: no CUDA cache to give back
     assert info["check"]["max_abs_logprob_diff"] <= 1e-4
 
 

@@ -221,3 +221,44 @@ def test_sync_tp2_one_kv_head_tied(cluster):
 def make_plan_for(learners):
     from grpo_nb.weight_sync import SyncPlan
     return SyncPlan.from_dict(ray.get([l.ws_prepare.remote(20_000) for l in learners], timeout=120)[0]["plan"]).buckets  # every rank: the check is collective
+
+
+def build_olmo2(out:Path, seed:int=0) -> str:
+    "A tiny OLMo-2 (q/k norms over all heads, norms after attention and MLP, separate LM head) with the tiny tokenizer."
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+    from grpo_nb.tiny import build_tokenizer
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out)
+    cfg = Olmo2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                      intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0, architectures=["Olmo2ForCausalLM"])
+    torch.manual_seed(seed)
+    m = Olmo2ForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():   # norms away from 1, so a norm weight in the wrong place changes the log-probs
+        for n, p in m.named_parameters():
+            if "norm" in n: p.add_(0.1 * torch.randn_like(p))
+    m.save_pretrained(out)
+    return str(out)
+
+
+def test_sync_tp2_olmo2_qk_norms(cluster, tmp_path):
+    "OLMo-2 over TP=2: vLLM gathers q and k before their norms, so each worker holds the whole norm weights; the sync fills them exactly."
+    learners = cluster["learners"]
+    d = build_olmo2(tmp_path / "olmo2")
+    e = create_engines(d, 1, 2, actor_options=[{"num_cpus": 2}], backend="vllm", device="cpu", dtype="float32", enforce_eager=True,
+                       gpu_memory_utilization=0.5, max_model_len=128, max_num_seqs=16, wait=False)[0]
+    try:
+        ray.get([l.load.remote(d) for l in learners] + [e.info.remote()], timeout=600)
+        connect_weight_sync(learners, [e], tp=2, backend="gloo", timeout_s=300)
+        ray.get([l.train_step.remote(3) for l in learners], timeout=300)
+        with pytest.raises(WeightSyncError, match="differ bit-wise"):
+            verify_weight_sync(learners, [e], timeout_s=300)
+        sync_weights(learners, [e], bucket_bytes=20_000, timeout_s=300)
+        rep = verify_weight_sync(learners, [e], timeout_s=300)
+        assert rep["max_abs_logprob_diff"] <= 1e-4 and rep["workers"] == 2 and rep["compared"] >= 20, rep
+        for lay in ray.get(e.weight_checksums.remote(), timeout=300):   # both workers: the whole q and k norm weights, compared bit for bit
+            for n in ("model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight"):
+                assert lay[n]["checksum"] is not None and lay[n]["shape"] == [64], (n, lay[n])
+    finally:
+        try: ray.get([learners[0].ws_close.remote(), e.leave_weight_sync.remote()], timeout=300)
+        finally: shutdown_engines([e])
