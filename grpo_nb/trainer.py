@@ -368,6 +368,8 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
          ):
     "Ray, actors, resume (learner state, data position), then weights into the engines."
     C, Rw = self.cfg.cluster, self.cfg.reward
+    if self.cfg.rollout.backend == "vllm":   # a TP that cannot split the heads first: no other layout change fixes it
+        check_tensor_parallel(self.cfg.model.name_or_path, self.cfg.rollout.tensor_parallel_size, C.gpus_per_node)
     self.layout = config_layout(self.cfg, C.cpus_per_learner, C.cpus_per_engine_worker)   # unplaceable: a ConfigError, exit 2, nothing started
     check_fills(self.layout, C.allow_idle_gpus)   # GPUs the job pays for and never uses: refused with the changes that fill them
     check_backend(self.cfg.rollout.backend)   # before Ray starts: a missing engine library or sleep mode is named with its fix
@@ -375,7 +377,6 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     if self.cfg.rollout.backend == "vllm":   # "direct" loads on CPUs (quantized engines are named by the workers)
         try: vllm_load_mode(self.cfg.rollout.weight_load, None, self.layout.device)
         except WeightSyncError as e: raise ConfigError("rollout.weight_load", *str(e).split(" Fix: ", 1)) from None
-        check_tensor_parallel(self.cfg.model.name_or_path, self.cfg.rollout.tensor_parallel_size, C.gpus_per_node)
     check_fits(self.cfg, self.layout.device)   # a layout the planner says cannot fit is refused before any GPU work
     t0 = time.perf_counter()
     self.cluster = start_ray(self.cfg, self.layout, ray_temp_dir)

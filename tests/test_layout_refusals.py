@@ -18,6 +18,7 @@ def model_and_data(tmp_path_factory):
 @pytest.mark.parametrize("extra, says", [
     (["--rollout.num_engines=2"], "the layout cannot be placed: 2 learner GPU(s) + 2 engine(s) × 2 GPU(s) = 6 GPUs"),
     (["--cluster.gpus_per_node=8"], "idle"),
+    (["--rollout.tensor_parallel_size=3"], "TP=3 cannot split 2 query heads and 2 KV heads"),   # named before any placement advice
 ])
 def test_a_layout_that_cannot_run_is_refused_before_anything_starts(model_and_data, tmp_path, extra, says):
     model, d = model_and_data
