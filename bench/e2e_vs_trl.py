@@ -98,7 +98,7 @@ def ours_overrides(layout:str, mode:str, shape:dict, model_dir:Path, data:Path, 
             f"--model.gradient_checkpointing={str(gpu).lower()}", f"--cluster.device={device}",
             f"--cluster.gpus_per_node={GPUS[('ours', layout)] if gpu else 0}", "--cluster.learners_per_node=[1]",
             "--reward.functions={arith: 1.0}", f"--logging.output_dir={tmp / 'run'}", "--logging.tensorboard=false",
-            "--logging.progress_bar=false", "--checkpoint.every_steps=0", "--checkpoint.export_hf=false", "--checkpoint.resume=none"]
+            "--logging.progress_bar=false", "--checkpoint.every_steps=0", "--checkpoint.at_end=false", "--checkpoint.export_hf=false", "--checkpoint.resume=none"]
     if layout == "colocated": over += ["--rollout.gpu_memory_utilization=0.3"] + ([] if gpu else ["--rollout.sleep_level=0", "--rollout.kv_cache_mib=64"])
     else: over += [f"--rollout.gpu_memory_utilization={0.85 if gpu else 0.5}"] + ([] if gpu else ["--rollout.kv_cache_mib=64"])
     if not gpu: over += ["--model.dtype=float32", "--rollout.enforce_eager=true"]

@@ -77,7 +77,7 @@ def ours_overrides(model_dir:Path, data:Path, tmp:Path, sh:dict, smoke:bool, dev
             f"--data.max_prompt_tokens={sh['prompt_len'] + 8}", f"--rollout.prompts_per_step={sh['prompts']}",
             f"--rollout.num_samples_per_prompt={sh['G']}", f"--rollout.max_new_tokens={sh['gen']}", "--reward.functions={arith: 1.0}",
             f"--logging.output_dir={tmp / 'run'}", "--logging.tensorboard=false", "--logging.progress_bar=false",
-            "--checkpoint.every_steps=0", "--checkpoint.export_hf=false", "--checkpoint.resume=none"]
+            "--checkpoint.every_steps=0", "--checkpoint.at_end=false", "--checkpoint.export_hf=false", "--checkpoint.resume=none"]
     if smoke:
         over += ["--cluster.device=cpu", "--cluster.gpus_per_node=0", "--cluster.gpu=", "--model.dtype=float32", "--model.gradient_checkpointing=false",
                  "--rollout.enforce_eager=true", "--rollout.kv_cache_mib=64", "--rollout.gpu_memory_utilization=0.5", "--learner.pack_length=0"]

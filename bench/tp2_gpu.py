@@ -59,7 +59,7 @@ def run_layout(name:str, smoke:bool, tmp:Path, timeout:float) -> dict:
             "--learner.learning_rate=1e-6", f"--model.gradient_checkpointing={str(gpu).lower()}",
             f"--cluster.device={'cuda' if gpu else 'cpu'}", f"--cluster.gpus_per_node={L['gpus'] if gpu else 0}",
             f"--cluster.learners_per_node=[{L['learners']}]", "--reward.functions={arith: 1.0}", f"--logging.output_dir={tmp / 'run'}",
-            "--logging.tensorboard=false", "--logging.progress_bar=false", "--checkpoint.every_steps=0", "--checkpoint.export_hf=false",
+            "--logging.tensorboard=false", "--logging.progress_bar=false", "--checkpoint.every_steps=0", "--checkpoint.at_end=false", "--checkpoint.export_hf=false",
             "--checkpoint.resume=none"]
     over += ["--rollout.gpu_memory_utilization=0.8"] if gpu else ["--model.dtype=float32", "--rollout.enforce_eager=true",
                                                                   "--rollout.kv_cache_mib=64", "--rollout.gpu_memory_utilization=0.5"]

@@ -175,6 +175,7 @@ class CheckpointConfig:
     "When and where the run saves itself, and how it resumes."
     dir:str="" # checkpoint directory (empty: <output_dir>/checkpoints)
     every_steps:int=50 # steps between checkpoints (0: only on signal and at the end)
+    at_end:bool=True # save after the last step (false: benchmarks and runs to be thrown away; a signal still saves)
     keep_last:int=2 # complete checkpoints kept
     resume:str="auto" # "auto": latest complete checkpoint if any, "none": start fresh, or a checkpoint path
     export_hf:bool=True # also write the policy as a HF safetensors directory at the end

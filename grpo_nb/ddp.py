@@ -569,7 +569,7 @@ def _train(cfg:TrainConfig, opts:DDPOptions, env:DistEnv, plan:BatchPlan, flag:S
         if step % cfg.logging.log_every == 0 or step == cfg.total_steps: log.log(rec)
         if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
             save_checkpoint(ckpt_root, step, lm, opt, state, env.rank, env.world_size, cfg.checkpoint.keep_last); last_saved = step
-    if (stopped or opts.save_final) and last_saved != step:
+    if (stopped or (opts.save_final and cfg.checkpoint.at_end)) and last_saved != step:
         save_checkpoint(ckpt_root, step, lm, opt, state, env.rank, env.world_size, cfg.checkpoint.keep_last)
     digest = tree_digest(lm.state_dict())
     digests = [None] * env.world_size

@@ -499,7 +499,7 @@ def loop(self:Run):
         if self.eval_prompts and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.total_steps):
             rec |= self.run_eval()
         E = cfg.checkpoint.every_steps
-        if (E and step % E == 0) or self.stop or step == cfg.total_steps:
+        if (E and step % E == 0) or self.stop or (step == cfg.total_steps and cfg.checkpoint.at_end):
             self.checkpoint(rec); rec["time/checkpoint"] = self.ckpt_s
         if getattr(self, "startup", None): rec |= self.startup; self.startup = None   # the first step's record carries the start-up phases
         self.emit(rec)

@@ -15,7 +15,7 @@ pytest.importorskip("ray"); pytest.importorskip("deepspeed")
 
 BASE = ["--model.name_or_path=tiny-arith", "--rollout.placement=colocated", "--rollout.prompts_per_step=4",
         "--rollout.num_samples_per_prompt=4", "--rollout.max_new_tokens=4", "--learner.micro_batch_size=16", "--eval_every=0",
-        "--data.eval_path=", "--checkpoint.every_steps=0", "--checkpoint.export_hf=false", "--logging.progress_bar=false",
+        "--data.eval_path=", "--checkpoint.every_steps=0", "--checkpoint.at_end=false", "--checkpoint.export_hf=false", "--logging.progress_bar=false",
         "--logging.tensorboard=false", "--total_steps=2", "--rollout.gpu_memory_utilization=0.5"]
 
 
@@ -48,6 +48,7 @@ def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tm
         parts = r["time/release"] + r["time/wake_weights"] + r["time/wake_kv"]
         assert abs(r["time/wake"] - parts) < 1e-6   # the wake is its parts, and nothing after them (the check is time/verify)
         assert r["colocate/released_before_weights"] == r["colocate/released_before_kv"] == 0   # CPU: no CUDA cache to give back
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())   # checkpoint.at_end=false
     assert info["check"]["max_abs_logprob_diff"] <= 1e-4
 
 
