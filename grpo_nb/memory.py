@@ -622,7 +622,8 @@ def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or 
     cache = max(0, budget - w - act - over)
     max_tokens = cache // kvt // 16 * 16
     per_seq = math.ceil(seq_len / 16) * 16
-    sync = 2 * max(sync_bucket_bytes, s.vocab * s.hidden * 2) if sync_bucket_bytes else 0   # [V, h] bf16: the largest tensor
+    sync = min(2 * max(sync_bucket_bytes, s.vocab * s.hidden * 2), 2 * param_counts(s)["total"]) if sync_bucket_bytes else 0
+    # two buckets in flight, each at least the largest tensor ([V, h] bf16), never more than the whole model in bf16
     fits = max_tokens >= per_seq and budget + sync <= gpu_mem_gib * GiB
     return EngineMemory(tp, w, act, over, budget, kvt, cache, max_tokens, per_seq,
                         min(max_num_seqs, max_tokens // per_seq), fits, sync, budget + sync)
