@@ -213,7 +213,9 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
            "peak_gib_measured": [mem.peak[i] / 1024 for i in sorted(mem.peak)][:L["gpus"]] if not smoke else [],
            "peak_gib_planned": planned, "learner_peak_allocated_gib": max((r.get("peak_gpu_mem_gib", 0) for r in recs), default=None),
            "time_split": {k: mean(k) for k in ("time/generation", "time/wait_rollout", "time/reward", "time/learner", "time/sync",
-                                                 "time/verify", "time/sleep", "time/wake", "time/wake_weights", "time/wake_kv", "time/release")},
+                                                 "time/verify", "time/sleep", "time/wake", "time/wake_weights", "time/wake_kv", "time/release",
+                                                 "verify/checksums_s", "verify/logprobs_s", "verify/release_s")},
+           "released_ranks": {k: mean(f"colocate/released_{k}") for k in ("before_weights", "before_kv", "after_verify")},   # learner ranks giving their cache back, per step
            "trl_backend": None, "trl_step_mean_s": None, "speedup_mean": None, "work": {k: v for k, v in sh.items() if k != "gpu_memory_utilization"},
            "rc": rc, "wall_s": time.perf_counter() - t0, "command": f"grpo_nb train {preset} " + " ".join(o for o in over if "/" not in o)}
     if rc != 0:

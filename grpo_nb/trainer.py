@@ -530,8 +530,11 @@ def verify(self:Run, step:int) -> dict:
         self.events.append(f"step {step}: an engine did not match the learner ({str(e)[:160]}...); synced again")
         sync_weights(L, E, version=step, plan=self.sync_plan)
         rep = verify_weight_sync(L, E, atol=atol, version=step)   # a second mismatch propagates: its message names the fix
-    if R.placement == "colocated": self.release_learner_cache()   # the check's gathers, before the next step's engines run
-    return {"sync/max_abs_logprob_diff": rep["max_abs_logprob_diff"], "sync/logprob_atol": rep["logprob_atol"],
+    t1 = time.perf_counter()
+    released = self.release_learner_cache() if R.placement == "colocated" else 0   # the check's gathers, before the next step's engines run
+    return {"verify/checksums_s": rep.get("checksums_s"), "verify/logprobs_s": rep.get("logprobs_s"), "verify/release_s": time.perf_counter() - t1,
+            **({"colocate/released_after_verify": released} if R.placement == "colocated" else {}),
+            "sync/max_abs_logprob_diff": rep["max_abs_logprob_diff"], "sync/logprob_atol": rep["logprob_atol"],
             "sync/stale_detected": stale, "sync/checksums_compared": rep.get("compared", 0), "sync/repacked": rep.get("repacked", 0),
             "sync/exact": int(bool(rep.get("exact"))), "time/verify": time.perf_counter() - t0}
 

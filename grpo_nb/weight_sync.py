@@ -717,11 +717,13 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
     if version is not None: _check_version(engines, version, timeout_s)
     report = {"engines": len(engines), "tokens": 0, "max_abs_logprob_diff": 0.0, "checksums": "not compared", "exact": None,
               "version": version, "logprob_atol": atol}
+    t0 = time.perf_counter()
     if checksums is not None:
         held = [h if isinstance(h, list) else [h] for h in gather([submit(e, "weight_checksums") for e in engines], timeout_s)]
         report |= compare_checksums(held, checksums([lay for ranks in held for lay in ranks]))
         report["checksums"] = (f"{report['workers']} worker(s) bit-identical on {report['compared']} tensors"
                                + (f" ({report['repacked']} held repacked: checked by log-probs)" if report["repacked"] else ""))
+    report["checksums_s"], t0 = time.perf_counter() - t0, time.perf_counter()   # the check's two parts, timed
     prompts = list(prompts or DEFAULT_VERIFY_PROMPTS)
     spec = dict(n=1, max_new_tokens=max_new_tokens, temperature=0.0, seed=None)   # a `SamplingSpec`'s fields: greedy, one sample
     outs = gather([submit(e, "generate", prompts, spec) for e in engines], timeout_s)
@@ -740,6 +742,7 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
             report["tokens"] += d.numel()
             if worst is None or not float(d.max()) <= worst[0]: worst = (float(d.max()), i, s, r, int(d.argmax()))
     tol = report["logprob_atol"] = report["logprob_atol"] if report["logprob_atol"] is not None else 1e-4
+    report["logprobs_s"] = time.perf_counter() - t0
     if worst is not None:
         report["max_abs_logprob_diff"] = worst[0]
         report["logprob_within_atol"] = worst[0] <= tol   # NaN is not

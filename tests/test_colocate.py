@@ -40,7 +40,8 @@ def _run(tmp:Path, *extra:str) -> tuple[list[dict], dict]:
 
 
 def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tmp_path):
-    recs, info = _run(tmp_path, "--rollout.backend=transformers", "--rollout.sleep_level=1", "--total_steps=3", "--logging.log_every=2")
+    recs, info = _run(tmp_path, "--rollout.backend=transformers", "--rollout.sleep_level=1", "--total_steps=3", "--logging.log_every=2",
+                      "--rollout.verify_every=1")
     assert [r["step"] for r in recs] == [2, 3]   # issue 21.7: log_every thins the metrics lines (the last step is always logged)
     assert info["layout"].placement == "colocated" and info["layout"].engine_bundles == ()
     for r in recs:
@@ -48,6 +49,9 @@ def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tm
         parts = r["time/release"] + r["time/wake_weights"] + r["time/wake_kv"]
         assert abs(r["time/wake"] - parts) < 1e-6   # the wake is its parts, and nothing after them (the check is time/verify)
         assert r["colocate/released_before_weights"] == r["colocate/released_before_kv"] == 0   # CPU: no CUDA cache to give back
+        # the check after every sync, in its timed parts: checksums, log-probs, the cache release after it
+        assert r["colocate/released_after_verify"] == 0 and r["verify/checksums_s"] >= 0 and r["verify/logprobs_s"] >= 0
+        assert r["verify/checksums_s"] + r["verify/logprobs_s"] + r["verify/release_s"] <= r["time/verify"] + 1e-6
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())   # checkpoint.at_end=false
     assert info["check"]["max_abs_logprob_diff"] <= 1e-4
 
