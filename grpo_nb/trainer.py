@@ -524,12 +524,12 @@ def verify(self:Run, step:int) -> dict:
     R, t0 = self.cfg.rollout, time.perf_counter()
     atol = R.verify_atol or None   # None: derived from the policy's dtype and logits (`logprob_atol`)
     L, E, stale = self.actors.learner.actors, self.actors.engines, 0
-    try: rep = verify_weight_sync(L, E, atol=atol, version=step)
+    try: rep = verify_weight_sync(L, E, atol=atol, version=step, plan=self.sync_plan)
     except WeightSyncError as e:
         stale = 1
         self.events.append(f"step {step}: an engine did not match the learner ({str(e)[:160]}...); synced again")
         sync_weights(L, E, version=step, plan=self.sync_plan)
-        rep = verify_weight_sync(L, E, atol=atol, version=step)   # a second mismatch propagates: its message names the fix
+        rep = verify_weight_sync(L, E, atol=atol, version=step, plan=self.sync_plan)   # a second mismatch propagates: its message names the fix
     t1 = time.perf_counter()
     released = self.release_learner_cache() if R.placement == "colocated" else 0   # the check's gathers, before the next step's engines run
     return {"verify/checksums_s": rep.get("checksums_s"), "verify/logprobs_s": rep.get("logprobs_s"), "verify/release_s": time.perf_counter() - t1,

@@ -846,12 +846,13 @@ def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
                        max_new_tokens:int=8, # greedy tokens per prompt
                        timeout_s:float|None=None, # give up (TimeoutError) after this many seconds per call
                        version:int|None=None, # the policy version the engines must hold (the last sync's); None: not compared
+                       plan:dict|None=None, # `sync_plan`'s result, kept by the trainer: the checksums gather by it (None: planned here, `bucket_bytes`)
                       ) -> dict:
     "`verify_sync` with the learner group as the scorer and the checksums; raises `WeightSyncError` on any difference."
     def score(seqs, lens): return gather([submit(l, "ws_scores", seqs, lens) for l in learners], timeout_s)[0]
     def expect(layouts):   # every learner rank takes part: the NaN check and the ZeRO-3 gathers are collective
-        plan = gather([submit(l, "ws_prepare", bucket_bytes) for l in learners], timeout_s)[0]["plan"]
-        return gather([submit(l, "ws_checksums", plan, layouts) for l in learners], timeout_s)[0]
+        p = plan if plan is not None else gather([submit(l, "ws_prepare", bucket_bytes) for l in learners], timeout_s)[0]["plan"]
+        return gather([submit(l, "ws_checksums", p, layouts) for l in learners], timeout_s)[0]
     return verify_sync(engines, score, prompts, max_new_tokens, atol, expect if checksums else None, timeout_s, version)
 
 # %% ../nbs/06_weight_sync.ipynb 127
