@@ -234,3 +234,10 @@ def test_score_head_is_one_model_for_both_seed002_tables():
         s = learner_memory("Qwen3-4B", learners=r["gpus"], zero=3, micro_batch=2 * r["micro_batch_pairs"], seq_len=2048, head="score")
         assert abs(s.total_bytes / 2**30 - r["total_gib"]) < 1e-9
     with pytest.raises(ValueError, match="head must be"): learner_memory("Qwen3-4B", head="value")
+
+
+def test_the_planners_sync_bucket_is_the_syncs():
+    "The planner counts the weight sync's receive buffers by the bucket the sync uses."
+    from grpo_nb.memory import SYNC_BUCKET_BYTES
+    from grpo_nb.weight_sync import DEFAULT_BUCKET_BYTES
+    assert SYNC_BUCKET_BYTES == DEFAULT_BUCKET_BYTES
