@@ -106,9 +106,11 @@ def local_ray_node(num_cpus:int, # logical CPUs of the node
     if len(str(root)) > 40:   # Ray's socket paths under its session root must stay within AF_UNIX's 107 bytes (a deep $TMPDIR breaks them)
         temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
         if str(root).endswith("/ray"): os.makedirs(root, exist_ok=True)   # Ray still notes the cluster's address there
-    had, last = os.environ.get("RAY_agent_register_timeout_ms"), None
+    waits = {"RAY_agent_register_timeout_ms": "120000",     # the raylet's wait for its runtime-env agent (30 s)
+             "RAY_health_check_failure_threshold": "60"}    # health checks the only node may miss before it is declared dead (5)
+    had, last = {k: os.environ.get(k) for k in waits}, None
     svc.start_ray_process = with_agent_port
-    os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")   # read by the raylet when it starts
+    for k, v in waits.items(): os.environ.setdefault(k, v)   # read by the GCS and the raylet when they start
     try:
         for k in range(attempts):
             before, c = _children(), Cluster(initialize_head=False)
@@ -124,7 +126,8 @@ def local_ray_node(num_cpus:int, # logical CPUs of the node
                     except psutil.Error: pass
     finally:
         svc.start_ray_process = start
-        if had is None: os.environ.pop("RAY_agent_register_timeout_ms", None)
+        for k in waits:
+            if had[k] is None: os.environ.pop(k, None)
     raise RuntimeError(f"Ray did not start on this machine in {attempts} tries (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs); "
                        f"the last try failed with: {type(last).__name__}: {last}. Fix: retry when the machine is less busy, or start Ray "
                        "yourself (`ray start --head`) and pass --cluster.ray_address=auto.")
