@@ -30,7 +30,7 @@ same GPU model. A peer's failure lands in its `<peer>_error` (the tail of its lo
     python bench/e2e_vs_trl.py --smoke                                                                   # CPU-sized, here
 """
 from __future__ import annotations
-import argparse, json, os, random, shlex, statistics, subprocess, sys, tempfile, time, traceback
+import argparse, json, os, shlex, statistics, subprocess, sys, tempfile, time, traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

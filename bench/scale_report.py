@@ -82,13 +82,14 @@ def memory_table(path:str|Path) -> str:
     "Markdown: every GPU's peak memory in use next to `grpo_nb plan`'s prediction."
     recs = records(path)
     trl = has_trl(recs)
-    rows = ["| model | layout | GPUs | GPU | measured peak (GiB) | planned (GiB) | measured ÷ planned |" + (" TRL measured peak (GiB) |" if trl else ""),
-            "|---|---|---|---|---|---|---|" + ("---|" if trl else "")]
+    rows = ["| model | layout | GPUs | GPU | measured peak (GiB) | planned (GiB) | measured ÷ planned | planned when it ran (GiB) | measured ÷ that |"
+            + (" TRL measured peak (GiB) |" if trl else ""), "|---|---|---|---|---|---|---|---|---|" + ("---|" if trl else "")]
     for r in recs:
-        theirs = r.get("trl_peak_gib_measured") or []
+        theirs, then = r.get("trl_peak_gib_measured") or [], r.get("peak_gib_planned_at_run") or r.get("peak_gib_planned") or []
         for i, (m, p) in enumerate(zip(r.get("peak_gib_measured") or [], r.get("peak_gib_planned") or [])):
             t = (f" {theirs[i]:.1f} |" if i < len(theirs) else " not measured |") if trl else ""
-            rows.append(f"| {r['model']} | {r['layout']} | {gpus(r)} | {i} | {m:.1f} | {p:.1f} | {m / p:.2f} |" + t)
+            was = f" {then[i]:.1f} | {m / then[i]:.2f} |" if i < len(then) and then[i] else " — | — |"
+            rows.append(f"| {r['model']} | {r['layout']} | {gpus(r)} | {i} | {m:.1f} | {p:.1f} | {m / p:.2f} |{was}" + t)
     return "\n".join(rows)
 
 
@@ -135,9 +136,19 @@ def verdicts(path:str|Path) -> list[str]:
         if rs:
             worst = max(rs, key=lambda q: abs(q - 1))
             out.append(f"{name}: planner within {100 * TARGETS['planner_err']:.0f}% of every GPU's peak: "
-                       + ("met" if abs(worst - 1) <= TARGETS["planner_err"] else "missed") + f" (worst measured ÷ planned {worst:.2f}).")
+                       + ("met" if abs(worst - 1) <= TARGETS["planner_err"] else "missed") + f" (worst measured ÷ planned {worst:.2f}"
+                       + _at_run_note(r) + ").")
         out.append(speedup_verdict(r))
     return out
+
+
+def _at_run_note(r:dict) -> str:
+    "When the plan was recomputed after the run (`--replan`): how the plan the run was given compared."
+    then = r.get("peak_gib_planned_at_run")
+    if not then or then == r.get("peak_gib_planned"): return ""
+    worst = max((m / p for m, p in zip(r.get("peak_gib_measured") or [], then) if p), key=lambda q: abs(q - 1))
+    ok = abs(worst - 1) <= TARGETS["planner_err"]
+    return f", today's planner; the plan the run was given: worst {worst:.2f}, {'met' if ok else 'missed'}"
 
 
 def speedup_verdict(r:dict) -> str:

@@ -67,7 +67,7 @@ def tp2_table(path:str|Path="bench/results/tp2_gpu.json", # results written by b
                     f"{'match' if r.get('checksums_match') else 'n/a (vLLM repacks)' if r.get('checksums_match') is None else '**differ**'} | "
                     f"{'yes' if r.get('stale_detected') else '**no**'} |" + (f" error: {r['error'][:120]}" if r.get("error") else ""))
     missing = [k for k in ("tp2", "tp1x2", "dry") if k not in {r["layout"] for r in res["records"]}]
-    return "\n".join(rows) + (f"\n\nNot measured yet: {', '.join(missing)} (the TP=2 layouts need a machine with four GPUs)." if missing else "")
+    return "\n".join(rows) + (f"\n\nNot measured yet: {', '.join(missing)}." if missing else "")
 
 # %% ../nbs/15_results.ipynb 17
 def mfu_records(path:str|Path="bench/results/learner_mfu.json", # written by bench/learner_mfu.py

@@ -474,7 +474,7 @@ def loop(self:Run):
         sleep_s = time.perf_counter() - t0
         learn = self.learn(ro)
         t0 = time.perf_counter()
-        rel = [self.release_learner_cache() if sleepy else 0]   # the learner's cached free blocks would leave the waking engine short
+        rel_w = self.release_learner_cache() if sleepy else 0   # the learner's cached free blocks would leave the waking engine short
         tr = time.perf_counter()
         if sleepy: gather([submit(e, "wake_up", ["weights"]) for e in eng])   # the sync writes into the woken weights
         t1 = time.perf_counter()
@@ -484,7 +484,7 @@ def loop(self:Run):
         if R.fault_skip_sync_step == step: self.events.append(f"step {step}: weight sync skipped on purpose (rollout.fault_skip_sync_step)")
         else: st = sync_weights(self.actors.learner.actors, eng, version=step, plan=self.sync_plan)
         t3 = time.perf_counter()
-        rel.append(self.release_learner_cache() if sleepy else 0)   # ... and so would the sync's gathered buckets
+        rel_kv = self.release_learner_cache() if sleepy else 0   # ... and so would the sync's gathered buckets
         t4 = time.perf_counter()
         if sleepy: gather([submit(e, "wake_up", ["kv_cache"]) for e in eng])
         t5 = time.perf_counter()
@@ -495,7 +495,7 @@ def loop(self:Run):
         rec |= {f"sync/{k}": st[k] for k in ("prepare_s", "gather_s", "send_s", "recv_s", "load_s") if k in st}   # phases, not synchronised one by one
         if sleepy: rec |= {"time/sleep": sleep_s, "time/wake": (t1 - t0) + (t5 - t3), "time/wake_weights": t1 - tr, "time/wake_kv": t5 - t4,
                            "time/release": (tr - t0) + (t4 - t3),   # wake = release + both wake-ups (the check after the sync is time/verify)
-                           "colocate/released_before_weights": rel[0], "colocate/released_before_kv": rel[1]}   # learner ranks that gave their cache back
+                           "colocate/released_before_weights": rel_w, "colocate/released_before_kv": rel_kv}   # learner ranks that gave their cache back
         if self.eval_prompts and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.total_steps):
             rec |= self.run_eval()
         E = cfg.checkpoint.every_steps

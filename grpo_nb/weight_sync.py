@@ -300,8 +300,8 @@ def send_weights(named_params:Iterable[tuple[str, Tensor]], # `model.named_param
                  group:SyncGroup|None, # the sync group on learner rank 0 (colocated, ipc: on every rank); None on the other ranks
                  timing:bool=False, # synchronise and time every phase (benchmarks)
                  check_finite:bool=False, # check for NaN/Inf first; a sender whose weights hold any refuses the sync in its header
-                ) -> dict: # rank 0: bytes, gather_s, send_s, total_s, nonfinite; other ranks: gather_s, nonfinite
-    "Gather every bucket of `plan` (all learner ranks under ZeRO-3) and broadcast it from rank 0 to every engine worker."
+                ) -> dict: # a sending rank: bytes, gather_s, send_s, total_s, nonfinite; the others: gather_s, nonfinite
+    "Gather every bucket of `plan` (all learner ranks under ZeRO-3) and send it to the engine workers: from rank 0, or (ipc) from every rank to the engines on its GPU."
     params = dict(named_params)
     partitioned = any(_partitioned(p) for p in params.values())
     stats = {"bytes": 0, "gather_s": 0.0, "send_s": 0.0, "buckets": len(plan.buckets)}
@@ -343,7 +343,7 @@ def receive_buckets(group:SyncGroup, # this worker's sync group
                     stats:dict|None=None, # filled with recv_s, load_s, bytes
                     timing:bool=False, # synchronise around each phase (benchmarks)
                    ) -> Iterator[tuple[str, Tensor]]: # (name, full tensor view), in plan order
-    "Receive every bucket of `plan` from rank 0, yielding its tensors; the next bucket is in flight meanwhile (nothing when the header refuses the sync)."
+    "Receive every bucket of `plan` from the sender (learner rank 0, or with ipc the learner on this GPU), yielding its tensors; the next bucket is in flight meanwhile (nothing when the header refuses the sync)."
     stats = {} if stats is None else stats
     stats.update(recv_s=0.0, load_s=0.0, bytes=0)
     head = torch.empty(ALIGN, dtype=torch.uint8, device=group.device)
@@ -860,7 +860,7 @@ def _one_host(*stats) -> bool: return len({st.get("host") for st in stats}) == 1
 
 def _refuse(bad:list[str]) -> None:
     if bad: raise NonFiniteWeightsError(f"{len(bad)} learner parameters hold NaN/Inf (e.g. {bad[:3]}); the sync was refused and the engines "
-                                        "keep their previous weights. Fix: find the divergence (learning rate, loss scale, bad batch) and "
+                                        "loaded nothing from it. Fix: find the divergence (learning rate, loss scale, bad batch) and "
                                         "resume from the last good checkpoint.")
 
 def _prepare(learners, bucket_bytes, timeout_s) -> tuple[dict, float]:

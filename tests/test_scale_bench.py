@@ -207,3 +207,14 @@ def test_replan_recomputes_the_plan_from_each_records_own_config(tmp_path):
     learners, engines = got[0]["peak_gib_planned"][:2], got[0]["peak_gib_planned"][2:]
     assert len(set(learners)) == 1 and len(set(engines)) == 1 and learners[0] > 60 and engines[0] > 60   # 2 learner GPUs, 2 engine GPUs of 80 GB
     assert "peak_gib_planned" not in got[1]   # a smoke record has no plan to redo
+
+
+def test_a_replanned_record_shows_the_plan_it_ran_with(tmp_path):
+    "After `--replan`, the memory table and the verdict still show how the plan the run was given compared."
+    rec = {"model": "Qwen2.5-7B", "layout": "colocated", "device": "4x NVIDIA H100 80GB HBM3", "peak_gib_measured": [69.0],
+           "peak_gib_planned": [71.0], "peak_gib_planned_at_run": [58.0]}
+    p = tmp_path / "scale.json"; p.write_text(json.dumps({"records": [rec]}))
+    assert "| 69.0 | 71.0 | 0.97 | 58.0 | 1.19 |" in REPORT["memory_table"](p)
+    v = [x for x in REPORT["verdicts"](p) if "planner" in x]
+    assert v == ["Qwen2.5-7B colocated on 4× H100: planner within 10% of every GPU's peak: met (worst measured ÷ planned 0.97, "
+                 "today's planner; the plan the run was given: worst 1.19, missed)."]
