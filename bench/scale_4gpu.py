@@ -212,7 +212,7 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
            "logprob_atol": max((r.get("sync/logprob_atol") or 0 for r in checked), default=None), "logprob_atol_form": "4u*max|z|*sqrt(L)",
            "peak_gib_measured": [mem.peak[i] / 1024 for i in sorted(mem.peak)][:L["gpus"]] if not smoke else [],
            "peak_gib_planned": planned, "learner_peak_allocated_gib": max((r.get("peak_gpu_mem_gib", 0) for r in recs), default=None),
-           "time_split": {k: mean(k) for k in ("time/generation", "time/wait_rollout", "time/reward", "time/learner", "time/sync",
+           "time_split": {k: mean(k) for k in ("time/generation", "time/generation_total", "time/wait_rollout", "time/reward", "time/learner", "time/sync",
                                                  "time/verify", "time/sleep", "time/wake", "time/wake_weights", "time/wake_kv", "time/release",
                                                  "verify/checksums_s", "verify/logprobs_s", "verify/release_s")},
            "released_ranks": {k: mean(f"colocate/released_{k}") for k in ("before_weights", "before_kv", "after_verify")},   # learner ranks giving their cache back, per step

@@ -40,7 +40,8 @@ def trl_cells(r:dict) -> list[str]:
     mode = r["trl_backend"].removeprefix("trl:")
     if r.get("trl_step_mean_s") is None:
         return [mode, "failed: " + _short(r.get("trl_error")), "—"]
-    cut = f" ({r.get('trl_timed_steps')} timed steps; the run stopped)" if r.get("trl_error") and not r.get("trl_complete") else ""
+    cut = (f" ({r.get('trl_timed_steps')} timed steps; the run stopped)" if r.get("trl_error") and not r.get("trl_complete")
+           else " (all steps; its process then outlived the time limit)" if r.get("trl_error") else "")
     return [mode, f"{_f(r.get('trl_step_mean_s'))} / {_f(r.get('trl_step_median_s'))} / {_f(r.get('trl_step_p90_s'))}{cut}",
             _f(r.get("speedup_mean"), "{:.2f}×")]
 
@@ -96,8 +97,9 @@ def memory_table(path:str|Path) -> str:
 def split_table(path:str|Path) -> str:
     "Markdown: where a step's time goes (mean seconds per phase of the timed steps); TRL's run, when there is one, in the row below ours (its learner column: everything but generation and sync)."
     keys = ["time/generation", "time/wait_rollout", "time/learner", "time/sync", "time/sleep", "time/wake", "time/verify"]
-    theirs = {"time/generation": "generation", "time/learner": "learner_and_rest", "time/sync": "sync"}   # TRL's phases, as e2e_vs_trl splits them
-    rows = ["| model | layout | GPUs | step (s) | " + " | ".join(f"{k.split('/')[1]} (s)" for k in keys) + " |", "|---" * (len(keys) + 4) + "|"]
+    names = {"time/generation": "waiting on generation"}   # one-step-off: the engines generate while the learner steps, so little of it is waited for
+    theirs = {"time/generation": "generation", "time/learner": "learner_and_rest", "time/sync": "sync"}   # TRL's phases, as e2e_vs_trl splits them (TRL waits for all of its generation)
+    rows = ["| model | layout | GPUs | step (s) | " + " | ".join(f"{names.get(k, k.split('/')[1])} (s)" for k in keys) + " |", "|---" * (len(keys) + 4) + "|"]
     for r in records(path):
         ts = r.get("time_split") or {}
         rows.append(f"| {r['model']} | {r['layout']} | {gpus(r)} | {_f(r.get('step_mean_s'))} | " + " | ".join(_f(ts.get(k)) for k in keys) + " |")
@@ -167,3 +169,46 @@ def speedup_verdict(r:dict) -> str:
         return head + f"not measured: TRL {r['trl_backend'].removeprefix('trl:')} failed ({_short(r['trl_error'], 200)})."
     if r.get("trl_step_mean_s"): return head + f"not measured (TRL {r['trl_backend'].removeprefix('trl:')} ran; our run did not complete)."
     return head + "not measured (no TRL run on these GPUs yet)."
+
+
+def gap_lines(path:str|Path) -> list[str]:
+    "Where the time goes, ours against TRL's, for each record with both: each phase's mean seconds side by side, what TRL has no counterpart for, and how far the step is from the target."
+    out = []
+    for r in records(path):
+        tr, ts = r.get("trl_split_s"), r.get("time_split") or {}
+        if not (tr and r.get("step_mean_s") and r.get("trl_step_mean_s")): continue
+        g = lambda k: ts.get(k) or 0.0
+        key = "speedup_split" if r["layout"] == "split" else "speedup_colocated"
+        goal = r["trl_step_mean_s"] / TARGETS[key]
+        own = [(n, g(k)) for n, k in (("the bit-exact check", "time/verify"), ("sleep", "time/sleep"), ("wake", "time/wake")) if g(k)]
+        rel = f" (of which the learners' cache release {g('time/release'):.2f} s)" if g("time/release") else ""
+        if r["layout"] == "split":   # the split preset runs one step off-policy
+            head = (f"Generation runs beside our learner, one step ahead, and the loop waited {g('time/generation') + g('time/wait_rollout'):.2f} s for it, "
+                    f"where TRL waited {tr['generation']:.2f} s")
+        else:
+            head = f"Generation {g('time/generation'):.2f} s against {tr['generation']:.2f} s"
+        parts = [head, f"learner {g('time/learner'):.2f} s against TRL's learner and the rest {tr['learner_and_rest']:.2f} s",
+                 f"sync {g('time/sync'):.2f} s against {tr['sync']:.2f} s"]
+        extra = ", ".join(f"{n} {v:.2f} s" for n, v in own) + rel
+        gap = r["step_mean_s"] - goal
+        out.append(f"{r['model']} {r['layout']} on {gpus(r)}: ours {r['step_mean_s']:.2f} s a step, TRL {r['trl_step_mean_s']:.2f} s. " + "; ".join(parts)
+                   + (f"; with no counterpart in TRL: {extra}" if extra else "") + ". "
+                   + (f"At {TARGETS[key]}× TRL a step would take {goal:.2f} s: {gap:.2f} s less than ours." if gap > 0
+                      else f"The {TARGETS[key]}× target ({goal:.2f} s) is met with {-gap:.2f} s to spare."))
+    return out
+
+
+SHAPES, LAYOUTS = ("Qwen2.5-7B", "OLMo-2-7B"), {"split": "vllm-server", "colocated": "vllm-colocate"}
+"The models and layouts the 4-GPU benchmark covers, each layout with the TRL mode run beside it."
+
+
+def unmeasured(path:str|Path) -> list[str]:
+    "What the results do not hold yet: each model and layout without a completed run of ours, and each of ours without a TRL run beside it."
+    recs = [r for r in records(path) if not r.get("smoke")]
+    out = []
+    for m in SHAPES:
+        for lay, mode in LAYOUTS.items():
+            ours = [r for r in recs if r["model"] == m and r["layout"] == lay and r.get("rc") in (0, None) and r.get("step_mean_s")]
+            if not ours: out.append(f"{m} {lay}: not measured yet (neither ours nor TRL {mode})")
+            elif not any(r.get("trl_step_mean_s") for r in ours): out.append(f"{m} {lay}: ours measured; TRL {mode} beside it not yet")
+    return out

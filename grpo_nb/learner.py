@@ -31,9 +31,9 @@ from .checkpoint import (CheckpointError, checkpoint_files, checkpoint_name, com
 __all__ = ['logger', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch', 'pack_sequences', 'MicroBatch',
            'make_micro_batch', 'LogProbHead', 'use_logprob_head', 'PolicyLogProbs', 'per_sequence_sdpa',
            'varlen_attention', 'check_varlen', 'pick_attention', 'attention_kernel', 'step_counts', 'micro_batch_loss',
-           'ds_config', 'lr_factor', 'LearnerSpec', 'model_source', 'build_policy', 'LearnerWorker', 'compile_layers',
-           'apply_kernels', 'check_kernels', 'train_flops', 'release_tensors', 'shard_batch', 'peak_flops_for',
-           'combine_metrics', 'LearnerGroup', 'each', 'create_learner_group']
+           'ds_config', 'lr_factor', 'LearnerSpec', 'model_source', 'build_policy', 'LearnerWorker', 'freeze_heap',
+           'compile_layers', 'apply_kernels', 'check_kernels', 'train_flops', 'release_tensors', 'shard_batch',
+           'peak_flops_for', 'combine_metrics', 'LearnerGroup', 'each', 'create_learner_group']
 
 # %% ../nbs/07_learner.ipynb 8
 logger = logging.getLogger("grpo_nb.learner")
@@ -478,7 +478,16 @@ def init_distributed(self:LearnerWorker,
     if backend == "gloo": sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
 
-# %% ../nbs/07_learner.ipynb 75
+# %% ../nbs/07_learner.ipynb 76
+def freeze_heap(force:bool=False, # freeze outside a Ray actor too (the caller owns the whole process)
+               ) -> int: # objects in the permanent generation afterwards (0: not frozen)
+    "In a learner's own process: collect once, then move every live object out of the collector's reach (`gc.freeze`)."
+    import ray
+    if not force and not (ray.is_initialized() and ray.get_runtime_context().get_actor_id()): return 0
+    gc.collect(); gc.freeze()
+    return gc.get_freeze_count()
+
+# %% ../nbs/07_learner.ipynb 79
 @patch
 def setup(self:LearnerWorker,
           spec:LearnerSpec, # what to build
@@ -512,9 +521,10 @@ def setup(self:LearnerWorker,
     self.flop_params = _flop_params(policy)
     return {"rank": self.rank, "params": sum(full_numel(p) for p in policy.parameters()), "attention": self.attn,
             "attention_kernel": attention_kernel(self.attn), "kernels": self.kernels,
-            "device": str(self.device), "zero_stage": L.zero_stage, "dtype": dname}
+            "device": str(self.device), "zero_stage": L.zero_stage, "dtype": dname,
+            "gc_frozen": freeze_heap()}   # last: everything built above lives as long as the run
 
-# %% ../nbs/07_learner.ipynb 77
+# %% ../nbs/07_learner.ipynb 81
 @patch
 def _build_ref(self:LearnerWorker, spec:LearnerSpec):
     "A frozen copy of the initial policy as a DeepSpeed inference engine."
@@ -533,7 +543,7 @@ def _build_ref(self:LearnerWorker, spec:LearnerSpec):
     self._ref_keep = keep
     return eng
 
-# %% ../nbs/07_learner.ipynb 79
+# %% ../nbs/07_learner.ipynb 83
 def compile_layers(policy:nn.Module, # the HF causal LM
                    zero_stage:int, # ZeRO-3's parameter hooks and torch.compile do not mix: refused
                   ) -> int: # layers compiled
@@ -544,7 +554,7 @@ def compile_layers(policy:nn.Module, # the HF causal LM
     for layer in layers: layer.compile(dynamic=True)
     return len(layers)
 
-# %% ../nbs/07_learner.ipynb 81
+# %% ../nbs/07_learner.ipynb 85
 KERNELS = ("auto", "torch", "liger")
 "`model.kernels`: the learner's elementwise kernels."
 
@@ -570,7 +580,7 @@ def apply_kernels(policy:nn.Module, # the HF causal LM, before DeepSpeed wraps i
     fn(**{k: v for k, v in want.items() if k in inspect.signature(fn).parameters})
     return "liger"
 
-# %% ../nbs/07_learner.ipynb 84
+# %% ../nbs/07_learner.ipynb 88
 def check_kernels(saved:str|None, # the kernels a checkpoint was trained with ("torch" | "liger"; None: not recorded)
                   in_use:str, # the kernels this run applied (`apply_kernels`' result)
                   asked:str, # `model.kernels` of this run: "auto" switches silently, a name is a choice
@@ -583,14 +593,14 @@ def check_kernels(saved:str|None, # the kernels a checkpoint was trained with ("
                           + f". Fix: {keep} to keep the checkpoint's kernels, or --model.kernels={in_use} to switch on purpose"
                           + " (log-probs shift by bf16 rounding).")
 
-# %% ../nbs/07_learner.ipynb 86
+# %% ../nbs/07_learner.ipynb 90
 def _flop_params(policy:nn.Module) -> int:
     "Parameters that do matmul work on every token: all but the input embedding and the output projection."
     emb, head = policy.get_input_embeddings().weight, policy.get_output_embeddings().weight
     total = sum(full_numel(p) for p in policy.parameters())  # a tied matrix is counted once
     return total - full_numel(emb) - (0 if head is emb else full_numel(head))
 
-# %% ../nbs/07_learner.ipynb 88
+# %% ../nbs/07_learner.ipynb 92
 def train_flops(body_params:int, # parameters doing matmul work per token (no embedding, no output projection)
                 vocab:int, # V
                 hidden:int, # H
@@ -602,7 +612,7 @@ def train_flops(body_params:int, # parameters doing matmul work per token (no em
     T = sum(seq_lens)
     return 6.0 * body_params * T + 6.0 * vocab * hidden * scored + 6.0 * layers * hidden * sum(s * s for s in seq_lens)
 
-# %% ../nbs/07_learner.ipynb 91
+# %% ../nbs/07_learner.ipynb 95
 @patch
 def _forward(self:LearnerWorker, engine, mb:MicroBatch, with_entropy:bool=False):
     "Log-probs (and entropy) of one micro-batch's scored tokens through `engine`."
@@ -636,7 +646,7 @@ def _score(self:LearnerWorker, engine, batch:TrainBatch) -> list[Tensor]:
         for i in sid[mb.mask].unique().tolist(): out[i] = lp[(sid == i) & mb.mask]
     return [torch.zeros(0) if o is None else o for o in out]
 
-# %% ../nbs/07_learner.ipynb 93
+# %% ../nbs/07_learner.ipynb 97
 _MEAN_KEYS = ("clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "entropy",
               "tis_weight_mean", "tis_clip_frac", "rollout_kl")
 
@@ -674,7 +684,7 @@ def _metric_sums(ms:list[dict], # `policy_loss` metrics of every micro-batch (te
     out.update({f"{k}_sum": sum(x * t for x, t in zip(v[k], n)) for k in _MEAN_KEYS if k in v})
     return out
 
-# %% ../nbs/07_learner.ipynb 94
+# %% ../nbs/07_learner.ipynb 98
 def _grad_norm(module:nn.Module) -> float:
     "L2 norm of all gradients of `module` (replicated parameters: ZeRO-0)."
     gs = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
@@ -713,7 +723,7 @@ def _flops(self:LearnerWorker, seq_lens, scored) -> float:
     c = self.sync_module().config
     return train_flops(self.flop_params, c.vocab_size, c.hidden_size, c.num_hidden_layers, seq_lens, scored)
 
-# %% ../nbs/07_learner.ipynb 96
+# %% ../nbs/07_learner.ipynb 100
 @patch
 def save(self:LearnerWorker,
          tmp:str, # temporary directory (the same on every rank, on a shared filesystem)
@@ -759,7 +769,7 @@ def load(self:LearnerWorker,
     self.step = int(meta["step"])
     return meta
 
-# %% ../nbs/07_learner.ipynb 98
+# %% ../nbs/07_learner.ipynb 102
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                     "tokenizer.model", "chat_template.jinja", "chat_template.json", "added_tokens.json", "generation_config.json")
 
@@ -795,7 +805,7 @@ def export(self:LearnerWorker,
             if (Path(src) / f).exists(): shutil.copy2(Path(src) / f, out / f)
     return {"files": sorted(p.name for p in out.iterdir()), "bytes": total}
 
-# %% ../nbs/07_learner.ipynb 100
+# %% ../nbs/07_learner.ipynb 104
 @patch
 def state_digest(self:LearnerWorker) -> dict:
     "Bit-exact fingerprints of this rank's parameters (its ZeRO partition), optimizer state, schedule and RNG states."
@@ -805,7 +815,7 @@ def state_digest(self:LearnerWorker) -> dict:
             "scheduler": tree_digest(sched), "rng": tree_digest(rng_state()), "step": self.step,
             "optimizer_steps": int(self.engine.global_steps)}
 
-# %% ../nbs/07_learner.ipynb 102
+# %% ../nbs/07_learner.ipynb 106
 _FOLLOW = ("deepspeed", "torch.nn", "torch.optim", "torch.distributed", "grpo_nb", "transformers", "liger_kernel", "collections")
 
 def release_tensors(*roots, # objects whose tensors may go: a DeepSpeed engine, a module, an optimizer
@@ -832,7 +842,7 @@ def release_tensors(*roots, # objects whose tensors may go: a DeepSpeed engine, 
             stack.extend(gc.get_referents(o))
     return sum(storages.values())
 
-# %% ../nbs/07_learner.ipynb 104
+# %% ../nbs/07_learner.ipynb 108
 @patch
 def close(self:LearnerWorker) -> None:
     "Give the model's, the reference's and the optimizer's memory back, and leave the process group (the actor can then be killed cleanly)."
@@ -847,7 +857,7 @@ def close(self:LearnerWorker) -> None:
         import deepspeed.comm
         deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups, so a new world can be made here
 
-# %% ../nbs/07_learner.ipynb 106
+# %% ../nbs/07_learner.ipynb 110
 def shard_batch(lengths:Sequence[int], # tokens of each sequence
                 world_size:int, # ranks W
                ) -> list[list[int]]: # sequence indices of each rank
@@ -859,7 +869,7 @@ def shard_batch(lengths:Sequence[int], # tokens of each sequence
         out[r].append(i); tok[r] += lengths[i]; big += len(out[r]) == base + 1
     return [sorted(o) for o in out]
 
-# %% ../nbs/07_learner.ipynb 109
+# %% ../nbs/07_learner.ipynb 113
 PEAK_BF16_TFLOPS:dict[str, float] = {"GH200": 989.4, "H200": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
                                      "A100": 312.0, "L40S": 362.1, "V100": 125.0}
 "Dense (no sparsity) bf16 tensor-core peak per GPU, by a substring of `torch.cuda.get_device_name()`, most specific first (V100: fp16)."
@@ -872,7 +882,7 @@ def peak_flops_for(device_name:str|None, # e.g. "NVIDIA H100 80GB HBM3"
     return None
 
 
-# %% ../nbs/07_learner.ipynb 111
+# %% ../nbs/07_learner.ipynb 115
 def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
                     peak_flops:float|None=None, # per-GPU peak FLOP/s for MFU
                    ) -> dict:
@@ -894,7 +904,7 @@ def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
     if peak_flops: out["mfu"] = out["flops"] / out["time_s"] / (peak_flops * W)
     return out
 
-# %% ../nbs/07_learner.ipynb 112
+# %% ../nbs/07_learner.ipynb 116
 _PASS_ENV = ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "TORCH_EXTENSIONS_DIR", "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "DS_BUILD_OPS",
              "TORCH_CUDA_ARCH_LIST", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "GRPO_NB_CACHE")
 
@@ -914,7 +924,7 @@ class LearnerGroup:
         return (f"LearnerGroup({self.world_size} × {i['device']}, ZeRO-{i['zero_stage']}, {i['dtype']}, {i['params'] / 1e6:.2f}M params, "
                 f"attention {i['attention']}, step {self.step_count})")
 
-# %% ../nbs/07_learner.ipynb 114
+# %% ../nbs/07_learner.ipynb 118
 def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
          method:str, # the method to call on every rank
          *args, # the same arguments for every rank ...
@@ -926,7 +936,7 @@ def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
     if len(actors) == 1 and isinstance(actors[0], LearnerWorker): return [getattr(actors[0], method)(*argv[0])]
     return gather([submit(a, method, *av) for a, av in zip(actors, argv)], timeout_s)
 
-# %% ../nbs/07_learner.ipynb 115
+# %% ../nbs/07_learner.ipynb 119
 def create_learner_group(spec:LearnerSpec, # what every rank builds
                          world_size:int, # learner ranks W
                          groups=None, # `grpo_nb.placement.PlacementGroups`: actors go into the learner bundles
@@ -962,14 +972,14 @@ def create_learner_group(spec:LearnerSpec, # what every rank builds
         raise
     return LearnerGroup(actors, spec, info)
 
-# %% ../nbs/07_learner.ipynb 117
+# %% ../nbs/07_learner.ipynb 121
 @patch
 def minibatches(self:LearnerGroup, n:int) -> int:
     "Optimizer steps per epoch for a step of `n` sequences: `num_mini_batches`, or n / (micro_batch_size × gradient_accumulation_steps × W)."
     L = self.spec.learner
     return L.num_mini_batches or max(1, n // (L.micro_batch_size * L.gradient_accumulation_steps * self.world_size))
 
-# %% ../nbs/07_learner.ipynb 119
+# %% ../nbs/07_learner.ipynb 123
 @patch
 def step(self:LearnerGroup,
          batch:TrainBatch, # all sequences of the step
@@ -983,7 +993,7 @@ def step(self:LearnerGroup,
     self.step_count += 1
     return combine_metrics(parts, self.spec.peak_flops)
 
-# %% ../nbs/07_learner.ipynb 121
+# %% ../nbs/07_learner.ipynb 125
 @patch
 def save(self:LearnerGroup,
          ckpt_dir:str|Path, # the run's checkpoint directory
@@ -1002,7 +1012,7 @@ def save(self:LearnerGroup,
     each(self.actors, "save", str(tmp), str(final), step, data_state, keep_last)
     return final
 
-# %% ../nbs/07_learner.ipynb 122
+# %% ../nbs/07_learner.ipynb 126
 @patch
 def load(self:LearnerGroup,
          path:str|Path, # a checkpoint directory
@@ -1013,7 +1023,7 @@ def load(self:LearnerGroup,
     self.step_count = int(metas[0]["step"])
     return metas[0]
 
-# %% ../nbs/07_learner.ipynb 123
+# %% ../nbs/07_learner.ipynb 127
 @patch
 def resume(self:LearnerGroup,
            ckpt_dir:str|Path, # the run's checkpoint directory
@@ -1023,7 +1033,7 @@ def resume(self:LearnerGroup,
     if p is None: return None
     return {**self.load(p), "path": str(p)}
 
-# %% ../nbs/07_learner.ipynb 124
+# %% ../nbs/07_learner.ipynb 128
 @patch
 def export(self:LearnerGroup,
            out_dir:str|Path, # the HF directory to create (replaced if it exists)
@@ -1037,13 +1047,13 @@ def export(self:LearnerGroup,
     os.rename(tmp, out)
     return out
 
-# %% ../nbs/07_learner.ipynb 125
+# %% ../nbs/07_learner.ipynb 129
 @patch
 def digests(self:LearnerGroup) -> list[dict]:
     "Every rank's `state_digest` (bit-exact fingerprints of parameters, optimizer, schedule, RNG)."
     return each(self.actors, "state_digest")
 
-# %% ../nbs/07_learner.ipynb 126
+# %% ../nbs/07_learner.ipynb 130
 @patch
 def shutdown(self:LearnerGroup,
              kill:bool=False, # True: kill the actors at once (no clean exit), as a crash would
@@ -1057,7 +1067,7 @@ def shutdown(self:LearnerGroup,
         for a in self.actors: ray.kill(a, no_restart=True)
     self.actors = []
 
-# %% ../nbs/07_learner.ipynb 137
+# %% ../nbs/07_learner.ipynb 141
 @patch(cls_method=True)
 def from_config(cls:LearnerGroup,
                 cfg, # a `grpo_nb.config.TrainConfig`

@@ -174,6 +174,25 @@ def test_report_with_trl(tmp_path):
     assert any(x.startswith("OLMo-2-7B colocated on 4× H100: ≥1.2× TRL") and "TRL stopped after 3 timed steps): met." in x for x in v)
 
 
+def test_gap_lines_put_each_phase_beside_trls_and_say_how_far_the_target_is(tmp_path):
+    _, plan = _plan("colocated", tmp_path)
+    base = {"model": "Qwen2.5-7B", "gpus": 4, "tp": 1, "learners": 4, "engines": 4, "rc": 0, "step_mean_s": 2.0, "device": "4x NVIDIA H100 80GB HBM3",
+            "time_split": {"time/generation": 0.8, "time/learner": 0.6, "time/sync": 0.05, "time/verify": 0.3, "time/sleep": 0.05, "time/wake": 0.2,
+                           "time/release": 0.15}}
+    coloc = S.merge_trl({**base, "layout": "colocated"}, S.trl_fields("trl:vllm-colocate", _child(10), 2, {}, plan, "TRL trainer exited timeout"))
+    split = S.merge_trl({**base, "layout": "split", "time_split": {**base["time_split"], "time/generation": 0.01}},
+                        S.trl_fields("trl:vllm-colocate", _child(10), 2, {}, plan))
+    p = tmp_path / "scale.json"; p.write_text(json.dumps({"records": [coloc, split, {**base, "layout": "split", "model": "OLMo-2-7B"}]}))
+    c, s = REPORT["gap_lines"](p)   # the record without TRL has no line
+    assert "Generation 0.80 s against 0.75 s; learner 0.60 s against TRL's learner and the rest 1.50 s; sync 0.05 s against 0.25 s" in c
+    assert "with no counterpart in TRL: the bit-exact check 0.30 s, sleep 0.05 s, wake 0.20 s (of which the learners' cache release 0.15 s)" in c
+    assert c.endswith("The 1.2× target (2.08 s) is met with 0.08 s to spare.")
+    assert "the loop waited 0.01 s for it, where TRL waited 0.75 s" in s and "At 1.5× TRL a step would take 1.67 s: 0.33 s less than ours." in s
+    assert "(all steps; its process then outlived the time limit)" in REPORT["scale_table"](p)
+    assert REPORT["unmeasured"](p) == ["OLMo-2-7B split: ours measured; TRL vllm-server beside it not yet",
+                                       "OLMo-2-7B colocated: not measured yet (neither ours nor TRL vllm-colocate)"]
+
+
 def test_child_builds_its_grpo_config(tmp_path):
     "Where TRL is installed: every argument the child passes is a GRPOConfig field, and the config builds on CPU."
     trl = pytest.importorskip("trl")
