@@ -4,7 +4,7 @@
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 single1 split01 (or its parts split01a/b/c),
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 mfu2 mfuprof2 mfu1p5 mfu3b sc2
 #                                                        four GPUs, one lane a call: s7split s7coloc s7trlserver s7trlcoloc
-#                                                        s7olmosplit s7olmocoloc mfu7b2 mfu7b4 tp2
+#                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b4 mfuolmo2 tp2
 #                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
 #
 # Each lane runs its benchmarks one after another on its own GPUs (CUDA_VISIBLE_DEVICES), each under `timeout`,
@@ -122,8 +122,13 @@ lane_s7trlserver() { scale qwen_trl_server 580 --models Qwen2.5-7B --layouts spl
 lane_s7trlcoloc() { scale qwen_trl_coloc 580 --models Qwen2.5-7B --layouts colocated --skip-ours --peers trl:vllm-colocate --trl-timeout 540; }
 lane_s7olmosplit() { scale olmo_split 570 --models OLMo-2-7B --layouts split --peers '' --timeout 520; }
 lane_s7olmocoloc() { scale olmo_coloc 570 --models OLMo-2-7B --layouts colocated --peers '' --timeout 520; }
+lane_s7olmotrlserver() { scale olmo_trl_server 580 --models OLMo-2-7B --layouts split --skip-ours --peers trl:vllm-server --trl-timeout 540; }
+lane_s7olmotrlcoloc() { scale olmo_trl_coloc 580 --models OLMo-2-7B --layouts colocated --skip-ours --peers trl:vllm-colocate --trl-timeout 540; }
 # the ZeRO-3 learner alone at 7B: two GPUs (with gradient checkpointing, which the planner turns on there), and four
 lane_mfu7b2() { run learner_mfu_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-7B --budget-s 300 \
+                  --variant-limit-s 200 --out "$OUT/learner_mfu_7b.json"; }
+# the OLMo-2-7B learner alone on two GPUs (its learner ran at about two thirds of the Qwen shape's MFU inside the split preset)
+lane_mfuolmo2() { run learner_mfu_olmo2_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models OLMo-2-7B --budget-s 300 \
                   --variant-limit-s 200 --out "$OUT/learner_mfu_7b.json"; }
 lane_mfu7b4() { run learner_mfu_7b_4gpu 330 0,1,2,3 python3 bench/learner_mfu.py --part 4gpu --models Qwen2.5-7B --budget-s 300 \
                   --variant-limit-s 200 --out "$OUT/learner_mfu_7b.json"; }

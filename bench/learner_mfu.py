@@ -39,10 +39,11 @@ SMOKE_CFG = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
 
 
 def hf_config(name:str) -> dict:
-    "A Qwen2 config dict with the shape of a published model (random init), or the smoke model's."
+    "A config dict with the shape of a published model (random init; its own architecture where it is not Qwen2), or the smoke model's."
     if name == "tiny": return dict(SMOKE_CFG)
-    from grpo_nb.memory import ARCHS
+    from grpo_nb.memory import ARCHS, shape_to_hf
     s = ARCHS[name]
+    if s.family != "qwen2": return shape_to_hf(s) | {"max_position_embeddings": 32768}   # e.g. OLMo-2: its q/k norms and post-norms are part of what is timed
     return {"model_type": "qwen2", "hidden_size": s.hidden, "intermediate_size": s.intermediate, "num_hidden_layers": s.layers,
             "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "vocab_size": s.vocab,
             "tie_word_embeddings": s.tie_word_embeddings, "max_position_embeddings": 32768, "rope_theta": 1000000.0,

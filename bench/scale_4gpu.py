@@ -208,7 +208,8 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
            "mfu_per_learner_gpu": mean("mfu"), "sync_s": mean("time/sync"),
            "exact_sync": bool(checked) and len(checked) == len(recs) and all(r["sync/exact"] for r in checked),
            "syncs_checked": len(checked), "checksums_compared": max((r.get("sync/checksums_compared", 0) for r in checked), default=0),
-           "max_abs_logprob_diff": max((r["sync/max_abs_logprob_diff"] for r in checked), default=None),
+           "max_abs_logprob_diff": max((r["sync/max_abs_logprob_diff"] for r in checked if "sync/max_abs_logprob_diff" in r), default=None),   # the checks that compared log-probs
+           "logprob_checks": sum("sync/max_abs_logprob_diff" in r for r in checked),
            "logprob_atol": max((r.get("sync/logprob_atol") or 0 for r in checked), default=None), "logprob_atol_form": "4u*max|z|*sqrt(L)",
            "peak_gib_measured": [mem.peak[i] / 1024 for i in sorted(mem.peak)][:L["gpus"]] if not smoke else [],
            "peak_gib_planned": planned, "learner_peak_allocated_gib": max((r.get("peak_gpu_mem_gib", 0) for r in recs), default=None),
@@ -322,7 +323,7 @@ def run_trl(layout:str, model_dir:Path, sh:dict, tmp:Path, timeout:float, logs:P
     import yaml
     Path(plan["accelerate_path"]).write_text(yaml.safe_dump(plan["accelerate"], sort_keys=False))
     Path(plan["spec_path"]).write_text(json.dumps(plan["spec"], indent=1))
-    deadline, error, server, trainer = time.monotonic() + timeout, None, None, None
+    deadline, error, note, server, trainer = time.monotonic() + timeout, None, None, None, None
     env = {**os.environ, **SAFE_ENV}
     with MemoryPoller() as mem:
         try:
@@ -336,9 +337,9 @@ def run_trl(layout:str, model_dir:Path, sh:dict, tmp:Path, timeout:float, logs:P
             tr = plan["trainer"]
             trainer = subprocess.Popen(tr["cmd"], cwd=ROOT, env={**env, **tr["env"]}, stdout=open(tr["log"], "w"), stderr=subprocess.STDOUT,
                                        start_new_session=True)
-            try: rc = trainer.wait(max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired: rc = "timeout"
-            if rc != 0: error = f"TRL trainer exited {rc} (limit {timeout:.0f} s): " + _tail(tr["log"])
+            rc = wait_trl(trainer, Path(plan["spec"]["out"]), plan["spec"]["grpo"]["max_steps"], deadline)
+            if rc == "done": note = f"TRL wrote all its steps and had not exited {TRL_EXIT_GRACE_S:.0f} s later; it was stopped"
+            elif rc != 0: error = f"TRL trainer exited {rc} (limit {timeout:.0f} s): " + _tail(tr["log"])
         except Exception as e:
             error = f"{type(e).__name__}: {e}"[-3000:]
         finally:
@@ -351,7 +352,30 @@ def run_trl(layout:str, model_dir:Path, sh:dict, tmp:Path, timeout:float, logs:P
     out = Path(plan["spec"]["out"])
     child = json.loads(out.read_text()) if out.exists() else None
     wait_gpus_free()
-    return trl_fields(peer, child, sh["warmup"], mem.peak, plan, error)
+    return trl_fields(peer, child, sh["warmup"], mem.peak, plan, error) | ({"trl_note": note} if note else {})
+
+
+TRL_EXIT_GRACE_S = 60.0
+"Seconds TRL's trainer gets to exit once it has written every step (its teardown can hang; the steps are what is measured)."
+
+
+def wait_trl(proc:subprocess.Popen, # TRL's trainer (`accelerate launch`)
+             out:Path, # the steps file its rank 0 rewrites after each step
+             steps:int, # the steps it was asked for
+             deadline:float, # `time.monotonic()` past which it is given up
+             grace:float|None=None, # seconds to exit after its last step (default TRL_EXIT_GRACE_S)
+             poll_s:float=1.0) -> int|str:
+    "Wait for TRL's trainer: its exit code; 'timeout' at the deadline; 'done' once it wrote all `steps` and did not exit within `grace`."
+    grace, done = TRL_EXIT_GRACE_S if grace is None else grace, None
+    while (rc := proc.poll()) is None:
+        now = time.monotonic()
+        if now >= deadline: return "timeout"
+        if done is None:
+            try: done = now if len(json.loads(out.read_text()).get("steps", [])) >= steps else None
+            except (OSError, ValueError): pass   # not written yet, or caught mid-write
+        if done is not None and now - done >= grace: return "done"
+        time.sleep(poll_s)
+    return rc
 
 
 def trl_child(spec_path:str):

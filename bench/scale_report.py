@@ -41,7 +41,8 @@ def trl_cells(r:dict) -> list[str]:
     if r.get("trl_step_mean_s") is None:
         return [mode, "failed: " + _short(r.get("trl_error")), "—"]
     cut = (f" ({r.get('trl_timed_steps')} timed steps; the run stopped)" if r.get("trl_error") and not r.get("trl_complete")
-           else " (all steps; its process then outlived the time limit)" if r.get("trl_error") else "")
+           else " (all steps; its process then outlived the time limit)" if r.get("trl_error")
+           else " (all steps; its process then hung and was stopped)" if r.get("trl_note") else "")
     return [mode, f"{_f(r.get('trl_step_mean_s'))} / {_f(r.get('trl_step_median_s'))} / {_f(r.get('trl_step_p90_s'))}{cut}",
             _f(r.get("speedup_mean"), "{:.2f}×")]
 
@@ -191,10 +192,14 @@ def gap_lines(path:str|Path) -> list[str]:
                  f"sync {g('time/sync'):.2f} s against {tr['sync']:.2f} s"]
         extra = ", ".join(f"{n} {v:.2f} s" for n, v in own) + rel
         gap = r["step_mean_s"] - goal
+        work = g("time/generation") + g("time/learner")   # the phases a step cannot do without, taken in turn when the layout is not split
+        bound = ("" if r["layout"] == "split" or gap <= 0 else
+                 f" Generation and the learner alone take {work:.2f} s, " + ("more than that: no cut in the overhead reaches the target without a faster learner or engine."
+                                                                               if work > goal else "less than that: the overhead is what stands between."))
         out.append(f"{r['model']} {r['layout']} on {gpus(r)}: ours {r['step_mean_s']:.2f} s a step, TRL {r['trl_step_mean_s']:.2f} s. " + "; ".join(parts)
                    + (f"; with no counterpart in TRL: {extra}" if extra else "") + ". "
                    + (f"At {TARGETS[key]}× TRL a step would take {goal:.2f} s: {gap:.2f} s less than ours." if gap > 0
-                      else f"The {TARGETS[key]}× target ({goal:.2f} s) is met with {-gap:.2f} s to spare."))
+                      else f"The {TARGETS[key]}× target ({goal:.2f} s) is met with {-gap:.2f} s to spare.") + bound)
     return out
 
 

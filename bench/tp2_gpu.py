@@ -80,7 +80,7 @@ def run_layout(name:str, smoke:bool, tmp:Path, timeout:float) -> dict:
            "step_s_all": [r["time/step"] for r in recs], "step_stats": stats([r["time/step"] for r in recs[1:]]),
            "sync_s": mean("time/sync"), "gather_s": mean("sync/gather_s"), "send_s": mean("sync/send_s"), "load_s": mean("sync/load_s"),
            "verify_s": mean("time/verify"),
-           "max_abs_logprob_diff": max((r["sync/max_abs_logprob_diff"] for r in checked.values()), default=None),
+           "max_abs_logprob_diff": max((r["sync/max_abs_logprob_diff"] for r in checked.values() if "sync/max_abs_logprob_diff" in r), default=None),
            "checksums_match": (True if any(r["sync/checksums_compared"] for r in checked.values()) else None),
            "exact_sync": bool(checked) and len(checked) == len(recs) and all(r.get("sync/exact") for r in checked.values()),
            "syncs_checked": len(checked), "checksums_compared": max((r.get("sync/checksums_compared", 0) for r in checked.values()), default=0),

@@ -72,6 +72,7 @@ class RolloutConfig:
     startup_timeout_s:float=900.0 # seconds engines may take to load their model before the run gives up (a 32B model with TP=2 can take 15-20 min from a cold file system)
     sync_backend:Literal["auto","nccl","gloo"]="auto" # weight sync into split engines: "auto" is NCCL from GPU learners and gloo on CPU; gloo goes through host memory over TCP (slower, but sidesteps NCCL network set-up while bringing a cluster up)
     verify_every:int=0 # steps between checks that every engine holds exactly the learner's weights (checksums of every parameter on every TP worker, cut and packed as the engine holds it) and computes what the learner computes (greedy log-probs on fixed prompts). A stale engine is synced once more; a second mismatch stops the run with the fix. 0: never
+    verify_logprobs_every:int=1 # of those checks, every how many also compare greedy log-probs on fixed prompts with the learner's (an engine generation and a learner forward: about 0.7 s at 7B). The first check always does, and so does any check whose checksums could not compare some parameter. 1: every check
     verify_atol:float=0.0 # largest |engine - learner| log-prob the check accepts where some parameter cannot be compared bit for bit; 0: derived from the policy's dtype and its largest logit (`grpo_nb.weight_sync.logprob_atol`)
     fault_skip_sync_step:int=0 # testing: skip the weight sync after this step once, leaving the engines a step stale (verify_every must catch it); 0: never
     chunked_prefill:Literal["auto","on","off"]="auto" # vLLM chunked prefill (long prompts split across scheduler steps): "auto" keeps vLLM's default
@@ -388,6 +389,7 @@ def validate_rollout(R:RolloutConfig) -> None:
     _at_least(1, [(f"rollout.{k}", getattr(R, k)) for k in ("num_engines", "tensor_parallel_size", "prompts_per_step", "max_new_tokens",
                                                              "startup_timeout_s")])
     _at_least(0, [(f"rollout.{k}", getattr(R, k)) for k in ("kv_cache_mib", "verify_every", "verify_atol", "fault_skip_sync_step")])
+    _at_least(1, [("rollout.verify_logprobs_every", R.verify_logprobs_every)])
     _check(R.num_samples_per_prompt >= 2, "rollout.num_samples_per_prompt",
            f"GRPO normalises rewards within a group of G samples; G={R.num_samples_per_prompt} leaves every advantage at zero.",
            "--rollout.num_samples_per_prompt=8")

@@ -712,6 +712,7 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
                 checksums:Callable[[list], list]|None=None, # workers' layouts (flat, engine-major) -> the learner's `expected_checksums`; None: log-probs only
                 timeout_s:float|None=None, # give up (TimeoutError) after this many seconds per call
                 version:int|None=None, # the policy version every engine must hold (`weights_version`); None: not compared
+                logprobs:bool=True, # compare greedy log-probs too; False skips them only where the checksums compared every parameter
                ) -> dict: # what was compared, whether the weights are exact, and the largest log-prob difference
     "Check that every engine holds (checksums) and computes (log-probs) the learner's policy; raise `WeightSyncError` where not."
     if version is not None: _check_version(engines, version, timeout_s)
@@ -724,6 +725,9 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
         report["checksums"] = (f"{report['workers']} worker(s) bit-identical on {report['compared']} tensors"
                                + (f" ({report['repacked']} held repacked: checked by log-probs)" if report["repacked"] else ""))
     report["checksums_s"], t0 = time.perf_counter() - t0, time.perf_counter()   # the check's two parts, timed
+    if not logprobs and report["exact"] and not report.get("repacked"):   # every parameter compared bit for bit: the log-probs add nothing to the proof
+        report |= {"max_abs_logprob_diff": None, "logprobs": "skipped", "logprobs_s": 0.0}
+        return report
     prompts = list(prompts or DEFAULT_VERIFY_PROMPTS)
     spec = dict(n=1, max_new_tokens=max_new_tokens, temperature=0.0, seed=None)   # a `SamplingSpec`'s fields: greedy, one sample
     outs = gather([submit(e, "generate", prompts, spec) for e in engines], timeout_s)
@@ -847,13 +851,14 @@ def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
                        timeout_s:float|None=None, # give up (TimeoutError) after this many seconds per call
                        version:int|None=None, # the policy version the engines must hold (the last sync's); None: not compared
                        plan:dict|None=None, # `sync_plan`'s result, kept by the trainer: the checksums gather by it (None: planned here, `bucket_bytes`)
+                       logprobs:bool=True, # compare greedy log-probs too (skipped only where the checksums compared every parameter)
                       ) -> dict:
     "`verify_sync` with the learner group as the scorer and the checksums; raises `WeightSyncError` on any difference."
     def score(seqs, lens): return gather([submit(l, "ws_scores", seqs, lens) for l in learners], timeout_s)[0]
     def expect(layouts):   # every learner rank takes part: the NaN check and the ZeRO-3 gathers are collective
         p = plan if plan is not None else gather([submit(l, "ws_prepare", bucket_bytes) for l in learners], timeout_s)[0]["plan"]
         return gather([submit(l, "ws_checksums", p, layouts) for l in learners], timeout_s)[0]
-    return verify_sync(engines, score, prompts, max_new_tokens, atol, expect if checksums else None, timeout_s, version)
+    return verify_sync(engines, score, prompts, max_new_tokens, atol, expect if checksums else None, timeout_s, version, logprobs)
 
 # %% ../nbs/06_weight_sync.ipynb 127
 def _one_host(*stats) -> bool: return len({st.get("host") for st in stats}) == 1 and stats[0].get("host") is not None
@@ -897,7 +902,8 @@ def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 
     ends = [r["t_end"] for r in recv if "t_end" in r]
     return {"bytes": p.total_bytes, "tensors": p.num_tensors, "buckets": len(p.buckets), "prepare_s": t1 - t0,
             "check_s": check_s,   # the NaN/Inf check of the plan's round trip (inside prepare_s; 0 when it rode in the header)
-            "gather_s": sent["gather_s"], "send_s": sent["send_s"],
+            # the slowest learner rank: under ipc every rank gathers and sends its own engine's copy
+            "gather_s": max(s.get("gather_s", 0.0) for s in res[len(engines):]), "send_s": max(s.get("send_s", 0.0) for s in res[len(engines):]),
             "recv_s": max((r.get("recv_s", 0.0) for r in recv), default=0.0),
             "load_s": max((r.get("load_s", 0.0) for r in recv), default=0.0),
             # first gather on learner rank 0 -> last engine done (wall clocks of one host; else the driver's view)

@@ -33,3 +33,11 @@ def test_four_gpu_part():
 def test_record_keeps_the_note():
     v = M.variants("2gpu", False, ["Qwen2.5-7B"], H100, "ray", False)[0]
     assert M.record(v, "2 × NVIDIA H100 80GB HBM3", None, None, None)["note"] == v["note"]
+
+
+def test_a_shape_of_another_family_is_built_as_that_family():
+    from transformers import AutoConfig
+    olmo, qwen = M.hf_config("OLMo-2-7B"), M.hf_config("Qwen2.5-7B")
+    assert olmo["model_type"] == "olmo2" and qwen["model_type"] == "qwen2"
+    cfg = AutoConfig.for_model(**olmo)   # what the learner builds from the dict
+    assert (cfg.num_key_value_heads, cfg.vocab_size, cfg.tie_word_embeddings) == (32, 100352, False)

@@ -1,6 +1,6 @@
 """bench/scale_4gpu.py's TRL side and bench/scale_report.py, on CPU: the commands and configs a 4-GPU run would use,
 the merging of TRL's run into our records, and what the pages render with and without TRL numbers."""
-import json, runpy, subprocess, sys
+import json, runpy, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -189,8 +189,28 @@ def test_gap_lines_put_each_phase_beside_trls_and_say_how_far_the_target_is(tmp_
     assert c.endswith("The 1.2× target (2.08 s) is met with 0.08 s to spare.")
     assert "the loop waited 0.01 s for it, where TRL waited 0.75 s" in s and "At 1.5× TRL a step would take 1.67 s: 0.33 s less than ours." in s
     assert "(all steps; its process then outlived the time limit)" in REPORT["scale_table"](p)
+    slow = tmp_path / "slow.json"; slow.write_text(json.dumps({"records": [{**coloc, "step_mean_s": 3.0}, {**coloc, "step_mean_s": 3.0, "time_split": {**coloc["time_split"], "time/learner": 1.5}}]}))
+    over, under = REPORT["gap_lines"](slow)
+    assert over.endswith("2.08 s: 0.92 s less than ours. Generation and the learner alone take 1.40 s, less than that: the overhead is what stands between.")
+    assert under.endswith("Generation and the learner alone take 2.30 s, more than that: no cut in the overhead reaches the target without a faster learner or engine.")
     assert REPORT["unmeasured"](p) == ["OLMo-2-7B split: ours measured; TRL vllm-server beside it not yet",
                                        "OLMo-2-7B colocated: not measured yet (neither ours nor TRL vllm-colocate)"]
+
+
+def test_trl_is_stopped_once_its_steps_are_written_and_it_hangs(tmp_path):
+    out = tmp_path / "steps.json"
+    hang = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        t0 = time.monotonic()
+        assert S.wait_trl(hang, out, 3, t0 + 1.5, grace=0.5, poll_s=0.1) == "timeout"   # nothing written: waits for the deadline
+        out.write_text(json.dumps({"steps": [{"step": 1.0}] * 2}))
+        assert S.wait_trl(hang, out, 3, time.monotonic() + 1.0, grace=0.2, poll_s=0.1) == "timeout"   # 2 of 3 steps: still running
+        out.write_text(json.dumps({"steps": [{"step": 1.0}] * 3}))
+        t0 = time.monotonic()
+        assert S.wait_trl(hang, out, 3, t0 + 30, grace=0.3, poll_s=0.1) == "done" and time.monotonic() - t0 < 5
+    finally: hang.kill(); hang.wait()
+    quick = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    assert S.wait_trl(quick, out, 3, time.monotonic() + 30, grace=30, poll_s=0.1) == 3   # an exit code wins over the grace
 
 
 def test_child_builds_its_grpo_config(tmp_path):

@@ -157,6 +157,9 @@ def test_one_step_off_sigusr1_and_resume():
     checked = {r["step"]: r for r in recs if "sync/stale_detected" in r}
     assert checked[stopped + 1]["sync/stale_detected"] == 1 and checked[stopped + 2]["sync/stale_detected"] == 0, checked
     assert all(r["sync/max_abs_logprob_diff"] <= 1e-4 for r in checked.values())   # after the re-sync, the engine matches
+    s1, s2 = checked[stopped + 1], checked[stopped + 2]   # the failed check and the sync again are timed apart from the second check
+    assert s1["verify/retry_s"] > 0 and s2["verify/retry_s"] == 0
+    assert s1["verify/retry_s"] + s1["verify/checksums_s"] + s1["verify/logprobs_s"] <= s1["time/verify"] + 1e-6
 
 
 @pytest.mark.parametrize("delay", ["ready", 3.0])
