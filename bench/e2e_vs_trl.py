@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import GPU_ENV, digit_prompts, free_port, save_bench_tokenizer, step_stats  # noqa: E402  (shared by the bench scripts)
+from common import GPU_ENV, digit_prompts, free_port, save_bench_tokenizer, step_stats, stop_group  # noqa: E402  (shared by the bench scripts)
 from verl_peer import BACKENDS as VERL_BACKENDS, PAIRS as VERL_PAIRS, dry_run_text, run_verl, verl_plan  # noqa: E402  (the second peer)
 
 MODEL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
@@ -118,7 +118,7 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
         try: rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:   # keep what ran: the steps logged so far and the log's tail
             import signal
-            os.killpg(proc.pid, signal.SIGKILL); proc.wait(); rc = "timeout"
+            stop_group(proc, 20); rc = "timeout"   # TERM first: the trainer stops Ray and frees the GPUs before the next run
     wall = time.perf_counter() - t0
     recs = [json.loads(l) for l in (tmp / "run" / "metrics.jsonl").read_text().splitlines()] if (tmp / "run" / "metrics.jsonl").exists() else []
     recs = [r for r in recs if "time/step" in r]

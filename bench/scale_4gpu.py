@@ -35,7 +35,7 @@ trl_commands, trl_error; speedup_mean = trl_step_mean_s / step_mean_s.
 TRL, accelerate and DeepSpeed must be importable (and jmespath, for `trl vllm-serve`); `--smoke` runs ours only.
 """
 from __future__ import annotations
-import argparse, importlib.util, json, os, shlex, shutil, signal, statistics, subprocess, sys, tempfile, time, traceback
+import argparse, importlib.util, json, os, shlex, shutil, statistics, subprocess, sys, tempfile, time, traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,7 +193,7 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **SAFE_ENV})
         try: rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL); proc.wait(); rc = "timeout"
+            stop_group(proc, 20); rc = "timeout"   # TERM first: the trainer stops Ray and frees the GPUs before the next run
     mpath = tmp / "run" / "metrics.jsonl"
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True); shutil.copy(log, logs / f"scale_{model}_{layout}.log")
@@ -213,10 +213,11 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
            "logprob_atol": max((r.get("sync/logprob_atol") or 0 for r in checked), default=None), "logprob_atol_form": "4u*max|z|*sqrt(L)",
            "peak_gib_measured": [mem.peak[i] / 1024 for i in sorted(mem.peak)][:L["gpus"]] if not smoke else [],
            "peak_gib_planned": planned, "learner_peak_allocated_gib": max((r.get("peak_gpu_mem_gib", 0) for r in recs), default=None),
-           "time_split": {k: mean(k) for k in ("time/generation", "time/generation_total", "time/wait_rollout", "time/reward", "time/learner", "time/sync",
+           "time_split": {k: mean(k) for k in ("time/generation", "time/generation_total", "time/generation_engine", "time/wait_rollout", "time/reward", "time/learner", "time/sync",
                                                  "time/verify", "time/sleep", "time/wake", "time/wake_weights", "time/wake_kv", "time/release",
                                                  "verify/checksums_s", "verify/logprobs_s", "verify/release_s")},
            "released_ranks": {k: mean(f"colocate/released_{k}") for k in ("before_weights", "before_kv", "after_verify")},   # learner ranks giving their cache back, per step
+           "startup_s": {k.removeprefix("startup/"): v for k, v in (recs[0] if recs else {}).items() if k.startswith("startup/")},   # Ray, learners, engine load and vLLM's phases of it
            "trl_backend": None, "trl_step_mean_s": None, "speedup_mean": None, "work": {k: v for k, v in sh.items() if k != "gpu_memory_utilization"},
            "rc": rc, "wall_s": time.perf_counter() - t0, "command": f"grpo_nb train {preset} " + " ".join(o for o in over if "/" not in o)}
     if rc != 0:

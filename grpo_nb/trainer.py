@@ -207,19 +207,24 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
     try:
         opts = [placed_actor_options(groups, "engine", i) for i in range(R.num_engines)]
         colocated = R.placement == "colocated"
+        tl = time.perf_counter()
         if colocated: learner = LearnerGroup.from_config(cfg, groups)   # first: a colocated engine sizes its memory next to the learner
+        learners_s = time.perf_counter() - tl
         engines = create_engines(cfg.model.name_or_path, R.num_engines, R.tensor_parallel_size, R.backend, layout.device,
                                  actor_options=opts, wait=False, **_engine_kwargs(cfg, layout.device))
         t0 = time.perf_counter()
         if not colocated: learner = LearnerGroup.from_config(cfg, groups)   # meanwhile the engines load
         t["learners"] = time.perf_counter()
+        if not colocated: learners_s = t["learners"] - t0
         infos = gather([e.info.remote() for e in engines], timeout_s=R.startup_timeout_s)
         t["engines"] = time.perf_counter()
         info = connect_weight_sync(learner.actors, engines, R.tensor_parallel_size, backend="ipc" if colocated else R.sync_backend)
         loads = [i.get("load_s") for i in infos if i.get("load_s") is not None]
-        info["startup"] = {"startup/placement_s": t["placement"] - t["start"], "startup/learners_s": t["learners"] - t0,
+        info["startup"] = {"startup/placement_s": t["placement"] - t["start"], "startup/learners_s": learners_s,
                            "startup/engines_ready_s": t["engines"] - t0, "startup/engine_load_s": max(loads, default=None),
                            "startup/connect_s": time.perf_counter() - t["engines"]}
+        for k in sorted({k for i in infos for k in i.get("load_phases") or {}}):   # vLLM's own phases of the load, the slowest engine's
+            info["startup"][f"startup/engine_{k}"] = max((i.get("load_phases") or {}).get(k, 0.0) for i in infos)
         return Actors(groups, learner, engines, info)
     except BaseException:
         if learner is not None: learner.shutdown(kill=True)
@@ -254,7 +259,8 @@ class Rollout:
     samples:list|None=None # B `Sample`s, prompt-major
     rewards:Any=None # `grpo_nb.rewards.RewardBatch`
     gen_wait_s:float=0.0 # seconds the loop waited for the samples
-    gen_s:float=0.0 # seconds from start to samples
+    gen_s:float=0.0 # seconds from start to samples (one-step-off: until the loop fetched them, after the learner's step)
+    engine_s:float=0.0 # seconds the slowest engine spent generating them (its own clock: what one-step-off overlaps with the learner)
     reward_s:float=0.0 # seconds scoring them
 
 # %% ../nbs/08_trainer.ipynb 40
@@ -287,6 +293,7 @@ def finish_rollout(ro:Rollout, # from `start_rollout`
     if on_samples is not None: on_samples()
     t1 = time.perf_counter()
     ro.gen_wait_s, ro.gen_s = t1 - t0, t1 - ro.t_submit
+    ro.engine_s = max((s.engine_s for s in ro.samples), default=0.0)
     G = len(ro.samples) // len(ro.prompt_idx)
     ro.rewards = compute_rewards([s.text for s in ro.samples], [answers[ro.prompt_idx[s.prompt_index]] for s in ro.samples], functions, ctx)
     ro.reward_s = time.perf_counter() - t1
@@ -444,7 +451,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
     rec |= learn
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in S)
     step_s = time.perf_counter() - t_step
-    rec |= {"time/generation": ro.gen_wait_s, "time/generation_total": ro.gen_s, "time/reward": ro.reward_s, "time/sync": sync_s,
+    rec |= {"time/generation": ro.gen_wait_s, "time/generation_total": ro.gen_s, "time/generation_engine": ro.engine_s, "time/reward": ro.reward_s, "time/sync": sync_s,
             "time/step": step_s, "tokens_per_s": tokens / step_s if step_s else 0.0,
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec

@@ -64,6 +64,9 @@ def test_colocated_vllm_engine_reloads_through_shared_memory(tmp_path):
     recs, info = _run(tmp_path, "--rollout.backend=vllm", "--rollout.sleep_level=0", "--rollout.kv_cache_mib=64")
     assert [r["step"] for r in recs] == [1, 2]
     assert "time/sleep" not in recs[0]   # level 0: the engine keeps its memory
+    # the first step's line carries vLLM's own phases of the engine's load, read from the engine actor's log file
+    assert 0 <= recs[0]["startup/engine_weights_s"] < recs[0]["startup/engine_load_s"], {k: v for k, v in recs[0].items() if k.startswith("startup/")}   # a tiny model: 0.00 s
+    assert 0 < recs[0]["startup/engine_init_engine_s"] < recs[0]["startup/engine_load_s"]
     assert info["check"]["max_abs_logprob_diff"] <= 1e-4
 
 

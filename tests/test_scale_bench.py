@@ -180,14 +180,14 @@ def test_gap_lines_put_each_phase_beside_trls_and_say_how_far_the_target_is(tmp_
             "time_split": {"time/generation": 0.8, "time/learner": 0.6, "time/sync": 0.05, "time/verify": 0.3, "time/sleep": 0.05, "time/wake": 0.2,
                            "time/release": 0.15}}
     coloc = S.merge_trl({**base, "layout": "colocated"}, S.trl_fields("trl:vllm-colocate", _child(10), 2, {}, plan, "TRL trainer exited timeout"))
-    split = S.merge_trl({**base, "layout": "split", "time_split": {**base["time_split"], "time/generation": 0.01}},
+    split = S.merge_trl({**base, "layout": "split", "time_split": {**base["time_split"], "time/generation": 0.01, "time/generation_engine": 0.55}},
                         S.trl_fields("trl:vllm-colocate", _child(10), 2, {}, plan))
     p = tmp_path / "scale.json"; p.write_text(json.dumps({"records": [coloc, split, {**base, "layout": "split", "model": "OLMo-2-7B"}]}))
     c, s = REPORT["gap_lines"](p)   # the record without TRL has no line
     assert "Generation 0.80 s against 0.75 s; learner 0.60 s against TRL's learner and the rest 1.50 s; sync 0.05 s against 0.25 s" in c
     assert "with no counterpart in TRL: the bit-exact check 0.30 s, sleep 0.05 s, wake 0.20 s (of which the learners' cache release 0.15 s)" in c
     assert c.endswith("The 1.2× target (2.08 s) is met with 0.08 s to spare.")
-    assert "the loop waited 0.01 s for it, where TRL waited 0.75 s" in s and "At 1.5× TRL a step would take 1.67 s: 0.33 s less than ours." in s
+    assert "Generation (0.55 s on the engine) runs beside our learner, one step ahead, and the loop waited 0.01 s for it, where TRL waited 0.75 s" in s and "At 1.5× TRL a step would take 1.67 s: 0.33 s less than ours." in s
     assert "(all steps; its process then outlived the time limit)" in REPORT["scale_table"](p)
     slow = tmp_path / "slow.json"; slow.write_text(json.dumps({"records": [{**coloc, "step_mean_s": 3.0}, {**coloc, "step_mean_s": 3.0, "time_split": {**coloc["time_split"], "time/learner": 1.5}}]}))
     over, under = REPORT["gap_lines"](slow)
@@ -211,6 +211,20 @@ def test_trl_is_stopped_once_its_steps_are_written_and_it_hangs(tmp_path):
     finally: hang.kill(); hang.wait()
     quick = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     assert S.wait_trl(quick, out, 3, time.monotonic() + 30, grace=30, poll_s=0.1) == 3   # an exit code wins over the grace
+
+
+def test_startup_lines_name_each_phase_and_vllms_own(tmp_path):
+    recs = [{"model": "Qwen2.5-7B", "layout": "split", "device": "4x NVIDIA H100 80GB HBM3",
+             "startup_s": {"ray_s": 4.0, "learners_s": 30.0, "engines_ready_s": 90.0, "engine_load_s": 70.0, "total_s": 95.0,
+                           "engine_weights_s": 12.5, "engine_graphs_s": 21.0}},
+            {"model": "OLMo-2-7B", "layout": "colocated", "device": "4x NVIDIA H100 80GB HBM3", "startup_note": "why",
+             "startup_s": {"ray_s": 4.0, "learners_s": None, "total_s": 100.0}},
+            {"model": "OLMo-2-7B", "layout": "split", "device": "4x NVIDIA H100 80GB HBM3"}]
+    p = tmp_path / "scale.json"; p.write_text(json.dumps({"records": recs}))
+    a, b = REPORT["startup_lines"](p)   # a record without start-up phases has no line
+    assert a == ("Qwen2.5-7B split on 4× H100: 95.0 s to the first step: Ray 4.0 s, learners 30.0 s, engines ready 90.0 s, vLLM's load 70.0 s "
+                 "(vLLM's phases: weights 12.5 s, graphs 21.0 s).")
+    assert b == "OLMo-2-7B colocated on 4× H100: 100.0 s to the first step: Ray 4.0 s (vLLM's phases of its load not logged by this run); why."
 
 
 def test_child_builds_its_grpo_config(tmp_path):

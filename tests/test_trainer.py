@@ -148,6 +148,7 @@ def test_one_step_off_sigusr1_and_resume():
     stopped = max(r["step"] for r in recs)
     assert stopped < 50 and (out / "checkpoints" / "latest").read_text().strip().endswith(str(stopped))
     assert all(r["staleness"] == 1 for r in recs if "reward_mean" in r and r["step"] > 1)   # the next batch was made while the learner trained
+    assert all(0 < r["time/generation_engine"] <= r["time/generation_total"] for r in recs if "reward_mean" in r)   # the engine's own time
     # resumed with a check after every sync, and the sync after the first resumed step skipped on purpose
     proc = _start(out, f"--total_steps={stopped + 2}", *off, "--resume", "auto", "--rollout.verify_every=1",
                   f"--rollout.fault_skip_sync_step={stopped + 1}")
