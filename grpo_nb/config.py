@@ -390,6 +390,10 @@ def validate_rollout(R:RolloutConfig) -> None:
                                                              "startup_timeout_s")])
     _at_least(0, [(f"rollout.{k}", getattr(R, k)) for k in ("kv_cache_mib", "verify_every", "verify_atol", "fault_skip_sync_step")])
     _at_least(1, [("rollout.verify_logprobs_every", R.verify_logprobs_every)])
+    F = R.fault_skip_sync_step   # a skipped sync leaves stale (or, after a level-2 sleep, unfilled) weights: only the check after it repairs them
+    _check(not F or (R.verify_every and F % R.verify_every == 0), "rollout.fault_skip_sync_step",
+           f"skips the sync after step {F}, and no check follows that step (verify_every={R.verify_every}): the engines would go on with weights the "
+           "learner never sent.", f"--rollout.verify_every=1 (or a divisor of {F}), or --rollout.fault_skip_sync_step=0")
     _check(R.num_samples_per_prompt >= 2, "rollout.num_samples_per_prompt",
            f"GRPO normalises rewards within a group of G samples; G={R.num_samples_per_prompt} leaves every advantage at zero.",
            "--rollout.num_samples_per_prompt=8")
