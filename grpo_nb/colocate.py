@@ -11,7 +11,7 @@ from torch import Tensor
 from .config import ConfigError
 
 # %% auto 0
-__all__ = ['IpcWork', 'device_key', 'pick_source', 'IpcGroup', 'check_sleep_mode']
+__all__ = ['INLINE_BYTES', 'IpcWork', 'device_key', 'pick_source', 'IpcGroup', 'check_sleep_mode']
 
 # %% ../nbs/05a_colocate.ipynb 7
 class IpcWork:
@@ -23,22 +23,22 @@ class IpcWork:
 
 # %% ../nbs/05a_colocate.ipynb 8
 def _export(t:Tensor) -> bytes:
-    "A pickled handle another process on this host can map `t` from (CUDA IPC, or a shared-memory file on CPU)."
-    from torch.multiprocessing.reductions import reduce_tensor
+    "A pickled handle another process on this host can map `t` from (CUDA IPC, or a shared-memory file on CPU); what is written to `t` later is seen through it."
+    import io
+    from multiprocessing.reduction import ForkingPickler
+    import torch.multiprocessing   # registers torch's reductions: storages travel as handles, not as bytes
     if t.device.type == "cpu":
         torch.multiprocessing.set_sharing_strategy("file_system")   # a named file: any process can open it, not only forked children
         t.share_memory_()
     else: torch.cuda.synchronize(t.device)                          # the packed bytes are written before anyone reads them
-    return pickle.dumps(reduce_tensor(t))
+    buf = io.BytesIO(); ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(t)
+    return buf.getvalue()
 
 def _import(blob:bytes) -> Tensor:
     "Map a tensor exported by `_export` in another process."
-    fn, args = pickle.loads(blob)
-    return fn(*args)
-
-def _release_shared(t:Tensor) -> None:
-    "After every receiver has copied `t`: let the allocator reuse its block (CUDA keeps a shared block until `ipc_collect`)."
-    if t.device.type == "cuda": torch.cuda.ipc_collect()
+    import torch.multiprocessing
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    return pickle.loads(blob)
 
 # %% ../nbs/05a_colocate.ipynb 10
 def device_key(device:torch.device, # a member's buffer device
@@ -57,6 +57,9 @@ def pick_source(keys:list[str], # `device_key` of each learner rank, by rank
     return same[(rank - 1) % len(same)]
 
 # %% ../nbs/05a_colocate.ipynb 12
+INLINE_BYTES = 1 << 16
+"A broadcast of at most this many bytes (the sync's header) travels inside the store's message, with no shared buffer."
+
 class IpcGroup:
     "A weight-sync group whose members share one host: each learner rank sends through shared memory to the engine workers on its own GPU."
     backend = "ipc"
@@ -72,6 +75,7 @@ class IpcGroup:
         self.store, self.kv = store, PrefixStore("grpo_nb/ipc", store)
         self.rank, self.world_size, self.device, self.timeout = rank, world_size, torch.device(device), timedelta(seconds=timeout_s)
         self.seq, self.pg, self.source, self._mine = 0, None, source, None
+        self.round, self.exported, self._slots, self._used, self._maps = 0, 0, [None, None], 0, {}   # the two shared buffers of a sync
         if rank == 0:
             if source == 0: self.kv.set("sources", str(sources))
             self.kv.set(f"dev.s{source}", device_key(self.device))
@@ -83,35 +87,74 @@ class IpcGroup:
             self.source = pick_source(keys, device_key(self.device), rank)
             self.kv.set(f"src.{rank}", str(self.source))
 
-    def broadcast(self, t:Tensor, # buffer on `self.device`; filled on every rank but `root`
+    def _receivers(self) -> list[int]:
+        "Sender: the receivers that chose this source (all have joined by the first broadcast)."
+        if self._mine is None:
+            self.kv.wait([f"src.{r}" for r in range(1, self.world_size)], self.timeout)
+            self._mine = [r for r in range(1, self.world_size) if int(self.kv.get(f"src.{r}")) == self.source]
+        return self._mine
+
+    def buffer(self, nbytes:int, # the next broadcast's size
+               capacity:int=0, # bytes to allocate when the buffer is new (the sync's largest bucket)
+              ) -> Tensor: # [nbytes] uint8, a view of one of the two shared buffers
+        "Sender: where to build the next broadcast, so that `broadcast` shares it as it is (the buffer's last bucket has been copied out)."
+        s = self._used % 2
+        slot = self._slots[s]
+        if slot is not None: self.kv.wait(slot["acks"], self.timeout)   # every receiver copied what it held before
+        if slot is None or slot["t"].numel() < nbytes:
+            slot = self._slots[s] = {"t": torch.empty(max(nbytes, capacity), dtype=torch.uint8, device=self.device), "blob": None, "acks": []}
+        return slot["t"][:nbytes]
+
+    def broadcast(self, t:Tensor, # [n] uint8 buffer on `self.device`; filled on every rank but `root`
                   root:int=0, # sending rank
                  ) -> IpcWork:
         "Start a broadcast of `t` from `root` (every source sends its own copy); `.wait()` the result."
         seq, key = self.seq, f"h{self.seq}.s{self.source}"; self.seq += 1
         if self.rank == root:
-            if self._mine is None:   # the receivers that chose this source (all have joined by the first broadcast)
-                self.kv.wait([f"src.{r}" for r in range(1, self.world_size)], self.timeout)
-                self._mine = [r for r in range(1, self.world_size) if int(self.kv.get(f"src.{r}")) == self.source]
-            if not self._mine: return IpcWork(lambda: None)
-            self.kv.set(key, _export(t))
-            acks = [f"a{seq}.{r}" for r in self._mine]
-            return IpcWork(lambda: (self.kv.wait(acks, self.timeout), _release_shared(t)))
+            if not self._receivers(): return IpcWork(lambda: None)
+            if t.numel() <= INLINE_BYTES:   # small: the bytes ride in the message
+                self.kv.set(key, pickle.dumps(("inline", t.detach().cpu().numpy().tobytes()))); return IpcWork(lambda: None)
+            s = self._used % 2
+            if self._slots[s] is None or self._slots[s]["t"].data_ptr() != t.data_ptr():   # not built in place: copy it in
+                self.buffer(t.numel()).copy_(t)
+            slot, self._used = self._slots[s], self._used + 1
+            if t.device.type == "cuda": torch.cuda.synchronize(t.device)   # the bytes are written before anyone reads them
+            blob = None
+            if slot["blob"] is None: blob = slot["blob"] = _export(slot["t"]); self.exported += 1   # once per buffer: receivers keep it mapped
+            self.kv.set(key, pickle.dumps(("slot", s, t.numel(), blob)))
+            slot["acks"] = [f"a{seq}.{r}" for r in self._mine]
+            return IpcWork(lambda: self.kv.wait(slot["acks"], self.timeout))
         def receive():
             self.kv.wait([key], self.timeout)
-            src = _import(self.kv.get(key))
-            t.copy_(src)
+            kind, *msg = pickle.loads(self.kv.get(key))
+            if kind == "inline": t.copy_(torch.frombuffer(bytearray(msg[0]), dtype=torch.uint8)); return
+            s, n, blob = msg
+            if blob is not None: self._maps.pop(s, None); self._maps[s] = _import(blob)   # a new buffer: map it (and let go of the old)
+            t.copy_(self._maps[s][:n])
             if t.device.type == "cuda": torch.cuda.synchronize(t.device)
-            del src
             self.kv.set(f"a{seq}.{self.rank}", b"1")
         return IpcWork(receive)
 
+    def end(self) -> None:
+        "After a sync's last broadcast, on every member: receivers unmap the shared buffers, then the sender frees them."
+        r, self.round = self.round, self.round + 1
+        if self.rank != 0:
+            self._maps.clear(); self.kv.set(f"closed{r}.{self.rank}", b"1"); return
+        mine = self._receivers()
+        for slot in self._slots:
+            if slot is not None: self.kv.wait(slot["acks"], self.timeout)
+        if mine: self.kv.wait([f"closed{r}.{q}" for q in mine], self.timeout)   # nobody maps them any more
+        self._slots, self._used = [None, None], 0
+        if self.device.type == "cuda": torch.cuda.ipc_collect()   # CUDA hands a shared block back only now
+
     def close(self) -> None:
-        "Drop the store (the buffers belong to their owners)."
+        "Drop the store and any shared buffers (the receivers' buffers belong to their owners)."
+        self._slots, self._maps = [None, None], {}
         self.store = self.kv = None
 
     def __repr__(self): return f"IpcGroup(rank={self.rank}, world_size={self.world_size}, device={self.device}, source={self.source})"
 
-# %% ../nbs/05a_colocate.ipynb 26
+# %% ../nbs/05a_colocate.ipynb 29
 def check_sleep_mode(backend:str, # `rollout.backend`
                      device:str, # "cuda" | "cpu": where the engines run
                      sleep_level:int, # `rollout.sleep_level`

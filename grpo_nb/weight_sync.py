@@ -120,9 +120,10 @@ def pack_bucket(tensors:Sequence[Tensor], # full tensors, in the order of `specs
                 specs:Sequence[TensorSpec], # their places
                 nbytes:int, # bucket buffer size
                 device:torch.device|str="cpu", # where the buffer lives (the group's device)
+                out:Tensor|None=None, # [nbytes] uint8 to fill instead of a new buffer (a colocated sync's shared buffer)
                ) -> Tensor: # [nbytes] uint8
     "Copy tensors into one flat byte buffer at the offsets of their specs."
-    flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    flat = torch.empty(nbytes, dtype=torch.uint8, device=device) if out is None else out
     for t, s in zip(tensors, specs):
         b = t.detach().contiguous().reshape(-1).view(torch.uint8)
         if b.numel() != s.nbytes:
@@ -248,9 +249,10 @@ def place_slices(gathered:Sequence[Tensor], # per rank: [S] uint8, that rank's s
                  specs:Sequence[TensorSpec], # the bucket's specs (full sizes and offsets)
                  nbytes:int, # bucket buffer size
                  device:torch.device|str|None=None, # where the bucket is built (None: where `gathered` lives)
+                 out:Tensor|None=None, # [nbytes] uint8 to fill instead of a new buffer (a colocated sync's shared buffer)
                 ) -> Tensor: # [nbytes] uint8: the bytes `pack_bucket` makes of the full tensors
     "Copy every rank's slice of every tensor to its place in one bucket buffer."
-    flat = torch.empty(nbytes, dtype=torch.uint8, device=device or gathered[0].device)
+    flat = torch.empty(nbytes, dtype=torch.uint8, device=device or gathered[0].device) if out is None else out
     off = 0
     for s, pb in zip(specs, slice_nbytes):
         dst = flat.narrow(0, s.offset, s.nbytes)
@@ -267,6 +269,7 @@ def gather_bucket(ps:Sequence[Tensor], # the bucket's ZeRO-3 parameters, in plan
                   nbytes:int, # bucket buffer size
                   device:torch.device|None, # where a sending rank builds the bucket (its sync group's device); None: this rank does not send
                   everyone:bool=False, # every rank sends (colocated): all-gather; False: rank 0 alone, so gather to rank 0
+                  out:Tensor|None=None, # a sending rank: [nbytes] uint8 to build the bucket in (None: a new buffer)
                  ) -> Tensor|None: # a sending rank: [nbytes] uint8, as `pack_bucket` of the full tensors; other ranks: None
     "One gather of this bucket's ZeRO-3 slices (none with one rank); each sending rank places them into the bucket buffer."
     import torch.distributed as dist
@@ -274,7 +277,7 @@ def gather_bucket(ps:Sequence[Tensor], # the bucket's ZeRO-3 parameters, in plan
     world = dist.get_world_size(group=group) if dist.is_initialized() else 1
     parts = [p.ds_tensor.detach().reshape(-1)[:int(p.ds_tensor.ds_numel)] for p in ps]
     if world == 1:   # the slice is the tensor: copy it into the bucket, no collective
-        return None if device is None else pack_bucket([t[:full_numel(p)] for t, p in zip(parts, ps)], specs, nbytes, device)
+        return None if device is None else pack_bucket([t[:full_numel(p)] for t, p in zip(parts, ps)], specs, nbytes, device, out)
     local = torch.cat([t.view(torch.uint8) for t in parts])                          # [S] this rank's slices
     if dist.get_backend(group) == "nccl" and local.device.type != "cuda": local = local.to(torch.device("cuda", torch.cuda.current_device()))
     if everyone and dist.get_backend(group) == "nccl":
@@ -289,7 +292,7 @@ def gather_bucket(ps:Sequence[Tensor], # the bucket's ZeRO-3 parameters, in plan
         gathered = [torch.empty_like(local) for _ in range(world)] if dist.get_rank(group) == 0 else None
         dist.gather(local, gathered, dst=root, group=group)
     if device is None: return None
-    return place_slices(gathered, [t.numel() * t.element_size() for t in parts], specs, nbytes, device)
+    return place_slices(gathered, [t.numel() * t.element_size() for t in parts], specs, nbytes, device, out)
 
 # %% ../nbs/06_weight_sync.ipynb 61
 def _sync_device(dev:torch.device) -> None:
@@ -310,19 +313,22 @@ def send_weights(named_params:Iterable[tuple[str, Tensor]], # `model.named_param
     if group is not None:   # the header: a non-zero first byte tells every receiver to keep its weights
         head = torch.zeros(ALIGN, dtype=torch.uint8, device=group.device); head[0] = int(bool(bad))
         group.broadcast(head).wait(); _sync_device(group.device)
-    if bad: return stats
+    end = getattr(group, "end", lambda: None)   # ipc: the sync's shared buffers are let go once it is over
+    if bad: end(); return stats
     stats["t_start"], stats["host"] = time.time(), socket.gethostname()   # wall clock: comparable with the receivers' t_end on one host
     t_start, pending = time.perf_counter(), None
     everyone = getattr(group, "backend", None) == "ipc"   # colocated: every rank sends; else rank 0 alone (the others have no group)
+    biggest = max(plan.bucket_nbytes, default=0)
     for k, specs in enumerate(plan.buckets):
         ps = [params[s.name] for s in specs]
         t0 = time.perf_counter()
         dev = group.device if group is not None else None
-        if partitioned and all(_partitioned(p) for p in ps): flat = gather_bucket(ps, specs, plan.bucket_nbytes[k], dev, everyone)
+        out = group.buffer(plan.bucket_nbytes[k], biggest) if hasattr(group, "buffer") else None   # ipc: built in the shared buffer itself
+        if partitioned and all(_partitioned(p) for p in ps): flat = gather_bucket(ps, specs, plan.bucket_nbytes[k], dev, everyone, out)
         else:   # replicas, or a bucket that mixes partitioned and whole tensors
             import deepspeed
             with (deepspeed.zero.GatheredParameters(ps, modifier_rank=None) if partitioned else nullcontext()):
-                flat = pack_bucket(ps, specs, plan.bucket_nbytes[k], dev) if dev is not None else None
+                flat = pack_bucket(ps, specs, plan.bucket_nbytes[k], dev, out) if dev is not None else None
         if group is None: stats["gather_s"] += time.perf_counter() - t0; continue
         if timing: _sync_device(group.device)
         t1 = time.perf_counter(); stats["gather_s"] += t1 - t0
@@ -334,6 +340,7 @@ def send_weights(named_params:Iterable[tuple[str, Tensor]], # `model.named_param
         stats["bytes"] += sum(s.nbytes for s in specs)
     if pending is not None:
         t1 = time.perf_counter(); pending[0].wait(); _sync_device(group.device); stats["send_s"] += time.perf_counter() - t1
+    if group is not None: end()
     stats["total_s"] = time.perf_counter() - t_start
     return stats
 
@@ -348,7 +355,8 @@ def receive_buckets(group:SyncGroup, # this worker's sync group
     stats.update(recv_s=0.0, load_s=0.0, bytes=0)
     head = torch.empty(ALIGN, dtype=torch.uint8, device=group.device)
     group.broadcast(head).wait()                                   # the header: non-zero, the sender refused this sync
-    if int(head[0]): stats["refused"] = True; return
+    end = getattr(group, "end", lambda: None)                     # ipc: let go of the sync's shared buffers once it is over
+    if int(head[0]): stats["refused"] = True; end(); return
     def post(k):
         buf = torch.empty(plan.bucket_nbytes[k], dtype=torch.uint8, device=group.device)
         return buf, group.broadcast(buf)
@@ -365,6 +373,7 @@ def receive_buckets(group:SyncGroup, # this worker's sync group
         stats["load_s"] += time.perf_counter() - t1
         stats["bytes"] += sum(s.nbytes for s in specs)
     _sync_device(group.device)
+    end()
     stats["t_end"], stats["host"] = time.time(), socket.gethostname()   # when the last bucket was handed over (and copied, on GPU)
 
 # %% ../nbs/06_weight_sync.ipynb 64

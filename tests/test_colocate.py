@@ -59,6 +59,15 @@ def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tm
     assert info["check"]["max_abs_logprob_diff"] <= 1e-4
 
 
+def test_two_zero3_learners_each_feed_the_engine_beside_them(tmp_path):
+    "Every learner rank is a source: each all-gathers the buckets and shares them with the engine that reads from it, two buffers a sync."
+    recs, info = _run(tmp_path, "--rollout.backend=transformers", "--rollout.sleep_level=1", "--total_steps=3", "--rollout.verify_every=1",
+                      "--cluster.learners_per_node=[2]", "--rollout.num_engines=2", "--learner.zero_stage=3")
+    assert info["senders"] == 2 and [r["step"] for r in recs] == [1, 2, 3]
+    assert all(r["sync/exact"] == 1 and r["sync/checksums_compared"] > 0 for r in recs)   # both engines, bit for bit, after every sync
+    assert info["check"]["max_abs_logprob_diff"] <= 1e-4
+
+
 def test_colocated_vllm_engine_reloads_through_shared_memory(tmp_path):
     pytest.importorskip("vllm")
     recs, info = _run(tmp_path, "--rollout.backend=vllm", "--rollout.sleep_level=0", "--rollout.kv_cache_mib=64")
