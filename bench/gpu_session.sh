@@ -2,7 +2,7 @@
 # bench/gpu_session.sh: the GPU benchmarks of grpo-nb in lanes that run in parallel on a node with two GPUs.
 #
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 single1 split01 (or its parts split01a/b/c),
-#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 mfu2 mfuprof2 mfu1p5 mfu3b sc2
+#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b sc2
 #                                                        four GPUs, one lane a call: s7split s7coloc s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b4 mfuolmo2 tp2
 #                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
@@ -87,6 +87,8 @@ lane_verl01b() { e2e verl:hybrid-2gpu:bench 560 0,1; }
 # parameters, and vLLM's layer-wise reload); results merged into $OUT/weight_sync.json, which may hold the other receiver's
 lane_wsvllm01() { run weight_sync_vllm 220 0,1 python3 bench/weight_sync.py --receiver vllm --weight-load direct,reload --buckets-mib 1024,0 \
                     --budget-s 170 --out "$OUT/weight_sync.json"; }
+# one GPU: the colocated sync's transport alone (two shared buffers a sync against one share per bucket)
+lane_ipc0() { run ipc_sync 120 0 python3 bench/ipc_sync.py --out "$OUT/ipc_sync.json"; }
 lane_wstf01() { run weight_sync_transformers 150 0,1 python3 bench/weight_sync.py --buckets-mib 1024,0 --budget-s 100 --out "$OUT/weight_sync.json"; }
 # both GPUs: ZeRO-3 learners with Liger kernels, DeepSpeed's default buckets and larger ones (1.5B and 3B)
 lane_mfu2() { run learner_mfu_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-1.5B,Qwen2.5-3B --only liger \

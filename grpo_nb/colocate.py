@@ -154,7 +154,7 @@ class IpcGroup:
 
     def __repr__(self): return f"IpcGroup(rank={self.rank}, world_size={self.world_size}, device={self.device}, source={self.source})"
 
-# %% ../nbs/05a_colocate.ipynb 29
+# %% ../nbs/05a_colocate.ipynb 33
 def check_sleep_mode(backend:str, # `rollout.backend`
                      device:str, # "cuda" | "cpu": where the engines run
                      sleep_level:int, # `rollout.sleep_level`

@@ -11,7 +11,7 @@ def test_parses_and_names_only_lanes_it_has():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     text = SCRIPT.read_text()
     header = " ".join(l for l in text.splitlines()[:8] if l.startswith("#"))
-    named = set(re.findall(r"\b(s7\w+|mfu\w*|tp2|coloc\w*|split01\w*|single1|trl\w+|ws\w+01|sc2|verl\d\w*)\b", header.split("lanes:", 1)[1]))
+    named = set(re.findall(r"\b(s7\w+|mfu\w*|tp2|coloc\w*|split01\w*|single1|trl\w+|ws\w+01|ipc0|sc2|verl\d\w*)\b", header.split("lanes:", 1)[1]))
     defined = set(re.findall(r"^lane_(\w+)\(\)", text, flags=re.M))
     assert named and named <= defined, named - defined
 
