@@ -32,7 +32,7 @@ sync-check: venv
 	tools/check_unchanged.sh $(BIN)/nbdev_clean
 	tools/check_unchanged.sh $(BIN)/python tools/render_scripts.py
 	PATH=$(abspath $(BIN)):$$PATH tools/check_unchanged.sh $(BIN)/python tools/site/render.py --readme-only
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python tools/check_outputs.py nbs/index.ipynb nbs/13_cli.ipynb
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python tools/check_outputs.py nbs/index.ipynb nbs/13_cli.ipynb nbs/guides/config_reference.ipynb
 	$(BIN)/python tools/check_cells.py nbs
 
 nbtest: venv

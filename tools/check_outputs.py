@@ -1,7 +1,7 @@
 """Re-execute notebooks whose committed outputs users read first (the README's index, the CLI page) and fail when
 an output would change: a stale `--help` or an outdated example must not ship.
 
-    python tools/check_outputs.py nbs/index.ipynb nbs/13_cli.ipynb
+    python tools/check_outputs.py nbs/index.ipynb nbs/13_cli.ipynb nbs/guides/config_reference.ipynb
 
 Each notebook is copied next to itself, executed like `tools/nbrun.sh` does (flagged cells skipped), cleaned like
 `nbdev_clean`, and its code cells' outputs compared with the committed ones. Fix a failure with
