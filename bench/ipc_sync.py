@@ -5,8 +5,9 @@ bucket in `buffer`, `broadcast`s it, keeps at most two in flight; the receiver c
 
 Two ways of sharing, timed in the same run on the same GPU:
   per-sync    what the trainer does: two shared buffers a sync, each shared (one CUDA IPC handle) once
-  per-bucket  every bucket's buffer shared, mapped and freed on its own (`end` after each bucket): the transport
-              before the two buffers, kept here as the baseline
+  per-bucket  every bucket's buffer shared, mapped and freed on its own (`end` after each bucket), one bucket at a
+              time: the baseline. The transport before the two buffers also shared each bucket on its own, but kept
+              two in flight, so this mode is close to it, not the same
 and, as the floor, one device-to-device copy of the same bytes on that GPU (what the receiver's copies cost at least).
 
 Every sync's seconds (mean, median, p90 over the timed repeats after one warm-up), the handles shared per sync, and

@@ -207,15 +207,13 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
     try:
         opts = [placed_actor_options(groups, "engine", i) for i in range(R.num_engines)]
         colocated = R.placement == "colocated"
-        tl = time.perf_counter()
-        if colocated: learner = LearnerGroup.from_config(cfg, groups)   # first: a colocated engine sizes its memory next to the learner
-        learners_s = time.perf_counter() - tl
+        def learners():   # the learner group, and the seconds it took to start
+            t1 = time.perf_counter(); g = LearnerGroup.from_config(cfg, groups); return g, time.perf_counter() - t1
+        if colocated: learner, learners_s = learners()   # first: a colocated engine sizes its memory next to the learner
         engines = create_engines(cfg.model.name_or_path, R.num_engines, R.tensor_parallel_size, R.backend, layout.device,
                                  actor_options=opts, wait=False, **_engine_kwargs(cfg, layout.device))
         t0 = time.perf_counter()
-        if not colocated: learner = LearnerGroup.from_config(cfg, groups)   # meanwhile the engines load
-        t["learners"] = time.perf_counter()
-        if not colocated: learners_s = t["learners"] - t0
+        if not colocated: learner, learners_s = learners()   # meanwhile the engines load
         infos = gather([e.info.remote() for e in engines], timeout_s=R.startup_timeout_s)
         t["engines"] = time.perf_counter()
         info = connect_weight_sync(learner.actors, engines, R.tensor_parallel_size, backend="ipc" if colocated else R.sync_backend)
@@ -329,6 +327,7 @@ class Run:
         self.step = 0                 # steps completed
         self.resume_record = None     # the resumed checkpoint's own step record (see MetricsLog)
         self.events:list[str] = []    # what happened, for the summary
+        self.checks = 0               # checks of the engines' weights made by this process (a resumed run starts again at 0)
 
 # %% ../nbs/08_trainer.ipynb 47
 @patch
@@ -531,8 +530,8 @@ def verify(self:Run, step:int) -> dict:
     R, t0 = self.cfg.rollout, time.perf_counter()
     atol = R.verify_atol or None   # None: derived from the policy's dtype and logits (`logprob_atol`)
     L, E, stale, retry_s = self.actors.learner.actors, self.actors.engines, 0, 0.0
-    n = getattr(self, "checks", 0); self.checks = n + 1   # checks made by this process (a resumed run starts again at 0)
-    lp = n % R.verify_logprobs_every == 0   # the log-probs on the first check and every verify_logprobs_every-th after it
+    lp = self.checks % R.verify_logprobs_every == 0   # the log-probs on the first check and every verify_logprobs_every-th after it
+    self.checks += 1
     try: rep = verify_weight_sync(L, E, atol=atol, version=step, plan=self.sync_plan, logprobs=lp)
     except WeightSyncError as e:
         stale = 1

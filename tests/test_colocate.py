@@ -64,6 +64,7 @@ def test_two_zero3_learners_each_feed_the_engine_beside_them(tmp_path):
     recs, info = _run(tmp_path, "--rollout.backend=transformers", "--rollout.sleep_level=1", "--total_steps=3", "--rollout.verify_every=1",
                       "--cluster.learners_per_node=[2]", "--rollout.num_engines=2", "--learner.zero_stage=3")
     assert info["senders"] == 2 and [r["step"] for r in recs] == [1, 2, 3]
+    assert recs[0]["startup/learners_s"] > 1   # colocated, the learners start before the engines, and that start is timed too
     assert all(r["sync/exact"] == 1 and r["sync/checksums_compared"] > 0 for r in recs)   # both engines, bit for bit, after every sync
     assert info["check"]["max_abs_logprob_diff"] <= 1e-4
 

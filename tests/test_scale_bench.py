@@ -197,6 +197,11 @@ def test_gap_lines_put_each_phase_beside_trls_and_say_how_far_the_target_is(tmp_
                                        "OLMo-2-7B colocated: not measured yet (neither ours nor TRL vllm-colocate)"]
 
 
+def test_the_reports_layouts_are_the_benchmarks():
+    "scale_report.py stays free of the benchmark's imports, so it names the layouts and their TRL modes itself: they must agree."
+    assert REPORT["LAYOUTS"] == {k: v.removeprefix("trl:") for k, v in S.PEERS.items()}
+
+
 def test_trl_is_stopped_once_its_steps_are_written_and_it_hangs(tmp_path):
     out = tmp_path / "steps.json"
     hang = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
