@@ -16,8 +16,12 @@ The committed run files are in bench/results/e2e_runs/ (`--merge bench/results/e
                                  packages it needs, what it says about vLLM 0.26)
       backend hybrid (1 GPU), hybrid-2gpu (2 GPUs), separate-async (2 GPUs: actor on GPU 0, rollout on GPU 1),
               one-step-off (2 GPUs, verl's experimental one-step-off trainer)
-  shapes  bench: 8 prompts of 128 tokens x G=8, 256 generated tokens; long: the same with 1024 generated tokens
+  shapes  bench: 8 prompts of 128 tokens x G=8, 256 generated tokens; long: the same with 1024 generated tokens;
+          wide: 32 prompts of 192 tokens x G=4, 320 generated tokens (twice the samples a step: more learner work)
 
+Both trainers train a step in one micro-batch (TRL: `per_device_train_batch_size` = the step's sequences; ours:
+`learner.pack_length` = the step's tokens, `step_tokens`), and every run starts with empty compile caches
+(`COLD_CACHES`), so each side's `first_step_s` (launch to the first step's start) is a cold start.
 Every step's time is recorded; statistics use the steps after `warmup` (mean, median, p90). Every merged record
 names its `peer` ("trl" | "verl") and its `shape`; the peer's keys carry its name (`trl_step_mean_s`,
 `verl_step_mean_s`, ...), ours `ours_`. The speed-up by mean step time is given only where both sides completed on the
@@ -46,6 +50,7 @@ SMOKE_MODEL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, n
 MIN_TIMED = 8   # a run cut by its time limit still counts when at least this many steps after warm-up completed
 SHAPES = {"bench": dict(prompts=8, prompt_len=128, G=8, gen=256, steps=10, warmup=2),
           "long": dict(prompts=8, prompt_len=128, G=8, gen=1024, steps=10, warmup=2),
+          "wide": dict(prompts=32, prompt_len=192, G=4, gen=320, steps=10, warmup=2),
           "smoke": dict(prompts=2, prompt_len=8, G=2, gen=8, steps=3, warmup=1)}
 GPUS = {("ours", "colocated"): 1, ("ours", "split"): 2, ("trl", "vllm-colocate"): 1, ("trl", "vllm-server"): 2, ("trl", "transformers"): 1,
         **{("verl", b): v["gpus"] for b, v in VERL_BACKENDS.items()}}
@@ -57,6 +62,8 @@ TARGETS = {("trl", "vllm-colocate", "sync"): 1.2, ("trl", "vllm-server", "sync")
            ("trl", "transformers", "sync"): 3.0}
 "The speed-up by mean step time each comparison aims at, by peer, peer mode and our mode (none against verl yet)."
 SAFE_ENV = {**GPU_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+COLD_CACHES = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+"The compile caches each run gets fresh (both sides compile vLLM's graphs; a shared cache would favour whichever runs second)."
 
 
 stats = step_stats   # the name rollout_throughput and tp2_gpu import
@@ -87,6 +94,11 @@ def toy_reward(completion:str) -> float:
 
 
 # ---------------------------------------------------------------- ours: the trainer users run
+def step_tokens(shape:dict) -> int:
+    "Tokens of one step's sequences at their longest, rounded up to 1024: ours packs them into one micro-batch, as TRL trains the step in one batch."
+    return -(-shape["prompts"] * shape["G"] * (shape["prompt_len"] + 8 + shape["gen"]) // 1024) * 1024
+
+
 def ours_overrides(layout:str, mode:str, shape:dict, model_dir:Path, data:Path, tmp:Path, device:str) -> list[str]:
     "The `grpo_nb train default` overrides of our run of `shape` in `layout` and `mode` on `device`."
     n, B, gpu = shape["warmup"] + shape["steps"], shape["prompts"] * shape["G"], device == "cuda"
@@ -94,7 +106,7 @@ def ours_overrides(layout:str, mode:str, shape:dict, model_dir:Path, data:Path, 
             f"--data.max_prompt_tokens={shape['prompt_len'] + 8}", "--rollout.backend=vllm", f"--rollout.prompts_per_step={shape['prompts']}",
             f"--rollout.num_samples_per_prompt={shape['G']}", f"--rollout.max_new_tokens={shape['gen']}", f"--rollout.mode={mode}",
             f"--rollout.placement={layout}", "--learner.zero_stage=0", f"--learner.micro_batch_size={B}",
-            f"--learner.pack_length={8192 if gpu else 0}", "--learner.logprob_chunk=2048", "--learner.learning_rate=1e-6",
+            f"--learner.pack_length={step_tokens(shape) if gpu else 0}", "--learner.logprob_chunk=2048", "--learner.learning_rate=1e-6",
             f"--model.gradient_checkpointing={str(gpu).lower()}", f"--cluster.device={device}",
             f"--cluster.gpus_per_node={GPUS[('ours', layout)] if gpu else 0}", "--cluster.learners_per_node=[1]",
             "--reward.functions={arith: 1.0}", f"--logging.output_dir={tmp / 'run'}", "--logging.tensorboard=false",
@@ -105,7 +117,7 @@ def ours_overrides(layout:str, mode:str, shape:dict, model_dir:Path, data:Path, 
     return over
 
 
-def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:Path, device:str, timeout:float) -> dict:
+def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:Path, device:str, timeout:float, keep_log:Path|None=None) -> dict:
     data = tmp / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p, "answer": "0"}) + "\n" for p in prompts(model, shape, 512)))
     n = shape["warmup"] + shape["steps"]
@@ -115,14 +127,20 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
     log = tmp / "train.log"
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        try: rc = proc.wait(timeout)
+        first = None   # seconds from the launch to the start of the first step: the first record's arrival less its step time
+        try:
+            while (rc := proc.poll()) is None:
+                if time.perf_counter() - t0 > timeout: raise subprocess.TimeoutExpired(cmd, timeout)
+                if first is None and (m := tmp / "run" / "metrics.jsonl").exists() and (line := m.read_text().split("\n", 1)[0]).strip():
+                    first = time.perf_counter() - t0 - json.loads(line).get("time/step", 0.0)
+                time.sleep(0.25)
         except subprocess.TimeoutExpired:   # keep what ran: the steps logged so far and the log's tail
-            import signal
             stop_group(proc, 20); rc = "timeout"   # TERM first: the trainer stops Ray and frees the GPUs before the next run
     wall = time.perf_counter() - t0
     recs = [json.loads(l) for l in (tmp / "run" / "metrics.jsonl").read_text().splitlines()] if (tmp / "run" / "metrics.jsonl").exists() else []
     recs = [r for r in recs if "time/step" in r]
     startup = {k.removeprefix("startup/"): v for k, v in (recs[0] if recs else {}).items() if k.startswith("startup/")}   # the first step carries them
+    if keep_log is not None: keep_log.write_bytes(log.read_bytes()[-(1 << 20):])   # the last MiB: vLLM's and DeepSpeed's start-up lines
     stopped = None
     if rc == "timeout" and len(recs) - shape["warmup"] >= MIN_TIMED:   # enough timed steps: keep them, and say the run was cut
         stopped = f"stopped by the benchmark's time limit after {len(recs)} of {n} steps ({wall:.0f} s, start-up included)"
@@ -134,7 +152,9 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
     return {"step_s_all": [r["time/step"] for r in recs], "split_s": {k.removeprefix("time/"): statistics.fmean(r.get(k, 0.0) for r in timed) for k in keys},
             "peak_gib": max(r.get("peak_gpu_mem_gib", 0) for r in recs), "staleness": timed[-1].get("staleness"),
             "learner_mfu": statistics.fmean(r["mfu"] for r in timed) if all(r.get("mfu") is not None for r in timed) else None,
-            "startup_s": startup, "wall_s": wall, "command": "grpo_nb train default " + " ".join(o for o in over if "/" not in o),
+            "response_len_mean": statistics.fmean(r.get("response_len_mean", 0.0) for r in timed),   # the work: tokens generated per sequence
+            "prompt_len_mean": statistics.fmean(r.get("prompt_len_mean", 0.0) for r in timed),
+            "startup_s": startup, "first_step_s": first, "wall_s": wall, "command": "grpo_nb train default " + " ".join(o for o in over if "/" not in o),
             **({"stopped": stopped} if stopped else {})}
 
 
@@ -209,6 +229,7 @@ def trl_args(backend:str, shape:dict, tmp:Path, device:str, server_port:int|None
 
 def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, device:str, progress=None) -> dict:
     "TRL's GRPOTrainer on the same work; `progress(steps)` is called after every step (the parent keeps a run cut by its time limit)."
+    t_import = time.perf_counter()   # time to the first step counts TRL's imports, its server's start and its trainer's construction
     import torch, datasets
     from transformers import TrainerCallback
     import trl
@@ -229,8 +250,11 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
         sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
         steps, cur = [], {}
         time_trl_phases(GRPOTrainer, cur)
+        t_build, first = time.perf_counter(), []
         class Timer(TrainerCallback):
-            def on_step_begin(self, *a, **k): sync(); cur.clear(); cur["t0"] = time.perf_counter()
+            def on_step_begin(self, *a, **k):
+                sync(); cur.clear(); cur["t0"] = time.perf_counter()
+                if not first: first.append(cur["t0"] - t_build)
             def on_step_end(self, *a, **k):
                 sync(); t = time.perf_counter() - cur.pop("t0")
                 steps.append({"step": t, **cur})
@@ -239,9 +263,12 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
                               args=args, train_dataset=ds, callbacks=[Timer()])
         if device == "cuda": torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter(); trainer.train(); wall = time.perf_counter() - t0
+        lens = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h][shape["warmup"]:]
         return {"version": trl.__version__, "step_s_all": [s["step"] for s in steps], "split_s": trl_split(steps[shape["warmup"]:]), "wall_s": wall,
+                "response_len_mean": statistics.fmean(lens) if lens else None,   # the work: tokens generated per sequence, as TRL logs it
                 "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
-                "args_dropped": sorted(set(want) - fields), "server_up_s": up_s if server else None}
+                "args_dropped": sorted(set(want) - fields), "server_up_s": up_s if server else None,
+                "first_step_s": first[0] + (t_build - t_import) if first else None}   # the server's start lies between the two marks
     finally:
         if server is not None:
             import signal
@@ -276,15 +303,18 @@ def child(run:str, smoke:bool, out_json:Path, timeout:float):
     shape, model = SHAPES["smoke" if smoke else shape_name], SMOKE_MODEL if smoke else MODEL
     device = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
     tmp = Path(tempfile.mkdtemp(prefix="e2e"))
+    for var, sub in COLD_CACHES.items():   # a cold start for every run: no compiled graphs or kernels left by an earlier run of either side
+        os.environ[var] = str(tmp / "cache" / sub)
     rec = {"run": run, "side": side, **({"peer": side} if side in PEERS else {}), "shape": shape_name, "config": shape, "model": model, "smoke": smoke,
-           "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+           "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "compile_caches": "fresh"}   # `first_step_s` is a cold start (runs without this key shared the caches of the runs before them)
     try:
         model_dir = build_model(model, tmp / "model")
         left = lambda: timeout - (time.perf_counter() - t_child) - 10
         if side == "ours":
             layout, mode = rest[0], rest[1]
             rec.update(layout=layout, mode=mode, backend="vllm", gpus=GPUS[("ours", layout)])
-            rec.update(run_ours(layout, mode, shape, model, model_dir, tmp, device, left()))
+            rec.update(run_ours(layout, mode, shape, model, model_dir, tmp, device, left(), out_json.with_name(out_json.stem + ".train.log")))
         elif side == "verl":   # a failed verl run returns its error with its steps so far; nothing of ours is at stake here
             rec.update(backend=rest[0], gpus=GPUS[("verl", rest[0])])
             rec.update(run_verl(rest[0], shape, model_dir, tmp, prompts(model, shape, shape["prompts"] * (shape["warmup"] + shape["steps"] + 2)),
@@ -306,12 +336,16 @@ def peer_fields(peer:str, o:dict, p:dict) -> dict:
         s = r.get("stats") or {}
         rec |= {f"{side}_step_s": s.get("median"), f"{side}_step_mean_s": s.get("mean"), f"{side}_step_p90_s": s.get("p90"),
                 f"{side}_step_s_all": r.get("step_s_all"), f"{side}_split_s": r.get("split_s"), f"{side}_peak_gib": r.get("peak_gib"),
-                f"{side}_error": r.get("error"), f"{side}_stopped": r.get("stopped")}
+                f"{side}_error": r.get("error"), f"{side}_stopped": r.get("stopped"), f"{side}_first_step_s": r.get("first_step_s"),
+                f"{side}_cold_start": r.get("compile_caches") == "fresh", f"{side}_response_len_mean": r.get("response_len_mean")}
     rec[f"{peer}_version"] = p.get("version")
+    rec["ours_startup_s"] = o.get("startup_s")   # our start-up phases (Ray, learners, engine load and vLLM's own phases, connect)
     rec["ours_command"] = o.get("command")
     if peer != "trl":
         rec |= {f"{peer}_command": p.get("command"), f"{peer}_timing_s": p.get("timing_s"), f"{peer}_peak_gib_per_gpu": p.get("peak_gib_per_gpu"),
                 f"{peer}_preflight": p.get("preflight")}
+    short = [w for w, r in (("ours", o), (peer, p)) if r.get("prompt_note")]   # runs from before the digit prompts (`prompt_note` says what they read)
+    if short: rec["prompt_note"] = f"{' and '.join(short)} measured with shorter prompts than the shape says: " + (o.get("prompt_note") or p["prompt_note"])
     if o.get("device") and p.get("device") and o["device"] != p["device"]:
         rec["note"] = f"ours ran on {o['device']}, {peer} on {p['device']}: no speed-up across GPU models"
     elif rec["ours_step_mean_s"] and rec[f"{peer}_step_mean_s"] and not rec["ours_error"] and not rec[f"{peer}_error"]:
@@ -324,7 +358,7 @@ def merge(run_dir:Path) -> dict:
     files = [p for p in sorted(run_dir.glob("run_*.json")) if not p.name.endswith(".partial.json")]   # partials: runs in progress
     runs = {r["run"]: r for r in (json.loads(p.read_text()) for p in files)}
     recs = []
-    for shape in ("bench", "long", "smoke"):
+    for shape in (*(k for k in SHAPES if k != "smoke"), "smoke"):
         for peer, pairs in PEERS.items():
             for layout, mode, backend in pairs:
                 o, t = runs.get(f"ours:{layout}:{mode}:{shape}"), runs.get(f"{peer}:{backend}:{shape}")

@@ -1,7 +1,8 @@
 #!/bin/bash
 # bench/gpu_session.sh: the GPU benchmarks of grpo-nb in lanes that run in parallel on a node with two GPUs.
 #
-#   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 single1 split01 (or its parts split01a/b/c),
+#   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw) single1
+#                                                        split01 (or its parts split01a/b/c, and split01w),
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b sc2
 #                                                        four GPUs, one lane a call: s7split s7coloc s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b4 mfuolmo2 tp2
@@ -47,6 +48,18 @@ e2e() {  # e2e RUN SECONDS GPUS: one run of bench/e2e_vs_trl.py into OUT/e2e/ (a
   run "e2e_${1//:/_}" "$2" "$3" python3 bench/e2e_vs_trl.py --runs "$1" --out-dir "$OUT/e2e" --timeout $(( $2 - 45 ))
 }
 
+# one GPU, one shape a call: ours colocated, then the peer's colocate mode
+lane_colocb() { e2e ours:colocated:sync:bench 270 0; e2e trl:vllm-colocate:bench 200 0; }
+lane_colocl() { e2e ours:colocated:sync:long 330 0; e2e trl:vllm-colocate:long 250 0; }
+lane_colocw() { e2e ours:colocated:sync:wide 300 0; e2e trl:vllm-colocate:wide 250 0; }
+# ours alone, colocated on one GPU (a peer's run of the same shape on the same GPU model pairs with it at the merge)
+lane_ourscoloc() { e2e ours:colocated:sync:long 300 0; e2e ours:colocated:sync:wide 250 0; }
+lane_ourscolocb() { e2e ours:colocated:sync:bench 250 0; }
+# both GPUs, the bench shape, ours only (a cold start of the split layout takes about two minutes: 280 s a run)
+lane_split01n() { e2e ours:split:sync:bench 280 0,1; e2e ours:split:one-step-off:bench 280 0,1; }
+# both GPUs, the wide shape: TRL's server, then ours synchronous and one-step-off
+lane_split01w() { e2e trl:vllm-server:wide 200 0,1; e2e ours:split:sync:wide 280 0,1; }
+lane_split01w2() { e2e ours:split:one-step-off:wide 280 0,1; e2e trl:vllm-server:long 280 0,1; }
 # one GPU each; no Ray on GPU 1 (two local Ray clusters on one host are avoided)
 lane_coloc0() {
   e2e ours:colocated:sync:bench 270 0

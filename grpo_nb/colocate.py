@@ -4,7 +4,7 @@
 
 # %% ../nbs/05a_colocate.ipynb 4
 from __future__ import annotations
-import pickle
+import pickle, re
 from datetime import timedelta
 import torch
 from torch import Tensor
@@ -164,7 +164,9 @@ def check_sleep_mode(backend:str, # `rollout.backend`
     if device != "cuda":
         raise ConfigError("rollout.sleep_level", "vLLM's sleep mode needs a GPU; its CPU build has none.",
                           "--rollout.sleep_level=0 (the engine keeps its memory) or --rollout.backend=transformers")
-    import vllm
-    if not hasattr(vllm.LLM, "sleep"):
-        raise ConfigError("rollout.sleep_level", f"the installed vLLM {getattr(vllm, '__version__', '?')} has no sleep mode.",
+    from importlib.metadata import PackageNotFoundError, version
+    try: v = version("vllm")   # the package's metadata: importing vLLM here would cost the run seconds before Ray starts
+    except PackageNotFoundError: return   # `check_backend` names the missing package
+    if tuple(int(x) for x in re.findall(r"\d+", v)[:2]) < (0, 7):   # sleep mode arrived in vLLM 0.7
+        raise ConfigError("rollout.sleep_level", f"the installed vLLM {v} has no sleep mode.",
                           "install vLLM >= 0.7, or --rollout.sleep_level=0 with a smaller --rollout.gpu_memory_utilization")

@@ -150,6 +150,7 @@ def e2e_table(path:str|Path="bench/results/e2e_vs_trl.json", # written by bench/
         for side, w in (("ours", "ours"), (k, who)):
             if r.get(f"{side}_stopped"): note = (note + "; " if note else "") + f"{w}: " + r[f"{side}_stopped"]
         if r.get("note"): note = (note + "; " if note else "") + r["note"]
+        if r.get("prompt_note"): note = (note + "; " if note else "") + r["prompt_note"].split(":")[0]   # who ran the older, shorter prompts
         sp, tg = r.get("speedup_mean"), r.get("target_speedup")
         mode = r.get(f"{k}_backend") if len(peers) == 1 else f"{who} {r.get(f'{k}_backend')}"
         target = f"≥{tg:g}× {'met' if r.get('target_met') else ('missed' if sp else '')}" if tg else "—"

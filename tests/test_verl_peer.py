@@ -154,7 +154,7 @@ def test_merge_pairs_each_peer_with_ours(tmp_path):
               _run("verl:one-step-off:bench", H200, error="verl exited 1 after 0 of 12 steps: ImportError: cupy")):
         (tmp_path / f"run_{r['run'].replace(':', '_')}.json").write_text(json.dumps(r))
     recs = E.merge(tmp_path)["records"]
-    assert all(r["peer"] in ("trl", "verl") and r["shape"] in ("bench", "long") for r in recs)   # TRL's unmeasured GPU shapes are listed too
+    assert all(r["peer"] in ("trl", "verl") and r["shape"] in ("bench", "long", "wide") for r in recs)   # TRL's unmeasured GPU shapes are listed too
     verl = {(r["layout"], r["ours_mode"], r["verl_backend"]): r for r in recs if r["peer"] == "verl"}
     assert set(verl) == {("colocated", "sync", "hybrid"), ("split", "one-step-off", "separate-async"), ("split", "one-step-off", "one-step-off")}
     h = verl[("colocated", "sync", "hybrid")]
@@ -188,3 +188,26 @@ def test_verl_config_composes():
         with initialize_config_dir(config_dir=str(cdir), version_base=None):
             cfg = compose(config_name=name, overrides=over)
         assert cfg.data.train_batch_size == BENCH["prompts"] and cfg.actor_rollout_ref.rollout.n == BENCH["G"]
+
+
+def test_each_trainer_trains_a_step_in_one_micro_batch():
+    for name, shape in E.SHAPES.items():
+        need = shape["prompts"] * shape["G"] * (shape["prompt_len"] + 8 + shape["gen"])   # every sequence at its longest
+        assert need <= E.step_tokens(shape) < need + 1024 and E.step_tokens(shape) % 1024 == 0
+        over = E.ours_overrides("colocated", "sync", shape, Path("m"), Path("d.jsonl"), Path("t"), "cuda")
+        assert f"--learner.pack_length={E.step_tokens(shape)}" in over   # TRL's side: per_device_train_batch_size = the step's sequences
+        assert E.trl_args("vllm-colocate", shape, Path("t"), "cuda")["per_device_train_batch_size"] == shape["prompts"] * shape["G"]
+
+
+def test_merge_names_older_prompts_and_cold_starts(tmp_path):
+    H = "NVIDIA H100 80GB HBM3"
+    runs = (_run("ours:colocated:sync:bench", H, 2.0, compile_caches="fresh", first_step_s=100.0),
+            _run("trl:vllm-colocate:bench", H, 2.5, first_step_s=70.0),   # no key: it shared the caches of the runs before it
+            _run("ours:split:sync:long", H, 5.0, prompt_note="words read as unknown pieces"), _run("trl:vllm-server:long", H, 6.0))
+    for r in runs: (tmp_path / f"run_{r['run'].replace(':', '_')}.json").write_text(json.dumps(r))
+    recs = {(r["layout"], r["shape"], r["ours_mode"], r.get("trl_backend")): r for r in E.merge(tmp_path)["records"]}
+    c = recs[("colocated", "bench", "sync", "vllm-colocate")]
+    assert (c["ours_cold_start"], c["trl_cold_start"], c["ours_first_step_s"], c["trl_first_step_s"]) == (True, False, 100.0, 70.0)
+    assert "prompt_note" not in c
+    s = recs[("split", "long", "sync", "vllm-server")]
+    assert s["prompt_note"].startswith("ours measured with shorter prompts") and s["speedup_mean"] == pytest.approx(1.2)
