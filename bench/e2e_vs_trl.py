@@ -132,7 +132,8 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
             while (rc := proc.poll()) is None:
                 if time.perf_counter() - t0 > timeout: raise subprocess.TimeoutExpired(cmd, timeout)
                 if first is None and (m := tmp / "run" / "metrics.jsonl").exists() and (line := m.read_text().split("\n", 1)[0]).strip():
-                    first = time.perf_counter() - t0 - json.loads(line).get("time/step", 0.0)
+                    try: first = time.perf_counter() - t0 - json.loads(line).get("time/step", 0.0)
+                    except ValueError: pass   # the line is still being written: read it again next time
                 time.sleep(0.25)
         except subprocess.TimeoutExpired:   # keep what ran: the steps logged so far and the log's tail
             stop_group(proc, 20); rc = "timeout"   # TERM first: the trainer stops Ray and frees the GPUs before the next run

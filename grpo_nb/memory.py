@@ -21,8 +21,8 @@ __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer'
            'ref_policy_bytes', 'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu', 'valid_tps', 'kv_bytes_per_token',
            'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory', 'engine_memory', 'min_learner_gpus',
            'min_engine_tp', 'Plan', 'gpu_budget', 'host_budget', 'plan', 'plan_json', 'format_plan', 'plan_command',
-           'plan_cli', 'plan_config', 'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'plot_terms',
-           'planner_widget']
+           'plan_cli', 'plan_config', 'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'micro_batches_per_step',
+           'longest_pack', 'plot_terms', 'planner_widget']
 
 # %% ../nbs/01_memory.ipynb 7
 GiB = 2**30
@@ -946,7 +946,40 @@ def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement
     p = plan_config(cfg, model)
     return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
 
-# %% ../nbs/01_memory.ipynb 148
+# %% ../nbs/01_memory.ipynb 149
+def micro_batches_per_step(cfg, # a `grpo_nb.config.TrainConfig`
+                          ) -> int: # forward/backward passes one learner runs per optimizer step (sequences at their longest)
+    "How many micro-batches a learner runs per optimizer step: packs of `learner.pack_length` tokens, or `micro_batch_size` sequences."
+    d, L = derive(cfg), cfg.learner
+    seq = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    mini = max(1, d.optimizer_steps_per_step // max(1, L.epochs_per_batch))
+    per_rank = -(-d.sequences_per_step // (d.learner_world_size * mini))   # sequences one learner trains per optimizer step
+    if not L.pack_length: return -(-per_rank // L.micro_batch_size)
+    return -(-per_rank // max(1, L.pack_length // seq))   # whole sequences per pack at their longest (first-fit packs more)
+
+def longest_pack(cfg, # a `grpo_nb.config.TrainConfig`
+                 model:str|ModelShape|None=None, # override the model, as in `plan_config`
+                 unit:int=1024, # pack lengths tried: multiples of this many tokens
+                 headroom:float=0.1, # share of the GPU left free (allocator fragmentation, what the planner does not model)
+                ) -> int|None: # the longest pack length that fits (None: not even one sequence at its longest)
+    "The longest `learner.pack_length` the planner fits with `headroom` to spare, at most one learner's share of an optimizer step."
+    seq = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    d = derive(cfg)
+    mini = max(1, d.optimizer_steps_per_step // max(1, cfg.learner.epochs_per_batch))
+    per_rank = -(-d.sequences_per_step // (d.learner_world_size * mini))
+    lo, hi = -(-seq // unit), -(-per_rank * seq // unit)   # in units: one sequence, a learner's whole share
+    cap = (1 - headroom) * cfg.cluster.gpu_mem_gib * GiB
+    def fits(n:int) -> bool:
+        c = replace(cfg, learner=replace(cfg.learner, pack_length=n * unit))
+        if cfg.rollout.placement == "colocated": return colocated_plan(c, model).peak_bytes <= cap
+        return plan_config(c, model).learner.total_bytes <= cap
+    if not fits(lo): return None
+    while lo < hi:   # memory grows with the pack: the last length that fits
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo * unit
+
+# %% ../nbs/01_memory.ipynb 152
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -957,6 +990,10 @@ def _plan_config_cli(source:str, # YAML file or preset
     except (ConfigError, ValueError) as e:
         print(f"grpo_nb plan: error: {e}", file=sys.stderr); return 2
     out = plan_json(pl)
+    if cfg.cluster.device != "cpu" and pl.fits:   # how many micro-batches a step runs, and the fewest the memory allows
+        P = longest_pack(cfg)
+        out["micro_batches"] = {"per_step": micro_batches_per_step(cfg), "pack_length": cfg.learner.pack_length, "longest_pack": P,
+                                "per_step_at_longest": P and micro_batches_per_step(replace(cfg, learner=replace(cfg.learner, pack_length=P)))}
     if cfg.rollout.placement == "colocated":
         cm = colocated_plan(cfg)
         out["colocated"] = {**asdict(cm), "generate_gib": cm.generate_bytes / GiB, "learn_gib": cm.learn_bytes / GiB, "peak_gib": cm.peak_bytes / GiB}
@@ -968,9 +1005,13 @@ def _plan_config_cli(source:str, # YAML file or preset
         c = out["colocated"]
         print(f"colocated (learner and engine share each GPU): generating {c['generate_gib']:.1f} GiB, learning {c['learn_gib']:.1f} GiB; "
               f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
+    if (m := out.get("micro_batches")) and m["longest_pack"] and m["per_step_at_longest"] < m["per_step"]:
+        now = f"learner.pack_length={m['pack_length']}" if m["pack_length"] else f"micro_batch_size={cfg.learner.micro_batch_size} unpacked"
+        print(f"micro-batches: {m['per_step']} per optimizer step at {now}; --learner.pack_length={m['longest_pack']} still fits and runs "
+              f"{m['per_step_at_longest']} (fewer, longer micro-batches keep the GPU busier; see the learner page)")
     return 0
 
-# %% ../nbs/01_memory.ipynb 152
+# %% ../nbs/01_memory.ipynb 156
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -993,7 +1034,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(units.get(sweep, sweep)); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=9, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 156
+# %% ../nbs/01_memory.ipynb 160
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."

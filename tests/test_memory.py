@@ -241,3 +241,18 @@ def test_the_planners_sync_bucket_is_the_syncs():
     from grpo_nb.memory import SYNC_BUCKET_BYTES
     from grpo_nb.weight_sync import DEFAULT_BUCKET_BYTES
     assert SYNC_BUCKET_BYTES == DEFAULT_BUCKET_BYTES
+
+
+def test_config_plan_names_the_longest_pack_that_fits():
+    base = ["--config", "default", "--model.name_or_path=Qwen2.5-0.5B", "--cluster.device=cuda", "--cluster.gpus_per_node=1",
+            "--cluster.learners_per_node=[1]", "--rollout.placement=colocated", "--rollout.gpu_memory_utilization=0.3",
+            "--learner.zero_stage=0", "--learner.micro_batch_size=64"]
+    rc, out, _ = run(base + ["--learner.pack_length=8192", "--json"])
+    m = json.loads(out)["micro_batches"]
+    assert rc == 0 and m["pack_length"] == 8192 and m["per_step"] > m["per_step_at_longest"] == 1 and m["longest_pack"] % 1024 == 0
+    rc, out, _ = run(base + ["--learner.pack_length=8192"])
+    assert f"--learner.pack_length={m['longest_pack']} still fits" in out   # the text names the flag to pass
+    rc, out, _ = run(base + [f"--learner.pack_length={m['longest_pack']}"])
+    assert rc == 0 and "still fits" not in out   # already the longest: nothing to suggest
+    rc, out, _ = run(["--config", "demo", "--json"])
+    assert "micro_batches" not in json.loads(out)   # CPU runs: no GPU to fill
