@@ -22,7 +22,7 @@ __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer'
            'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory', 'engine_memory', 'min_learner_gpus',
            'min_engine_tp', 'Plan', 'gpu_budget', 'host_budget', 'plan', 'plan_json', 'format_plan', 'plan_command',
            'plan_cli', 'plan_config', 'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'micro_batches_per_step',
-           'longest_pack', 'plot_terms', 'planner_widget']
+           'longest_pack', 'pack_advice', 'plot_terms', 'planner_widget']
 
 # %% ../nbs/01_memory.ipynb 7
 GiB = 2**30
@@ -979,6 +979,17 @@ def longest_pack(cfg, # a `grpo_nb.config.TrainConfig`
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo * unit
 
+def pack_advice(cfg, # a `grpo_nb.config.TrainConfig`
+                model:str|ModelShape|None=None, # override the model, as in `plan_config`
+               ) -> dict: # per_step, pack_length, longest_pack, per_step_at_longest, advice (a line, or None when nothing is gained)
+    "The micro-batches an optimizer step runs now and at the longest pack that fits, with the flag that gets there."
+    P, now = longest_pack(cfg, model), micro_batches_per_step(cfg)
+    best = P and micro_batches_per_step(replace(cfg, learner=replace(cfg.learner, pack_length=P)))
+    how = f"learner.pack_length={cfg.learner.pack_length}" if cfg.learner.pack_length else f"micro_batch_size={cfg.learner.micro_batch_size} unpacked"
+    line = (f"micro-batches: {now} per optimizer step at {how}; --learner.pack_length={P} still fits and runs {best} "
+            "(fewer, longer micro-batches keep the GPU busier; see the learner page)") if P and best < now else None
+    return {"per_step": now, "pack_length": cfg.learner.pack_length, "longest_pack": P, "per_step_at_longest": best, "advice": line}
+
 # %% ../nbs/01_memory.ipynb 152
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
@@ -990,10 +1001,7 @@ def _plan_config_cli(source:str, # YAML file or preset
     except (ConfigError, ValueError) as e:
         print(f"grpo_nb plan: error: {e}", file=sys.stderr); return 2
     out = plan_json(pl)
-    if cfg.cluster.device != "cpu" and pl.fits:   # how many micro-batches a step runs, and the fewest the memory allows
-        P = longest_pack(cfg)
-        out["micro_batches"] = {"per_step": micro_batches_per_step(cfg), "pack_length": cfg.learner.pack_length, "longest_pack": P,
-                                "per_step_at_longest": P and micro_batches_per_step(replace(cfg, learner=replace(cfg.learner, pack_length=P)))}
+    if cfg.cluster.device != "cpu" and pl.fits: out["micro_batches"] = pack_advice(cfg)   # how many a step runs, and the fewest that fit
     if cfg.rollout.placement == "colocated":
         cm = colocated_plan(cfg)
         out["colocated"] = {**asdict(cm), "generate_gib": cm.generate_bytes / GiB, "learn_gib": cm.learn_bytes / GiB, "peak_gib": cm.peak_bytes / GiB}
@@ -1005,10 +1013,7 @@ def _plan_config_cli(source:str, # YAML file or preset
         c = out["colocated"]
         print(f"colocated (learner and engine share each GPU): generating {c['generate_gib']:.1f} GiB, learning {c['learn_gib']:.1f} GiB; "
               f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
-    if (m := out.get("micro_batches")) and m["longest_pack"] and m["per_step_at_longest"] < m["per_step"]:
-        now = f"learner.pack_length={m['pack_length']}" if m["pack_length"] else f"micro_batch_size={cfg.learner.micro_batch_size} unpacked"
-        print(f"micro-batches: {m['per_step']} per optimizer step at {now}; --learner.pack_length={m['longest_pack']} still fits and runs "
-              f"{m['per_step_at_longest']} (fewer, longer micro-batches keep the GPU busier; see the learner page)")
+    if (m := out.get("micro_batches")) and m["advice"]: print(m["advice"])
     return 0
 
 # %% ../nbs/01_memory.ipynb 156

@@ -24,13 +24,13 @@ from .plugins import PluginError, check_registered, import_plugins, load_plugins
 from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend
 from .weight_sync import connect_weight_sync, sync_plan, sync_weights, WeightSyncError, verify_weight_sync, vllm_load_mode
 from .rollout import check_tensor_parallel
-from .memory import plan_config, colocated_plan, RELEASE_MARGIN
+from .memory import plan_config, colocated_plan, pack_advice, RELEASE_MARGIN
 
 # %% auto 0
 __all__ = ['encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'preflight_run', 'start_ray', 'Actors',
            'start_actors', 'stop_actors', 'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'check_fits',
-           'process_age_s', 'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict', 'demo_command',
-           'demo_cli']
+           'pack_notes', 'process_age_s', 'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict',
+           'demo_command', 'demo_cli']
 
 # %% ../nbs/08_trainer.ipynb 8
 def encode_prompts(rows:list[dict], # `{'prompt', 'answer'}` rows
@@ -371,6 +371,16 @@ def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                           "one of the changes above; --cluster.gpu=<your GPU> if the planner assumed another card")
 
 # %% ../nbs/08_trainer.ipynb 52
+def pack_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
+               device:str, # the layout's device: only "cuda" gets advice
+              ) -> list[str]: # the advice as a run event, or nothing
+    "On GPUs, the planner's advice on fewer, longer micro-batches (`grpo_nb.memory.pack_advice`) as a run event."
+    if device != "cuda": return []
+    try: a = pack_advice(cfg)["advice"]
+    except ValueError: return []   # a model the planner cannot read has no advice
+    return [a] if a else []
+
+# %% ../nbs/08_trainer.ipynb 55
 def process_age_s() -> float|None:
     "Seconds since this process began (Linux `/proc`); None where that cannot be read."
     try:
@@ -378,7 +388,7 @@ def process_age_s() -> float|None:
         return float(Path("/proc/uptime").read_text().split()[0]) - int(fields[19]) / os.sysconf("SC_CLK_TCK")   # field 22: start time
     except (OSError, ValueError, IndexError): return None
 
-# %% ../nbs/08_trainer.ipynb 54
+# %% ../nbs/08_trainer.ipynb 57
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
           ray_temp_dir:str|None=None, # local Ray session root
@@ -395,6 +405,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
         try: vllm_load_mode(self.cfg.rollout.weight_load, None, self.layout.device)
         except WeightSyncError as e: raise ConfigError("rollout.weight_load", *str(e).split(" Fix: ", 1)) from None
     check_fits(self.cfg, self.layout.device)   # a layout the planner says cannot fit is refused before any GPU work
+    self.events += pack_notes(self.cfg, self.layout.device)   # longer micro-batches where the memory allows: said, not imposed
     t0, launch_s = time.perf_counter(), process_age_s()   # imports, config and checks: everything before Ray
     self.cluster = start_ray(self.cfg, self.layout, ray_temp_dir)
     t1 = time.perf_counter()
@@ -411,8 +422,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
         sync_weights(self.actors.learner.actors, self.actors.engines, version=self.step, plan=self.sync_plan)   # the engines still hold the initial weights
         self.startup["startup/resume_sync_s"] = time.perf_counter() - t2
         self.events.append(f"resumed from {resume_from} at step {self.step}, data position {self.consumed}")
-    self.version = self.step
-    self.spec = sampling_spec(self.cfg.rollout)
+    self.version, self.spec = self.step, sampling_spec(self.cfg.rollout)
     self.ctx = RewardContext.from_config(Rw)
     L = self.cfg.logging
     self.log = MetricsLog(self.out, L.tensorboard, L.wandb, L.wandb_project, L.run_name, self.step, to_dict(self.cfg),
@@ -420,7 +430,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     (self.out / "config.yaml").write_text(to_yaml(self.cfg))
     self.startup["startup/total_s"] = time.perf_counter() - t0
 
-# %% ../nbs/08_trainer.ipynb 55
+# %% ../nbs/08_trainer.ipynb 58
 @patch
 def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept in the checkpoint (it is logged after the save)
               ) -> Path:
@@ -432,7 +442,7 @@ def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept 
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 56
+# %% ../nbs/08_trainer.ipynb 59
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -450,7 +460,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_mem_gib"] = m.get("peak_bytes", 0) / 2**30
     return info
 
-# %% ../nbs/08_trainer.ipynb 57
+# %% ../nbs/08_trainer.ipynb 60
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -466,7 +476,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 59
+# %% ../nbs/08_trainer.ipynb 62
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
@@ -525,7 +535,7 @@ def loop(self:Run):
     if self.stop:   # a signal during start-up stops before the first step: nothing new to save
         self.events.append(f"stopped by {self.stop.reason} after step {self.step}" + (f" (checkpoint {self.last_ckpt.name})" if self.last_ckpt else ""))
 
-# %% ../nbs/08_trainer.ipynb 61
+# %% ../nbs/08_trainer.ipynb 64
 @patch
 def release_learner_cache(self:Run,
                           margin:float=RELEASE_MARGIN, # share of the GPU kept free beyond the engine's `gpu_memory_utilization` (the planner assumes the same)
@@ -534,7 +544,7 @@ def release_learner_cache(self:Run,
     need = min(1.0, self.cfg.rollout.gpu_memory_utilization + margin)
     return sum(bool(r) for r in gather([submit(l, "ws_release", need) for l in self.actors.learner.actors]))
 
-# %% ../nbs/08_trainer.ipynb 63
+# %% ../nbs/08_trainer.ipynb 66
 @patch
 def verify(self:Run, step:int) -> dict:
     "After a sync: check every engine against the learner (bit for bit, then log-probs); a stale engine is synced once more, a second mismatch raises with the fix."
@@ -560,19 +570,19 @@ def verify(self:Run, step:int) -> dict:
             "sync/stale_detected": stale, "sync/checksums_compared": rep.get("compared", 0), "sync/repacked": rep.get("repacked", 0),
             "sync/exact": int(bool(rep.get("exact"))), "time/verify": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 64
+# %% ../nbs/08_trainer.ipynb 67
 @patch
 def run_eval(self:Run) -> dict:
     "Evaluate the engines' current policy on the held-out prompts."
     return evaluate(self.actors.engines, self.eval_prompts, self.eval_answers, self.cfg.rollout, self.cfg.reward.functions, self.ctx)
 
-# %% ../nbs/08_trainer.ipynb 65
+# %% ../nbs/08_trainer.ipynb 68
 @patch
 def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 66
+# %% ../nbs/08_trainer.ipynb 69
 @patch
 def emit(self:Run, rec:dict):
     "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
@@ -586,7 +596,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 67
+# %% ../nbs/08_trainer.ipynb 70
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -597,7 +607,7 @@ def close(self:Run):
     if ray.is_initialized(): ray.shutdown()
     if self.cluster is not None: self.cluster.shutdown(); self.cluster = None   # the local cluster this run started
 
-# %% ../nbs/08_trainer.ipynb 68
+# %% ../nbs/08_trainer.ipynb 71
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
@@ -635,7 +645,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 70
+# %% ../nbs/08_trainer.ipynb 73
 def train_command(config:str, # YAML file or preset name (default, demo)
                   *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`)
                   resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
@@ -650,7 +660,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."
     return run_cli(train_command, argv, "grpo_nb train")
 
-# %% ../nbs/08_trainer.ipynb 73
+# %% ../nbs/08_trainer.ipynb 76
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -668,7 +678,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 75
+# %% ../nbs/08_trainer.ipynb 78
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -680,7 +690,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 78
+# %% ../nbs/08_trainer.ipynb 81
 def demo_command(*overrides:str, # fields of the demo preset, as --section.field=value
                  out:str="", # output directory (default: runs/demo/<date-time>, a new one each time)
                  start_below:float=0.2, # held-out reward at step 0 must be below this
