@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw) single1
 #                                                        split01 (or its parts split01a/b/c, and split01w),
-#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b sc2
+#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 sc2
 #                                                        four GPUs, one lane a call: s7split s7coloc s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b4 mfuolmo2 tp2
 #                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
@@ -117,6 +117,9 @@ lane_mfu1p5() {
       --budget-s 150 --variant-limit-s 150 --out "$OUT/learner_mfu_1p5b_liger.json" &
   wait
 }
+# one GPU: the checkpointed ZeRO-1 learners (the records the planner under-predicts), with what is live at each step's peak
+lane_mfumem0() { run learner_mfu_memory_peak 300 0 python3 bench/learner_mfu.py --part 1gpu --models Qwen2.5-0.5B,Qwen2.5-1.5B --only 'ckpt$' \
+                   --memory-peak --skip-check --budget-s 260 --variant-limit-s 130 --out "$OUT/learner_mfu_memory_peak.json"; }
 # 3B on one GPU (an H200: without checkpointing it does not fit an H100 at useful row lengths), eager then Liger
 lane_mfu3b() { run learner_mfu_3b 200 0 python3 bench/learner_mfu.py --part 1gpu --models Qwen2.5-3B --only 'zero1$,zero1 liger' --skip-check \
                  --budget-s 150 --variant-limit-s 110 --out "$OUT/learner_mfu_3b.json"; }

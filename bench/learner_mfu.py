@@ -132,6 +132,11 @@ def measure(step_fn, v:dict, t_start:float) -> dict:
         try: prof = time_breakdown(step_fn, make_batch(10**6, v["tokens"], vocab, v["prompt"], v["lo"], v["hi"]), v["model"] != "tiny")
         except Exception as e: prof = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
         print(f"  profiled step: {prof}", flush=True)
+    mem = None
+    if v.get("memory_peak"):
+        try: mem = memory_at_peak(step_fn, make_batch(10**6 + 1, v["tokens"], vocab, v["prompt"], v["lo"], v["hi"]))
+        except Exception as e: mem = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        print(f"  memory at the step's peak: {mem}", flush=True)
     T, F = sum(m["time_s"] for m in ms), sum(m["flops"] for m in ms)
     peak = max(m["peak_bytes"] for m in ms)
     row = max(rows)
@@ -139,7 +144,44 @@ def measure(step_fn, v:dict, t_start:float) -> dict:
             "measured_bytes": peak or None, "predicted_bytes": predicted(v, row), "predicted_bytes_at_pack": predicted(v, v["pack"]),
             "longest_row": row, "step_s": T / len(ms), "first_step_s": first_s, "tokens_per_step": ms[0]["train_tokens"],
             "micro_batches": ms[0]["micro_batches"], "losses": [m["loss"] for m in ms], "grad_norm": ms[-1]["grad_norm"],
-            "setup_s": t_start, "time_breakdown": prof}
+            "setup_s": t_start, "time_breakdown": prof, **({"memory_at_peak": mem} if mem is not None else {})}
+
+
+def peak_composition(events:list, # one device's allocator trace (`torch.cuda.memory._snapshot()["device_traces"][i]`)
+                     before:int=0, # bytes allocated when the trace began (no frames: the states and whatever the step keeps)
+                     top:int=12, # groups listed
+                    ) -> dict:
+    """What was allocated at the highest point of a trace: the bytes live then, grouped by the innermost frame of
+    this project, transformers, DeepSpeed or torch (else the innermost frame), largest first. It is what a planner
+    term must cover at the peak: compare each group with the term meant to hold it."""
+    live, total, best, at = {}, before, before, {}
+    for e in events:
+        a = e.get("action")
+        if a == "alloc": live[e["addr"]] = e; total += e["size"]
+        elif a == "free_completed" and e["addr"] in live: total -= live.pop(e["addr"])["size"]
+        else: continue
+        if total > best: best, at = total, dict(live)
+    def where(e):
+        fr = e.get("frames") or []
+        pick = next((f for f in fr if any(k in f.get("filename", "") for k in ("grpo_nb", "transformers", "deepspeed", "liger"))), None) \
+               or next((f for f in fr if "torch" in f.get("filename", "")), fr[0] if fr else None)
+        return f"{Path(pick['filename']).name}:{pick['line']} {pick['name']}" if pick else "(no frames)"
+    groups = {}
+    for e in at.values(): groups[where(e)] = groups.get(where(e), 0) + e["size"]
+    return {"peak_bytes": best, "before_bytes": before, "step_bytes": best - before,
+            "groups": sorted(([k, b] for k, b in groups.items()), key=lambda x: -x[1])[:top]}
+
+
+def memory_at_peak(step_fn, batch) -> dict:
+    "One more step with the CUDA allocator's history on; `peak_composition` of its trace (what the planner must cover)."
+    import torch
+    torch.cuda.synchronize(); before = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=500_000)
+    try:
+        step_fn(batch); torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+    finally: torch.cuda.memory._record_memory_history(enabled=None)
+    return peak_composition(snap["device_traces"][torch.cuda.current_device()], before)
 
 
 KERNEL_KINDS = {"attention": ("flash", "fmha", "attention", "attn", "sdpa"), "optimizer": ("adam", "multi_tensor", "foreach"),
@@ -464,6 +506,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="", help="comma-separated substrings: run only the variants whose name contains one; a trailing $ means 'ends with' (e.g. 'liger,zero1$')")
     p.add_argument("--pack", type=int, default=0, help="tokens per packed micro-batch (default 0: the longest the planner fits in 80%% of the GPU)")
     p.add_argument("--skip-check", action="store_true", help="no log-prob check of fused kernels before timing (its models were seen to keep GPU memory on an 80 GB GPU)")
+    p.add_argument("--memory-peak", action="store_true", help="one more step per one-GPU variant with the allocator's history on: what is live at the peak, "
+                   "grouped by where it was allocated (`memory_at_peak` in the record)")
     p.add_argument("--smoke-compile", action="store_true", help="smoke: also a torch.compile variant (slow on a small CPU)")
     p.add_argument("--repredict", action="store_true", help="CPU only: rewrite every record's planner prediction (predicted_bytes, predicted_bytes_at_pack, "
                    "predicted_over_measured) with today's planner for its own configuration; the measurements are kept, the first prediction as predicted_bytes_recorded")
@@ -504,6 +548,7 @@ def main(argv=None) -> int:
         print("one GPU visible: the 2-GPU part is left out", flush=True); part = "1gpu"
     vs = variants(part, a.smoke, ["tiny"] if a.smoke else a.models.split(","), gpu_bytes, launcher, a.smoke_compile, a.pack, a.skip_check)
     if a.only: vs = [v for v in vs if any(v["variant"].endswith(x[:-1]) if x.endswith("$") else x in v["variant"] for x in a.only.split(","))]
+    for v in vs: v["memory_peak"] = a.memory_peak and v["gpus"] == 1 and not a.smoke   # the allocator's history is a CUDA feature
     meta = {"versions": versions(), "command": " ".join(sys.argv)}
     records, starts = [], {}
     for v in vs:

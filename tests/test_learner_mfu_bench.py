@@ -41,3 +41,17 @@ def test_a_shape_of_another_family_is_built_as_that_family():
     assert olmo["model_type"] == "olmo2" and qwen["model_type"] == "qwen2"
     cfg = AutoConfig.for_model(**olmo)   # what the learner builds from the dict
     assert (cfg.num_key_value_heads, cfg.vocab_size, cfg.tie_word_embeddings) == (32, 100352, False)
+
+
+def test_peak_composition_groups_what_is_live_at_the_highest_point():
+    fr = lambda f, n: [{"filename": "/x/torch/autograd/graph.py", "line": 1, "name": "backward"}, {"filename": f"/x/{f}", "line": n, "name": "fn"}]
+    events = [{"action": "alloc", "addr": 1, "size": 100, "frames": fr("grpo_nb/learner.py", 10)},
+              {"action": "alloc", "addr": 2, "size": 50, "frames": fr("transformers/modeling_qwen2.py", 20)},
+              {"action": "free_requested", "addr": 1, "size": 100},   # requested, not yet completed: still live
+              {"action": "alloc", "addr": 3, "size": 30, "frames": []},
+              {"action": "free_completed", "addr": 1, "size": 100},
+              {"action": "alloc", "addr": 4, "size": 60, "frames": fr("grpo_nb/learner.py", 10)},
+              {"action": "free_completed", "addr": 99, "size": 7}]   # allocated before the trace: not counted twice
+    c = M.peak_composition(events, before=1000)
+    assert c["peak_bytes"] == 1180 and c["step_bytes"] == 180 and c["before_bytes"] == 1000   # 100 + 50 + 30 live at once
+    assert c["groups"] == [["learner.py:10 fn", 100], ["modeling_qwen2.py:20 fn", 50], ["(no frames)", 30]]
