@@ -947,13 +947,16 @@ def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement
     return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
 
 # %% ../nbs/01_memory.ipynb 149
+def _share(cfg) -> tuple[int, int]:
+    "A sequence's longest length, and the sequences one learner trains per optimizer step."
+    d = derive(cfg)
+    mini = max(1, d.optimizer_steps_per_step // max(1, cfg.learner.epochs_per_batch))
+    return cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens, -(-d.sequences_per_step // (d.learner_world_size * mini))
+
 def micro_batches_per_step(cfg, # a `grpo_nb.config.TrainConfig`
                           ) -> int: # forward/backward passes one learner runs per optimizer step (sequences at their longest)
     "How many micro-batches a learner runs per optimizer step: packs of `learner.pack_length` tokens, or `micro_batch_size` sequences."
-    d, L = derive(cfg), cfg.learner
-    seq = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
-    mini = max(1, d.optimizer_steps_per_step // max(1, L.epochs_per_batch))
-    per_rank = -(-d.sequences_per_step // (d.learner_world_size * mini))   # sequences one learner trains per optimizer step
+    L, (seq, per_rank) = cfg.learner, _share(cfg)
     if not L.pack_length: return -(-per_rank // L.micro_batch_size)
     return -(-per_rank // max(1, L.pack_length // seq))   # whole sequences per pack at their longest (first-fit packs more)
 
@@ -963,10 +966,7 @@ def longest_pack(cfg, # a `grpo_nb.config.TrainConfig`
                  headroom:float=0.1, # share of the GPU left free (allocator fragmentation, what the planner does not model)
                 ) -> int|None: # the longest pack length that fits (None: not even one sequence at its longest)
     "The longest `learner.pack_length` the planner fits with `headroom` to spare, at most one learner's share of an optimizer step."
-    seq = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
-    d = derive(cfg)
-    mini = max(1, d.optimizer_steps_per_step // max(1, cfg.learner.epochs_per_batch))
-    per_rank = -(-d.sequences_per_step // (d.learner_world_size * mini))
+    seq, per_rank = _share(cfg)
     lo, hi = -(-seq // unit), -(-per_rank * seq // unit)   # in units: one sequence, a learner's whole share
     cap = (1 - headroom) * cfg.cluster.gpu_mem_gib * GiB
     def fits(n:int) -> bool:
