@@ -34,13 +34,13 @@ same GPU model. A peer's failure lands in its `<peer>_error` (the tail of its lo
     python bench/e2e_vs_trl.py --smoke                                                                   # CPU-sized, here
 """
 from __future__ import annotations
-import argparse, json, os, shlex, statistics, subprocess, sys, tempfile, time, traceback
+import argparse, json, os, shlex, signal, statistics, subprocess, sys, tempfile, time, traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import GPU_ENV, digit_prompts, free_port, save_bench_tokenizer, step_stats, stop_group  # noqa: E402  (shared by the bench scripts)
+from common import GPU_ENV, alive_group, digit_prompts, free_port, save_bench_tokenizer, step_stats, stop_group  # noqa: E402  (shared by the bench scripts)
 from verl_peer import BACKENDS as VERL_BACKENDS, PAIRS as VERL_PAIRS, dry_run_text, run_verl, verl_plan  # noqa: E402  (the second peer)
 
 MODEL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
@@ -169,10 +169,12 @@ def _serve_trl(model_dir:Path, port:int, tmp:Path) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=open(tmp / "trl_server.log", "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     _SERVER_LOG[proc.pid] = tmp / "trl_server.log"
+    if SERVER_PID_FILE is not None: SERVER_PID_FILE.write_text(str(proc.pid))   # the parent ends it if this run is killed
     return proc
 
 
 _SERVER_LOG:dict = {}
+SERVER_PID_FILE:Path|None = None   # set by `child`: where a TRL server's process group is written for the parent
 def _tail(p, n:int=2500) -> str: return "\n".join(l for l in Path(p).read_text().splitlines() if "Warning" not in l)[-n:] if p and Path(p).exists() else ""
 
 def _wait_health(port:int, proc, timeout:float):
@@ -272,7 +274,6 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
                 "first_step_s": first[0] + (t_build - t_import) if first else None}   # the server's start lies between the two marks
     finally:
         if server is not None:
-            import signal
             try: os.killpg(server.pid, signal.SIGTERM); server.wait(30)
             except Exception: pass
 
@@ -296,7 +297,29 @@ def from_partial(run:str, partial:Path, rc) -> dict:
     return rec
 
 
+def server_pid_path(out_json:Path) -> Path:
+    "Where a TRL run writes its server's process group: the server runs in its own session, beyond the reach of a kill of the run."
+    return out_json.with_name(out_json.stem + ".server.pid")
+
+
+def end_leftover_server(out_json:Path, grace:float=20):
+    "End the TRL server a run left behind (the run was killed before its own cleanup): SIGTERM, then SIGKILL; the next run needs its GPU."
+    pid_file = server_pid_path(out_json)
+    if not pid_file.exists(): return
+    pgid = int(pid_file.read_text())
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+        if not alive_group(pgid): break
+        try: os.killpg(pgid, sig)
+        except ProcessLookupError: break
+        t = time.monotonic()
+        while alive_group(pgid) and time.monotonic() - t < wait: time.sleep(0.5)
+    pid_file.unlink()
+
+
 def child(run:str, smoke:bool, out_json:Path, timeout:float):
+    global SERVER_PID_FILE
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a TERM (the time limit) runs the cleanups: TRL's server is stopped
+    SERVER_PID_FILE = server_pid_path(out_json)
     t_child = time.perf_counter()
     import torch
     side, *rest = run.split(":")
@@ -429,6 +452,7 @@ def main():
         cmd = [sys.executable, __file__, "--child", run, "--out", str(dst), "--timeout", str(a.timeout)] + (["--smoke"] if a.smoke else [])
         try: rc = subprocess.run(cmd, env=env, timeout=a.timeout + 30).returncode
         except subprocess.TimeoutExpired: rc = "timeout"
+        end_leftover_server(dst)
         if not dst.exists():
             part = partial_path(dst)
             dst.write_text(json.dumps(from_partial(run, part, rc) if part.exists() else {"run": run, "error": f"run exited {rc} without a record"}))

@@ -58,7 +58,7 @@ lane_ourscolocb() { e2e ours:colocated:sync:bench 250 0; }
 # both GPUs, the bench shape, ours only (a cold start of the split layout takes about two minutes: 280 s a run)
 lane_split01n() { e2e ours:split:sync:bench 280 0,1; e2e ours:split:one-step-off:bench 280 0,1; }
 # both GPUs, the wide shape: TRL's server, then ours synchronous and one-step-off
-lane_split01w() { e2e trl:vllm-server:wide 200 0,1; e2e ours:split:sync:wide 280 0,1; }
+lane_split01w() { e2e trl:vllm-server:wide 270 0,1; e2e ours:split:sync:wide 280 0,1; }
 lane_split01w2() { e2e ours:split:one-step-off:wide 280 0,1; e2e trl:vllm-server:long 280 0,1; }
 # one GPU each; no Ray on GPU 1 (two local Ray clusters on one host are avoided)
 lane_coloc0() {

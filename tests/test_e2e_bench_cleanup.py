@@ -1,0 +1,34 @@
+"""bench/e2e_vs_trl.py leaves no TRL server behind: the server runs in its own session, so a run killed by its time
+limit cannot take it down; the parent ends what the run's pid file names before the next run needs the GPU."""
+import os, subprocess, sys, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import e2e_vs_trl as E   # noqa: E402
+from common import alive_group   # noqa: E402
+
+
+def _server_like(ignore_term:bool) -> subprocess.Popen:
+    "A process in its own session with a child, like `trl vllm-serve` and its engine; optionally deaf to SIGTERM."
+    code = ("import signal, subprocess, sys, time\n"
+            + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "")
+            + "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\ntime.sleep(300)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    time.sleep(1.0)
+    return p
+
+
+def test_a_leftover_server_is_ended_with_its_children(tmp_path):
+    out = tmp_path / "run_trl_vllm-server_bench.json"
+    for deaf in (False, True):   # one that leaves on SIGTERM, one that needs the SIGKILL
+        p = _server_like(deaf)
+        E.server_pid_path(out).write_text(str(p.pid))
+        assert alive_group(p.pid)
+        E.end_leftover_server(out, grace=2)
+        p.wait(5)
+        assert not alive_group(p.pid) and not E.server_pid_path(out).exists()
+
+
+def test_no_pid_file_is_a_no_op(tmp_path):
+    E.end_leftover_server(tmp_path / "run_ours_split_sync_bench.json")   # ours has no server: nothing to end, nothing raised
