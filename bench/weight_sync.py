@@ -109,6 +109,9 @@ class Engine(HFEngine):
     "The transformers engine, plus the receiving side of the raw broadcast."
     def floor(self, nbytes:int, iters:int) -> list[float]:
         return raw_broadcast(self.sync_group, nbytes, iters)
+    def in_place(self) -> bool:
+        "Whether the last sync went straight into the parameters (`grpo_nb.weight_sync.bind_in_place`) rather than through a copy."
+        return getattr(self, "_bound", (None, None))[1] is not None
 
 
 class VEngine(VllmEngine):
@@ -287,6 +290,7 @@ def main(argv=None) -> int:
                    "prepare_s": med(piped, "prepare_s"), "call_plan_kept_s": med(kept, "call_s"), "total_plan_kept_s": med(kept, "total_s"),
                    "device": device_name, "reps": args.reps}
             if mode is not None: rec["weight_load"] = mode
+            if args.receiver == "transformers": rec["in_place"] = E.in_place()
             rec["gbps"] = {k: nbytes / rec[f"{k}_s"] / 1e9 for k in ("gather", "send", "load", "total") if rec[f"{k}_s"] > 0}
             if floor_s:
                 rec["gbps"]["floor"] = nbytes / floor_s / 1e9

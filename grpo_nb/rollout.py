@@ -12,7 +12,7 @@ import torch
 from fastcore.basics import patch
 from .actors import submit, gather, GPU_SAFETY_ENV
 from .config import ConfigError
-from .weight_sync import SyncPlan, accepted, join_group, load_into_module, engine_layout, receive_buckets
+from .weight_sync import SyncPlan, accepted, join_group, load_into_module, engine_layout, receive_buckets, bind_in_place, is_bound, receive_in_place
 
 # %% auto 0
 __all__ = ['VLLM_STARTUP_LINES', 'ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask', 'HFEngine', 'VllmEngine',
@@ -350,13 +350,20 @@ def join_weight_sync(self:HFEngine, host:str, # learner rank 0's address (the gr
 def receive_weights(self:HFEngine, plan:dict, # `SyncPlan.to_dict()` of this sync
                 timing:bool=False, # synchronise around each phase to time it exactly
                ) -> dict: # receiver timings
-    "Receive one sync's buckets and copy them into the model's parameters."
+    "Receive one sync straight into the model's parameters (bound in place once: `bind_in_place`), or copy it in where the model's layout differs from the plan's."
     if self.sync_group is None: raise RuntimeError("receive_weights before join_weight_sync. Fix: connect_weight_sync(learners, engines) first.")
-    stats = {}
-    weights = accepted(receive_buckets(self.sync_group, SyncPlan.from_dict(plan), stats, timing), stats)
+    stats, version, plan = {}, int(plan.get("version", 0)), SyncPlan.from_dict(plan)
+    key = (list(plan.bucket_nbytes), [(s.name, s.offset, s.dtype) for b in plan.buckets for s in b])
+    bound = getattr(self, "_bound", None)   # (plan layout, buffers or None) of the last binding; `sleep` moves the model and undoes it
+    if bound is None or bound[0] != key or (bound[1] is not None and not is_bound(self.model, plan, bound[1])):
+        self._bound = bound = (key, bind_in_place(self.model, plan))
+    if bound[1] is not None:
+        if receive_in_place(self.sync_group, plan, bound[1], stats, timing): self._weights_version = version
+        return stats
+    weights = accepted(receive_buckets(self.sync_group, plan, stats, timing), stats)
     if weights is None: return stats   # the learner refused this sync (NaN/Inf): keep the weights held
     load_into_module(self.model, weights)
-    self._weights_version = int(plan.get("version", 0))
+    self._weights_version = version
     return stats
 
 @patch

@@ -20,11 +20,11 @@ __all__ = ['ALIGN', 'DEFAULT_BUCKET_BYTES', 'UNIT_ROUNDOFF', 'DEFAULT_VERIFY_PRO
            'SyncPlan', 'full_shape', 'full_numel', 'make_plan', 'pack_bucket', 'unpack_bucket', 'SyncGroup',
            'open_store', 'join_group', 'WeightSyncError', 'NonFiniteWeightsError', 'nonfinite_flags',
            'nonfinite_params', 'place_slices', 'gather_bucket', 'send_weights', 'receive_buckets', 'accepted',
-           'check_covered', 'load_into_module', 'vllm_load_mode', 'refresh_shared_modules', 'VllmWorkerExtension',
-           'tensor_checksum', 'module_checksums', 'expected_tensor', 'param_layout', 'engine_layout',
-           'expected_checksums', 'compare_checksums', 'slice_map', 'load_slices', 'gathered_checksums',
-           'sequence_logprobs', 'logprob_atol', 'verify_sync', 'WeightSyncSource', 'connect_weight_sync',
-           'verify_weight_sync', 'sync_plan', 'sync_weights']
+           'check_covered', 'load_into_module', 'bind_in_place', 'is_bound', 'receive_in_place', 'vllm_load_mode',
+           'refresh_shared_modules', 'VllmWorkerExtension', 'tensor_checksum', 'module_checksums', 'expected_tensor',
+           'param_layout', 'engine_layout', 'expected_checksums', 'compare_checksums', 'slice_map', 'load_slices',
+           'gathered_checksums', 'sequence_logprobs', 'logprob_atol', 'verify_sync', 'WeightSyncSource',
+           'connect_weight_sync', 'verify_weight_sync', 'sync_plan', 'sync_weights']
 
 # %% ../nbs/06_weight_sync.ipynb 7
 _UNIT = re.compile(r"^(.*?\.\d+)\.")
@@ -413,6 +413,55 @@ def load_into_module(module:nn.Module, # the engine's model
     return len(seen)
 
 # %% ../nbs/06_weight_sync.ipynb 71
+def bind_in_place(module:nn.Module, # the engine's model; its parameters keep their values
+                  plan:SyncPlan, # the sync's plan (the learner's names, dtypes and shapes, bucket by bucket)
+                 ) -> list[Tensor]|None: # per bucket, the [nbytes] uint8 buffer its parameters now live in; None: the model does not match the plan
+    "Move `module`'s parameters into flat buffers laid out as `plan`'s buckets (each a view at its offset), so that a sync receives straight into them."
+    params = dict(module.named_parameters())
+    specs = [s for b in plan.buckets for s in b]
+    devices = {p.device for p in params.values()}
+    if len(devices) != 1 or len(specs) != len(params) or {s.name for s in specs} != set(params): return None
+    if any(tuple(params[s.name].shape) != tuple(s.shape) or _dtype_name(params[s.name].dtype) != s.dtype for s in specs): return None
+    device, bufs = devices.pop(), []
+    with torch.no_grad():
+        for nbytes, bucket in zip(plan.bucket_nbytes, plan.buckets):   # one bucket at a time: the old storage goes as the new comes
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            for name, view in unpack_bucket(buf, bucket):
+                view.copy_(params[name].data); params[name].data = view
+            bufs.append(buf)
+    return bufs
+
+# %% ../nbs/06_weight_sync.ipynb 72
+def is_bound(module:nn.Module, # the engine's model
+             plan:SyncPlan, # the plan it was bound to
+             buffers:Sequence[Tensor], # `bind_in_place`'s buffers
+            ) -> bool:
+    "Whether every parameter still lives where `bind_in_place` put it (moving the model, to the CPU and back for instance, gives it new storage)."
+    params = dict(module.named_parameters())
+    return all(n in params and params[n].data_ptr() == v.data_ptr() for buf, b in zip(buffers, plan.buckets) for n, v in unpack_bucket(buf, b))
+
+# %% ../nbs/06_weight_sync.ipynb 74
+def receive_in_place(group:SyncGroup, # this worker's sync group
+                     plan:SyncPlan, # the plan of this sync (the layout `buffers` were bound to)
+                     buffers:Sequence[Tensor], # `bind_in_place`'s buffers, one per bucket
+                     stats:dict|None=None, # filled with recv_s, load_s (0), bytes, in_place
+                     timing:bool=False, # synchronise before the clock stops (benchmarks; the end is synchronised anyway)
+                    ) -> bool: # False: the sender refused this sync and the weights are as they were
+    "Receive one sync straight into the parameters' own storage."
+    stats = {} if stats is None else stats
+    stats.update(recv_s=0.0, load_s=0.0, bytes=0, in_place=True)
+    t0 = time.perf_counter()
+    head = torch.empty(ALIGN, dtype=torch.uint8, device=group.device)
+    group.broadcast(head).wait()
+    end = getattr(group, "end", lambda: None)
+    if int(head[0]): stats["refused"] = True; end(); return False
+    for work in [group.broadcast(buf) for buf in buffers]: work.wait()
+    _sync_device(group.device)
+    end()
+    stats.update(recv_s=time.perf_counter() - t0, bytes=sum(s.nbytes for b in plan.buckets for s in b), t_end=time.time(), host=socket.gethostname())
+    return True
+
+# %% ../nbs/06_weight_sync.ipynb 77
 def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct", "slices" or "reload"
                    quantization:str|None, # the engine's `model_config.quantization` (None: unquantized)
                    device_type:str, # the worker's device type: "cuda" or "cpu"
@@ -427,7 +476,7 @@ def vllm_load_mode(weight_load:str, # `rollout.weight_load`: "auto", "direct", "
     if weight_load == "auto": return "slices" if can_direct else "reload"
     return weight_load
 
-# %% ../nbs/06_weight_sync.ipynb 74
+# %% ../nbs/06_weight_sync.ipynb 80
 def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.get_model()`)
                           ) -> list[str]: # names of the modules re-processed
     "Re-run `quant_method.process_weights_after_loading` on every module that shares a parameter with another module."
@@ -444,7 +493,7 @@ def refresh_shared_modules(model:nn.Module, # the engine's model (vLLM: `worker.
                 qm.process_weights_after_loading(mod); done.append(name)
     return done
 
-# %% ../nbs/06_weight_sync.ipynb 75
+# %% ../nbs/06_weight_sync.ipynb 81
 class VllmWorkerExtension:
     "Weight-sync methods added to every vLLM worker; called through `LLM.collective_rpc('grpo_…')`."
     def grpo_join_sync(self, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo", timeout_s:float=600) -> int:
@@ -486,7 +535,7 @@ class VllmWorkerExtension:
         g = getattr(self, "grpo_group", None)
         if g is not None: g.close(); self.grpo_group = None
 
-# %% ../nbs/06_weight_sync.ipynb 77
+# %% ../nbs/06_weight_sync.ipynb 83
 _CHUNK, _MOD = 1 << 22, 65521
 _WEIGHTS:dict = {}   # device -> position weights `i % _MOD + 1` for i < _CHUNK + _MOD (34 MB), made once per device
 
@@ -503,13 +552,13 @@ def tensor_checksum(t:Tensor) -> int:
         total = part if total is None else total + part        # on the device: one host sync per tensor
     return 0 if total is None else int(total) % (1 << 64)
 
-# %% ../nbs/06_weight_sync.ipynb 79
+# %% ../nbs/06_weight_sync.ipynb 85
 def module_checksums(named:Iterable[tuple[str, Tensor]], # (name, tensor) pairs
                     ) -> dict[str, int]:
     "Checksum of every tensor, by name."
     return {n: tensor_checksum(t) for n, t in named}
 
-# %% ../nbs/06_weight_sync.ipynb 82
+# %% ../nbs/06_weight_sync.ipynb 88
 def expected_tensor(full:Callable[[str], Tensor], # learner tensor by name (full, gathered)
                     entry:dict, # a layout: {"dim", "pieces", "shape"} (see `engine_layout`)
                    ) -> Tensor: # what the engine must hold for this parameter
@@ -520,7 +569,7 @@ def expected_tensor(full:Callable[[str], Tensor], # learner tensor by name (full
     if pad > 0: t = torch.cat([t, t.new_zeros(*t.shape[:d], pad, *t.shape[d + 1:])], d)   # vocabulary padding rows
     return t
 
-# %% ../nbs/06_weight_sync.ipynb 86
+# %% ../nbs/06_weight_sync.ipynb 92
 def param_layout(module:nn.Module, # the layer owning the parameter (vLLM: a linear, embedding or norm layer)
                  p:Tensor, # the parameter as the engine holds it
                  sources:Sequence[str], # the learner's tensor names it is made of, in packing order
@@ -545,7 +594,7 @@ def param_layout(module:nn.Module, # the layer owning the parameter (vLLM: a lin
     if idim is not None and getattr(module, "input_is_parallel", False): return one(idim, r * shape[idim], shape[idim])
     return one(od, r * shape[od], shape[od])
 
-# %% ../nbs/06_weight_sync.ipynb 90
+# %% ../nbs/06_weight_sync.ipynb 96
 def _sources(name:str, packed:dict[str, list[str]]) -> list[str]:
     "The learner's names of a parameter's pieces: `...qkv_proj.weight` -> the q/k/v names, else the name itself."
     mod, _, leaf = name.rpartition(".")
@@ -566,7 +615,7 @@ def engine_layout(model:nn.Module, # the engine's model (vLLM: `worker.model_run
         out[name] = lay | {"checksum": tensor_checksum(p) if fits else None}
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 93
+# %% ../nbs/06_weight_sync.ipynb 99
 def expected_checksums(named_params:Iterable[tuple[str, Tensor]], # learner parameters (ZeRO-3 placeholders are fine)
                        plan:SyncPlan, # gives the buckets
                        layouts:Sequence[dict[str, dict]], # one per engine worker: `engine_layout`'s output
@@ -600,7 +649,7 @@ def expected_checksums(named_params:Iterable[tuple[str, Tensor]], # learner para
     held.clear()
     return out if rank == 0 else []
 
-# %% ../nbs/06_weight_sync.ipynb 96
+# %% ../nbs/06_weight_sync.ipynb 102
 def compare_checksums(held:Sequence[Sequence[dict[str, dict]]], # per engine, per TP rank: `engine_layout`'s output
                       want:Sequence[dict[str, int]], # per worker (engines' ranks in order): `expected_checksums`'s output
                      ) -> dict: # compared, repacked, workers, exact (True only when every parameter of every worker matched)
@@ -618,7 +667,7 @@ def compare_checksums(held:Sequence[Sequence[dict[str, dict]]], # per engine, pe
             w += 1
     return {"compared": compared, "repacked": repacked, "workers": w, "exact": w > 0 and repacked == 0}
 
-# %% ../nbs/06_weight_sync.ipynb 99
+# %% ../nbs/06_weight_sync.ipynb 105
 def slice_map(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.get_model()`)
              ) -> dict[str, list[tuple]]|None: # learner name -> [(parameter, dim, offset, source dim | None, start, length)]; None: not every parameter has a plain layout
     "Where each learner tensor's slices go in `model`'s parameters, from `param_layout` (None when some parameter is held repacked)."
@@ -633,7 +682,7 @@ def slice_map(model:nn.Module, # the engine's model (vLLM: `worker.model_runner.
             else: out.setdefault(q[0], []).append((p, lay["dim"], off, q[1], q[2], q[3])); off += q[3]
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 101
+# %% ../nbs/06_weight_sync.ipynb 107
 @torch.no_grad()
 def load_slices(weights:Iterable[tuple[str, Tensor]], # (learner name, full tensor), e.g. from `receive_buckets`
                 smap:dict[str, list[tuple]], # `slice_map` of the engine's model
@@ -647,7 +696,7 @@ def load_slices(weights:Iterable[tuple[str, Tensor]], # (learner name, full tens
         done.add(name)
     return done
 
-# %% ../nbs/06_weight_sync.ipynb 104
+# %% ../nbs/06_weight_sync.ipynb 110
 def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner parameters (ZeRO-3 placeholders are fine)
                        plan:SyncPlan, # gives the buckets: memory stays bounded as in a sync
                        rank:int=0, # this learner's rank; only rank 0 computes
@@ -664,7 +713,7 @@ def gathered_checksums(named_params:Iterable[tuple[str, Tensor]], # learner para
             if rank == 0: out.update({s.name: tensor_checksum(p) for s, p in zip(specs, ps)})
     return out
 
-# %% ../nbs/06_weight_sync.ipynb 106
+# %% ../nbs/06_weight_sync.ipynb 112
 @torch.no_grad()
 def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input_ids=...).logits`)
                       sequences:Sequence[Sequence[int]], # prompt + completion token ids
@@ -688,7 +737,7 @@ def sequence_logprobs(model:nn.Module, # a causal LM (HF interface: `model(input
         i = j
     return (out, zmax) if with_max_logit else out
 
-# %% ../nbs/06_weight_sync.ipynb 110
+# %% ../nbs/06_weight_sync.ipynb 116
 UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 "Unit roundoff of each floating-point dtype: the largest relative error of one rounding."
 
@@ -700,11 +749,11 @@ def logprob_atol(dtype:str, # the policy's dtype, e.g. "bfloat16"
     u = UNIT_ROUNDOFF.get(str(dtype).removeprefix("torch."), UNIT_ROUNDOFF["bfloat16"])
     return max(1e-4, 4 * u * float(max_abs_logit) * math.sqrt(max(1, layers)))
 
-# %% ../nbs/06_weight_sync.ipynb 113
+# %% ../nbs/06_weight_sync.ipynb 119
 DEFAULT_VERIFY_PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13, 14], [15, 16]]
 "Token-id prompts used by `verify_sync` when none are given (valid for any vocabulary of 17 tokens or more)."
 
-# %% ../nbs/06_weight_sync.ipynb 115
+# %% ../nbs/06_weight_sync.ipynb 121
 def _check_version(engines, version, timeout_s):
     held = gather([submit(e, "weights_version") for e in engines], timeout_s)
     stale = [(i, v) for i, v in enumerate(held) if v != version]
@@ -712,7 +761,7 @@ def _check_version(engines, version, timeout_s):
         raise WeightSyncError(f"engine {stale[0][0]} holds the weights of version {stale[0][1]}, the learner is at version {version} "
                               f"({len(stale)} engine(s) stale: a sync was missed). Fix: sync again; if it persists, re-create the engine.")
 
-# %% ../nbs/06_weight_sync.ipynb 117
+# %% ../nbs/06_weight_sync.ipynb 123
 def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`, `weight_checksums`, `weights_version`)
                 score:Callable[[list, list], list|dict], # (sequences, prompt_lens) -> learner log-probs per completion token (or `{"logprobs", "max_abs_logit", "dtype", "layers"}`)
                 prompts:Sequence|None=None, # fixed prompts (token ids or strings); None: `DEFAULT_VERIFY_PROMPTS`
@@ -767,7 +816,7 @@ def verify_sync(engines:Sequence, # engine objects or actor handles (`generate`,
                 "(stale, partially loaded or corrupted). Fix: sync again; if it persists, re-create the engine.")
     return report
 
-# %% ../nbs/06_weight_sync.ipynb 119
+# %% ../nbs/06_weight_sync.ipynb 125
 class WeightSyncSource:
     "Mixin for learner actors: the learner side of `connect_weight_sync`, `sync_weights` and `verify_weight_sync`."
     def sync_module(self) -> nn.Module:
@@ -833,7 +882,7 @@ class WeightSyncSource:
         if g is not None: g.close()
         self._ws_group = self._ws_store = None
 
-# %% ../nbs/06_weight_sync.ipynb 120
+# %% ../nbs/06_weight_sync.ipynb 126
 def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`WeightSyncSource`), rank 0 first
                         engines:Sequence, # engine objects or actor handles
                         tp:int=1, # TP workers per engine
@@ -849,7 +898,7 @@ def connect_weight_sync(learners:Sequence, # learner objects or actor handles (`
     ranks = gather(calls, timeout_s)
     return {"host": host, "port": port, "backend": backend, "world_size": world, "engine_ranks": ranks[len(senders):], "senders": len(senders)}
 
-# %% ../nbs/06_weight_sync.ipynb 123
+# %% ../nbs/06_weight_sync.ipynb 129
 def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
                        engines:Sequence, # every engine
                        prompts:Sequence|None=None, # fixed prompts; None: `DEFAULT_VERIFY_PROMPTS`
@@ -869,7 +918,7 @@ def verify_weight_sync(learners:Sequence, # every learner rank (rank 0 first)
         return gather([submit(l, "ws_checksums", p, layouts) for l in learners], timeout_s)[0]
     return verify_sync(engines, score, prompts, max_new_tokens, atol, expect if checksums else None, timeout_s, version, logprobs)
 
-# %% ../nbs/06_weight_sync.ipynb 127
+# %% ../nbs/06_weight_sync.ipynb 133
 def _one_host(*stats) -> bool: return len({st.get("host") for st in stats}) == 1 and stats[0].get("host") is not None
 
 def _refuse(bad:list[str]) -> None:
