@@ -155,7 +155,7 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
             "learner_mfu": statistics.fmean(r["mfu"] for r in timed) if all(r.get("mfu") is not None for r in timed) else None,
             "response_len_mean": statistics.fmean(r.get("response_len_mean", 0.0) for r in timed),   # the work: tokens generated per sequence
             "prompt_len_mean": statistics.fmean(r.get("prompt_len_mean", 0.0) for r in timed),
-            "startup_s": startup, "first_step_s": first, "wall_s": wall, "command": "grpo_nb train default " + " ".join(o for o in over if "/" not in o),
+            "startup_s": startup, "first_step_s": first, "first_step_from": "process start", "wall_s": wall, "command": "grpo_nb train default " + " ".join(o for o in over if "/" not in o),
             **({"stopped": stopped} if stopped else {})}
 
 
@@ -271,7 +271,8 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
                 "response_len_mean": statistics.fmean(lens) if lens else None,   # the work: tokens generated per sequence, as TRL logs it
                 "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
                 "args_dropped": sorted(set(want) - fields), "server_up_s": up_s if server else None,
-                "first_step_s": first[0] + (t_build - t_import) if first else None}   # the server's start lies between the two marks
+                "first_step_s": first[0] + (t_build - t_import) if first else None,   # the server's start lies between the two marks
+                "first_step_at": t_build + first[0] if first else None}   # perf_counter at the first step: `child` counts from the process's start
     finally:
         if server is not None:
             try: os.killpg(server.pid, signal.SIGTERM); server.wait(30)
@@ -316,6 +317,16 @@ def end_leftover_server(out_json:Path, grace:float=20):
     pid_file.unlink()
 
 
+def from_process_start(first_step_at:float|None, # perf_counter at TRL's first step
+                       own_s:float, # the benchmark's own work in this process before TRL started (building the model)
+                      ) -> dict:
+    "TRL's time to its first step counted as ours is, from its process's start (Python and torch's import included), less the benchmark's own work."
+    from grpo_nb.trainer import process_age_s   # imported after the run, so its import is not counted
+    age = process_age_s()
+    if first_step_at is None or age is None: return {}
+    return {"first_step_s": first_step_at - (time.perf_counter() - age) - own_s, "first_step_from": "process start"}
+
+
 def child(run:str, smoke:bool, out_json:Path, timeout:float):
     global SERVER_PID_FILE
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a TERM (the time limit) runs the cleanups: TRL's server is stopped
@@ -333,7 +344,7 @@ def child(run:str, smoke:bool, out_json:Path, timeout:float):
            "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "time": time.strftime("%Y-%m-%d %H:%M:%S"),
            "compile_caches": "fresh"}   # `first_step_s` is a cold start (runs without this key shared the caches of the runs before them)
     try:
-        model_dir = build_model(model, tmp / "model")
+        t_b = time.perf_counter(); model_dir = build_model(model, tmp / "model"); built_s = time.perf_counter() - t_b   # the benchmark's own work
         left = lambda: timeout - (time.perf_counter() - t_child) - 10
         if side == "ours":
             layout, mode = rest[0], rest[1]
@@ -347,6 +358,7 @@ def child(run:str, smoke:bool, out_json:Path, timeout:float):
             rec.update(backend=rest[0], gpus=GPUS[("trl", rest[0])])
             progress = lambda steps: partial_path(out_json).write_text(json.dumps({**rec, "steps": steps}))
             rec.update(run_trl(rest[0], shape, model, model_dir, tmp, device, progress))
+            rec.update(from_process_start(rec.pop("first_step_at", None), built_s))
         if not rec.get("error"): rec["stats"] = stats(rec["step_s_all"][shape["warmup"]:])
     except Exception as e:
         rec["error"] = f"{type(e).__name__}: {e}"[-4000:]; traceback.print_exc()
@@ -361,7 +373,8 @@ def peer_fields(peer:str, o:dict, p:dict) -> dict:
         rec |= {f"{side}_step_s": s.get("median"), f"{side}_step_mean_s": s.get("mean"), f"{side}_step_p90_s": s.get("p90"),
                 f"{side}_step_s_all": r.get("step_s_all"), f"{side}_split_s": r.get("split_s"), f"{side}_peak_gib": r.get("peak_gib"),
                 f"{side}_error": r.get("error"), f"{side}_stopped": r.get("stopped"), f"{side}_first_step_s": r.get("first_step_s"),
-                f"{side}_cold_start": r.get("compile_caches") == "fresh", f"{side}_response_len_mean": r.get("response_len_mean")}
+                f"{side}_cold_start": r.get("compile_caches") == "fresh", f"{side}_response_len_mean": r.get("response_len_mean"),
+                f"{side}_first_step_from": r.get("first_step_from", "process start" if side == "ours" else "its imports")}
     rec[f"{peer}_version"] = p.get("version")
     rec["ours_startup_s"] = o.get("startup_s")   # our start-up phases (Ray, learners, engine load and vLLM's own phases, connect)
     rec["ours_command"] = o.get("command")

@@ -1,5 +1,6 @@
-"""bench/e2e_vs_trl.py leaves no TRL server behind: the server runs in its own session, so a run killed by its time
-limit cannot take it down; the parent ends what the run's pid file names before the next run needs the GPU."""
+"""bench/e2e_vs_trl.py on CPU: it leaves no TRL server behind (the server runs in its own session, so a run killed by
+its time limit cannot take it down; the parent ends what the run's pid file names before the next run needs the GPU),
+and it counts TRL's time to the first step as it counts ours, from the process's start."""
 import os, subprocess, sys, time
 from pathlib import Path
 
@@ -32,3 +33,13 @@ def test_a_leftover_server_is_ended_with_its_children(tmp_path):
 
 def test_no_pid_file_is_a_no_op(tmp_path):
     E.end_leftover_server(tmp_path / "run_ours_split_sync_bench.json")   # ours has no server: nothing to end, nothing raised
+
+
+def test_first_step_counts_from_the_process_start():
+    from grpo_nb.trainer import process_age_s
+    now = time.perf_counter()
+    got = E.from_process_start(now, own_s=0.25)
+    age = process_age_s()
+    assert got["first_step_from"] == "process start"
+    assert abs(got["first_step_s"] - (age - 0.25)) < 0.5   # the process's age at `now`, less the benchmark's own work
+    assert E.from_process_start(None, 0.0) == {}   # no first step: nothing to report
