@@ -142,6 +142,8 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
     recs = [r for r in recs if "time/step" in r]
     startup = {k.removeprefix("startup/"): v for k, v in (recs[0] if recs else {}).items() if k.startswith("startup/")}   # the first step carries them
     if keep_log is not None: keep_log.write_bytes(log.read_bytes()[-(1 << 20):])   # the last MiB: vLLM's and DeepSpeed's start-up lines
+    for f in sorted((tmp / "run" / "logs").glob("engine*_load.log")) if keep_log is not None else []:   # each engine's load: where its start went
+        keep_log.with_name(keep_log.name.replace(".train.log", f".{f.stem}.log")).write_bytes(f.read_bytes())
     stopped = None
     if rc == "timeout" and len(recs) - shape["warmup"] >= MIN_TIMED:   # enough timed steps: keep them, and say the run was cut
         stopped = f"stopped by the benchmark's time limit after {len(recs)} of {n} steps ({wall:.0f} s, start-up included)"

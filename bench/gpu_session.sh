@@ -1,7 +1,7 @@
 #!/bin/bash
 # bench/gpu_session.sh: the GPU benchmarks of grpo-nb in lanes that run in parallel on a node with two GPUs.
 #
-#   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw) single1
+#   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw; trlcoloc) single1
 #                                                        split01 (or its parts split01a/b/c, and split01w),
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 sc2
 #                                                        four GPUs, one lane a call: s7split s7coloc s7trlserver s7trlcoloc
@@ -55,6 +55,8 @@ lane_colocw() { e2e ours:colocated:sync:wide 300 0; e2e trl:vllm-colocate:wide 2
 # ours alone, colocated on one GPU (a peer's run of the same shape on the same GPU model pairs with it at the merge)
 lane_ourscoloc() { e2e ours:colocated:sync:long 300 0; e2e ours:colocated:sync:wide 250 0; }
 lane_ourscolocb() { e2e ours:colocated:sync:bench 250 0; }
+# the peer's colocate mode alone, long and wide, each from empty compile caches (pairs with ours of the same GPU model)
+lane_trlcoloc() { e2e trl:vllm-colocate:long 260 0; e2e trl:vllm-colocate:wide 240 0; }
 # both GPUs, the bench shape, ours only (a cold start of the split layout takes about two minutes: 280 s a run)
 lane_split01n() { e2e ours:split:sync:bench 280 0,1; e2e ours:split:one-step-off:bench 280 0,1; }
 # both GPUs, the wide shape: TRL's server, then ours synchronous and one-step-off
@@ -80,9 +82,9 @@ lane_split01b() {
   e2e ours:split:one-step-off:bench 250 0,1
   e2e ours:split:one-step-off:long 300 0,1
 }
-lane_split01c() {
-  e2e trl:vllm-server:long 300 0,1
-  e2e ours:split:sync:long 300 0,1
+lane_split01c() {   # the long shape, ours in both modes (about three minutes each from a cold start; TRL's server: split01w2)
+  e2e ours:split:sync:long 290 0,1
+  e2e ours:split:one-step-off:long 290 0,1
 }
 lane_split01() { lane_split01a; lane_split01b; lane_split01c; }
 # the long colocated shape on one GPU each (ours on GPU 0, the peer's colocate mode on GPU 1, at the same time)

@@ -221,6 +221,8 @@ def generate(self:HFEngine,
     return out
 
 # %% ../nbs/05_rollout.ipynb 33
+_LOAD_LOG_BYTES = 1 << 16   # how much of an engine's load log a run keeps (the end: vLLM's phase lines come last)
+
 class VllmEngine:
     "A rollout engine on `vllm.LLM`, with the weight-sync worker extension."
     backend = "vllm"
@@ -253,7 +255,9 @@ class VllmEngine:
         t0, marks = time.perf_counter(), log_marks()
         self.llm = LLM(**self._llm_kwargs)   # loads the weights, profiles memory, captures CUDA graphs
         self.load_s = time.perf_counter() - t0   # reported by `info` (the run's start-up phases)
-        self.load_phases = vllm_startup_phases(read_since(marks))   # vLLM's own account of load_s, from its log lines
+        text = read_since(marks)
+        self.load_phases = vllm_startup_phases(text)   # vLLM's own account of load_s, from its log lines
+        self.load_log = text[-_LOAD_LOG_BYTES:]   # the end of what it wrote while loading: a run keeps it (logs/engine<i>_load.log)
         self.tokenizer = self.llm.get_tokenizer()
 
 # %% ../nbs/05_rollout.ipynb 34
@@ -422,6 +426,7 @@ def info(self:HFEngine|VllmEngine) -> dict:
     "Backend, TP size, device, where this engine's process runs, and how long it took to load (`load_s`, and vLLM's phases of it)."
     r = {"backend": self.backend, "tp": getattr(self, "tensor_parallel_size", 1), "pid": os.getpid(), "load_s": getattr(self, "load_s", None),
          "load_phases": getattr(self, "load_phases", {}),   # vLLM: weights, torch.compile, CUDA graphs, ... (`vllm_startup_phases`)
+         "load_log": getattr(self, "load_log", ""),   # vLLM: the end of its log lines while it loaded (where `load_phases` came from)
          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         import ray

@@ -226,6 +226,7 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
                            "startup/connect_s": time.perf_counter() - t["engines"]}
         for k in sorted({k for i in infos for k in i.get("load_phases") or {}}):   # vLLM's own phases of the load, the slowest engine's
             info["startup"][f"startup/engine_{k}"] = max((i.get("load_phases") or {}).get(k, 0.0) for i in infos)
+        info["engine_logs"] = [i.get("load_log") or "" for i in infos]   # `Run.start` keeps them in the run's directory
         return Actors(groups, learner, engines, info)
     except BaseException:
         if learner is not None: learner.shutdown(kill=True)
@@ -388,6 +389,13 @@ def process_age_s() -> float|None:
         return float(Path("/proc/uptime").read_text().split()[0]) - int(fields[19]) / os.sysconf("SC_CLK_TCK")   # field 22: start time
     except (OSError, ValueError, IndexError): return None
 
+def _keep_engine_logs(out:Path, # the run's directory
+                      logs:list[str], # per engine, the end of what it logged while it loaded (`info()["load_log"]`)
+                     ) -> None:
+    "Write each engine's load log to `out/logs/engine<i>_load.log` (none for an engine that logged nothing)."
+    for i, text in enumerate(logs):
+        if text: (out / "logs").mkdir(exist_ok=True); (out / "logs" / f"engine{i}_load.log").write_text(text)
+
 # %% ../nbs/08_trainer.ipynb 57
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
@@ -422,12 +430,11 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
         sync_weights(self.actors.learner.actors, self.actors.engines, version=self.step, plan=self.sync_plan)   # the engines still hold the initial weights
         self.startup["startup/resume_sync_s"] = time.perf_counter() - t2
         self.events.append(f"resumed from {resume_from} at step {self.step}, data position {self.consumed}")
-    self.version, self.spec = self.step, sampling_spec(self.cfg.rollout)
-    self.ctx = RewardContext.from_config(Rw)
-    L = self.cfg.logging
+    self.version, self.spec, self.ctx, L = self.step, sampling_spec(self.cfg.rollout), RewardContext.from_config(Rw), self.cfg.logging
     self.log = MetricsLog(self.out, L.tensorboard, L.wandb, L.wandb_project, L.run_name, self.step, to_dict(self.cfg),
                           resume_record=self.resume_record)
     (self.out / "config.yaml").write_text(to_yaml(self.cfg))
+    _keep_engine_logs(self.out, self.actors.sync_info.pop("engine_logs", []))   # what each engine logged while it loaded: where its time went
     self.startup["startup/total_s"] = time.perf_counter() - t0
 
 # %% ../nbs/08_trainer.ipynb 58

@@ -78,6 +78,8 @@ def test_colocated_vllm_engine_reloads_through_shared_memory(tmp_path):
     assert 0 <= recs[0]["startup/engine_weights_s"] < recs[0]["startup/engine_load_s"], {k: v for k, v in recs[0].items() if k.startswith("startup/")}   # a tiny model: 0.00 s
     assert 0 < recs[0]["startup/engine_init_engine_s"] < recs[0]["startup/engine_load_s"]
     assert info["check"]["max_abs_logprob_diff"] <= 1e-4
+    kept = (tmp_path / "run" / "logs" / "engine0_load.log").read_text()   # the lines those phases came from stay with the run
+    assert "init engine" in kept and len(kept) <= 1 << 16
 
 
 def test_colocated_refusals():
