@@ -4,7 +4,7 @@
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw; trlcoloc) single1
 #                                                        split01 (or its parts split01a/b/c, and split01w),
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 sc2
-#                                                        four GPUs, one lane a call: s7split s7coloc s7trlserver s7trlcoloc
+#                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b4 mfuolmo2 tp2
 #                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
 #
@@ -138,6 +138,9 @@ scale() {
 }
 lane_s7split() { scale qwen_split 570 --models Qwen2.5-7B --layouts split --peers '' --timeout 520; }
 lane_s7coloc() { scale qwen_coloc 570 --models Qwen2.5-7B --layouts colocated --peers '' --timeout 520; }
+# the colocated preset with one micro-batch of the step per learner (the pack `grpo_nb plan --config` names), into its own file
+lane_s7colocpack() { scale qwen_coloc_pack 570 --models Qwen2.5-7B --layouts colocated --peers '' --timeout 520 \
+                     --set learner.pack_length=49152 --out "$OUT/scale_4gpu_overrides.json"; }
 lane_s7trlserver() { scale qwen_trl_server 580 --models Qwen2.5-7B --layouts split --skip-ours --peers trl:vllm-server --trl-timeout 540; }
 lane_s7trlcoloc() { scale qwen_trl_coloc 580 --models Qwen2.5-7B --layouts colocated --skip-ours --peers trl:vllm-colocate --trl-timeout 540; }
 lane_s7olmosplit() { scale olmo_split 570 --models OLMo-2-7B --layouts split --peers '' --timeout 520; }

@@ -178,14 +178,15 @@ def step_fields(recs:list[dict], warmup:int) -> dict:
             "prompt_tokens_mean": statistics.fmean(r["prompt_len_mean"] for r in recs) if recs and all("prompt_len_mean" in r for r in recs) else None}
 
 
-def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeout:float, device:str, logs:Path|None=None, on_record=None) -> dict:
+def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeout:float, device:str, logs:Path|None=None, on_record=None,
+            extra:list[str]=()) -> dict:
     L = LAYOUTS[layout]
     sh = SMOKE if smoke else preset_work(layout, SHAPE["steps"], SHAPE["warmup"])
     preset = f"scale-7b-4gpu-{layout}"
     model_dir = build_model(model, models_dir / model, smoke)
     V = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     data = write_prompts(tmp / "prompts.jsonl", V, sh, smoke)
-    over = ours_overrides(model_dir, data, tmp, sh, smoke, device)
+    over = ours_overrides(model_dir, data, tmp, sh, smoke, device) + list(extra)   # `--set`: after the benchmark's own, so they win
     planned = planned_gib(preset, over, layout, L["gpus"]) if not smoke else []
     cmd = [sys.executable, "-m", "grpo_nb.cli", "train", preset, *over]
     t0, log = time.perf_counter(), tmp / "train.log"
@@ -219,7 +220,8 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
            "released_ranks": {k: mean(f"colocate/released_{k}") for k in ("before_weights", "before_kv", "after_verify")},   # learner ranks giving their cache back, per step
            "startup_s": {k.removeprefix("startup/"): v for k, v in (recs[0] if recs else {}).items() if k.startswith("startup/")},   # Ray, learners, engine load and vLLM's phases of it
            "trl_backend": None, "trl_step_mean_s": None, "speedup_mean": None, "work": {k: v for k, v in sh.items() if k != "gpu_memory_utilization"},
-           "rc": rc, "wall_s": time.perf_counter() - t0, "command": f"grpo_nb train {preset} " + " ".join(o for o in over if "/" not in o)}
+           "rc": rc, "wall_s": time.perf_counter() - t0, "command": f"grpo_nb train {preset} " + " ".join(o for o in over if "/" not in o),
+           **({"overrides": [o.removeprefix("--") for o in extra]} if extra else {})}   # what this run changed in the preset
     if rc != 0:
         out["error"] = f"grpo_nb train exited {rc}: " + "\n".join(l for l in log.read_text().splitlines() if "Warning" not in l)[-3000:]
     if on_record is not None: on_record(out)   # saved before the floor is timed
@@ -445,14 +447,14 @@ def existing_records(records:list[dict], runs:list[tuple], skip_ours:bool, devic
     return keep, ours
 
 
-def dry_run(runs:list[tuple], peers:list[str], models_dir:Path, micro:int):
+def dry_run(runs:list[tuple], peers:list[str], models_dir:Path, micro:int, extra:list[str]=()):
     "Print every command and config a run would use (ours, the TRL server, the accelerate launch, its DeepSpeed config), running none."
     import yaml
     for model, layout in runs:
         sh, tmp = preset_work(layout, SHAPE["steps"], SHAPE["warmup"]), Path(tempfile.gettempdir()) / f"scale-{layout}-XXXX"
         model_dir, data = models_dir / model, tmp / "prompts.jsonl"
         print(f"=== {model} {layout}: work {sh}")
-        print(f"ours: grpo_nb train scale-7b-4gpu-{layout} " + shlex.join(ours_overrides(model_dir, data, tmp, sh, False, "")))
+        print(f"ours: grpo_nb train scale-7b-4gpu-{layout} " + shlex.join(ours_overrides(model_dir, data, tmp, sh, False, "") + list(extra)))
         if PEERS[layout] not in peers: continue
         plan = trl_plan(PEERS[layout], model_dir, tmp / "trl_prompts.jsonl", sh, tmp, micro, {"server": 8000, "group": 51216, "main": 29500})
         print(f"--- {PEERS[layout]}: {plan['accelerate_path']}\n" + yaml.safe_dump(plan["accelerate"], sort_keys=False).rstrip())
@@ -477,11 +479,17 @@ def main():
     ap.add_argument("--skip-ours", action="store_true", help="run only TRL and merge it into our records already in --out")
     ap.add_argument("--trl-timeout", type=float, default=540, help="seconds per TRL run (server start-up included)")
     ap.add_argument("--trl-micro-batch", type=int, default=TRL_MICRO, help="TRL sequences per rank per forward/backward")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a `grpo_nb train` override of ours on top of the preset (repeatable), e.g. learner.pack_length=49152; the record "
+                         "lists them (overrides): write such runs to their own --out, beside the preset's records")
     ap.add_argument("--dry-run", action="store_true", help="print every command and config, run nothing")
     ap.add_argument("--replan", action="store_true", help="recompute peak_gib_planned of every record in --out with today's planner, run nothing")
     ap.add_argument("--trl-child", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.trl_child: trl_child(a.trl_child); return
+    bad_set = [x for x in a.set if "=" not in x or x.startswith("-")]
+    if bad_set: raise SystemExit(f"--set {bad_set[0]!r}: give KEY=VALUE as `grpo_nb train` takes it without its dashes, e.g. --set learner.pack_length=49152")
+    extra = [f"--{x}" for x in a.set]
     if a.replan:
         res = json.loads(Path(a.out).read_text()); res["records"] = replan(res["records"])
         Path(a.out).write_text(json.dumps(res, indent=1)); return
@@ -494,7 +502,7 @@ def main():
     if bad: raise SystemExit(f"--layouts: unknown {bad}; use a comma-separated subset of {list(LAYOUTS)}")
     for _, l in runs:   # a micro-batch that does not divide the step fails here, before any GPU work
         if PEERS[l] in peers: trl_batch(preset_work(l, a.steps, a.warmup), TRL_ROLES[PEERS[l]]["processes"], a.trl_micro_batch)
-    if a.dry_run: dry_run(runs, peers, Path(a.models_dir), a.trl_micro_batch); return
+    if a.dry_run: dry_run(runs, peers, Path(a.models_dir), a.trl_micro_batch, extra); return
     out = Path(a.out)
     old = []
     if out.exists():   # keep the records of other runs
@@ -513,7 +521,7 @@ def main():
         with tempfile.TemporaryDirectory(prefix=f"scale-{layout}-") as d:
             if a.skip_ours: rec = ours[(model, layout)]
             else:
-                try: rec = run_one(model, layout, a.smoke, Path(d), Path(a.models_dir), a.timeout, device, logs, save)
+                try: rec = run_one(model, layout, a.smoke, Path(d), Path(a.models_dir), a.timeout, device, logs, save, extra)
                 except Exception: rec = {"model": model, "layout": layout, "error": traceback.format_exc()[-2000:]}
                 save(rec)
                 print(model, layout, {k: rec.get(k) for k in ("step_mean_s", "mfu_per_learner_gpu", "sync_s", "sync_floor_s", "exact_sync",

@@ -115,6 +115,16 @@ def test_dry_run_prints_every_command_and_config(tmp_path):
         assert r.returncode != 0 and says in r.stderr, r.stderr
 
 
+def test_set_adds_overrides_on_top_of_the_preset(tmp_path):
+    r = _script("--layouts", "colocated", "--peers", "", "--set", "learner.pack_length=49152", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("ours:"))
+    assert line.endswith("--learner.pack_length=49152")   # after the benchmark's own overrides, so it wins
+    for bad in ("pack_length", "--learner.pack_length=1"):
+        r = _script("--dry-run", f"--set={bad}")
+        assert r.returncode != 0 and "give KEY=VALUE" in r.stderr, r.stderr
+
+
 def test_skip_ours_merges_trl_into_the_file(tmp_path, monkeypatch):
     out = tmp_path / "scale.json"
     other = {"model": "OLMo-2-7B", "layout": "split", "step_mean_s": 3.0}
