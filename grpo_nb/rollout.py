@@ -470,6 +470,7 @@ def sleep(self:HFEngine, level:int=1, # either level: the model moves to the CPU
     "Give the GPU back while a colocated learner steps (the model moves to the CPU)."
     if level not in (1, 2): raise ValueError(f"sleep level must be 1 or 2 (got {level}). Fix: --rollout.sleep_level=2")
     self.model.to("cpu"); self.asleep = {"weights", "kv_cache"}
+    self._bound = None   # the in-place sync buffers (`receive_weights`) would keep the GPU memory: the next sync binds again
     if self.device.type == "cuda": torch.cuda.empty_cache()
 
 @patch
