@@ -323,7 +323,8 @@ def from_process_start(first_step_at:float|None, # perf_counter at TRL's first s
                        own_s:float, # the benchmark's own work in this process before TRL started (building the model)
                       ) -> dict:
     "TRL's time to its first step counted as ours is, from its process's start (Python and torch's import included), less the benchmark's own work."
-    from grpo_nb.trainer import process_age_s   # imported after the run, so its import is not counted
+    try: from grpo_nb.trainer import process_age_s   # imported after the run, so its import is not counted
+    except ImportError: return {}   # the older count (from TRL's imports) stays
     age = process_age_s()
     if first_step_at is None or age is None: return {}
     return {"first_step_s": first_step_at - (time.perf_counter() - age) - own_s, "first_step_from": "process start"}
