@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw; trlcoloc) single1
 #                                                        split01 (or its parts split01a/b/c, and split01w),
-#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 sc2
+#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 sc2 rtcore0
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b4 mfuolmo2 tp2
 #                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
@@ -69,6 +69,9 @@ lane_coloc0() {
   e2e ours:colocated:sync:long 330 0
   e2e trl:vllm-colocate:long 250 0
 }
+# one GPU: vLLM's engine core in the caller's process (as the trainer's engine actors run it) against its own process, same engine otherwise
+lane_rtcore0() { run rollout_throughput_core 300 0 python3 bench/rollout_throughput.py --engines vllm-graphs,vllm-graphs-mp --budget-s 60 \
+                 --out "$OUT/rollout_engine_core.json"; }
 lane_single1() {
   e2e trl:transformers:bench 200 1
   run rollout_throughput 600 1 python3 bench/rollout_throughput.py --budget-s 70 --out "$OUT/rollout_throughput.json"

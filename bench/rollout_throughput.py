@@ -4,9 +4,12 @@
 
 Each engine runs in its own subprocess (start-up included in the record), warms up once, then times `repeats`
 `generate` calls for every batch size; records carry every call's time with mean, median and p90.
+vLLM's engine core runs in the caller's process, as in the trainer's engine actors; `vllm-graphs-mp` runs it in a
+process of its own (vLLM's default), to measure what that choice costs a step (`engine_core` in each record).
 
     python bench/rollout_throughput.py --out bench/results/rollout_throughput.json      # on the GPU machine
     python bench/rollout_throughput.py --smoke                                          # CPU-sized, here
+    python bench/rollout_throughput.py --engines vllm-graphs,vllm-graphs-mp --out rollout_engine_core.json   # the engine core, in or out of process
 """
 from __future__ import annotations
 import argparse, json, os, subprocess, sys, tempfile, time, traceback
@@ -18,7 +21,10 @@ from e2e_vs_trl import MODEL, SMOKE_MODEL, SAFE_ENV, build_model, stats   # one 
 from grpo_nb.results import throughput_table
 
 ENGINES = {"vllm-graphs": ("vllm", dict(enforce_eager=False)), "vllm-eager": ("vllm", dict(enforce_eager=True)),
+           "vllm-graphs-mp": ("vllm", dict(enforce_eager=False)),
            "hf-static": ("transformers", dict(cache="static")), "hf-dynamic": ("transformers", dict(cache="dynamic"))}
+ENGINE_CORE = {"vllm-graphs-mp": "1"}
+"`VLLM_ENABLE_V1_MULTIPROCESSING` of each engine: vLLM's engine core in a process of its own (`vllm-graphs-mp`, vLLM's default) or, for the others, in the caller's process, as the trainer's engine actors run it (a faster start; whether the steps pay for it is what the pair measures)."
 
 
 def child(name:str, smoke:bool, sizes:list[int], gen:int, prompt_len:int, repeats:int, budget_s:float, out:Path):
@@ -28,6 +34,7 @@ def child(name:str, smoke:bool, sizes:list[int], gen:int, prompt_len:int, repeat
     model = SMOKE_MODEL if smoke else MODEL
     tmp = Path(tempfile.mkdtemp(prefix="rt"))
     rec = {"engine": name, "device": torch.cuda.get_device_name(0) if gpu else "cpu", "smoke": smoke, "gen_tokens": gen,
+           **({"engine_core": "own process" if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1" else "in process"} if ENGINES[name][0] == "vllm" else {}),
            "prompt_tokens": prompt_len, "model": model, "batches": []}
     try:
         d = build_model(model, tmp / "model")
@@ -74,25 +81,31 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="CPU-sized run")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per batch size")
     ap.add_argument("--budget-s", type=float, default=60, help="per engine: stop timing new calls after this many seconds")
+    ap.add_argument("--merge", action="store_true", help="keep the records of the other engines already in --out")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    unknown = [e for e in a.engines.split(",") if e not in ENGINES]
+    if unknown: raise SystemExit(f"--engines: unknown {unknown}; use a comma-separated subset of {list(ENGINES)}")
     sizes, gen, plen = ([4, 8], 8, 8) if a.smoke else ([64, 512], 256, 128)
     if a.child:
         child(a.child, a.smoke, sizes, gen, plen, a.repeats, a.budget_s, Path(a.out)); return
     out = Path(a.out or ROOT / "bench" / "results" / ("rollout_throughput_smoke.json" if a.smoke else "rollout_throughput.json"))
     env = {**os.environ, **SAFE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "PYTHONPATH": os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
+    names = a.engines.split(",")
+    kept = [r for r in json.loads(out.read_text()).get("records", []) if r.get("engine") not in names] if a.merge and out.exists() else []
     recs = []
-    for name in a.engines.split(","):
+    for name in names:
         tmp = Path(tempfile.mkdtemp()) / "r.json"
         t = time.perf_counter()
         cmd = [sys.executable, __file__, "--child", name, "--out", str(tmp), "--repeats", str(a.repeats), "--budget-s", str(a.budget_s)]
-        try: rc = subprocess.run(cmd + (["--smoke"] if a.smoke else []), env=env, timeout=a.budget_s + 240).returncode
+        run_env = {**env, "VLLM_ENABLE_V1_MULTIPROCESSING": ENGINE_CORE.get(name, "0")}
+        try: rc = subprocess.run(cmd + (["--smoke"] if a.smoke else []), env=run_env, timeout=a.budget_s + 240).returncode
         except subprocess.TimeoutExpired: rc = "timeout"
         rec = json.loads(tmp.read_text()) if tmp.exists() else {"engine": name, "error": f"exited {rc} without a record"}
         rec["wall_s"] = time.perf_counter() - t
         recs.append(rec)
-        out.write_text(json.dumps({"records": recs}, indent=1))
+        out.write_text(json.dumps({"records": kept + recs}, indent=1))
         print(f"[{time.strftime('%H:%M:%S')}] {name}: start-up {rec.get('startup_s')} {[(b['sequences'], b['mean_s']) for b in rec.get('batches', [])]} {rec.get('error', '')[:200]}", flush=True)
     print(throughput_table(out))
 
