@@ -69,8 +69,9 @@ lane_coloc0() {
   e2e ours:colocated:sync:long 330 0
   e2e trl:vllm-colocate:long 250 0
 }
-# one GPU: vLLM's engine core in the caller's process (as the trainer's engine actors run it) against its own process, same engine otherwise
-lane_rtcore0() { run rollout_throughput_core 300 0 python3 bench/rollout_throughput.py --engines vllm-graphs,vllm-graphs-mp --budget-s 60 \
+# one GPU: vLLM's engine core in the caller's process (as the trainer's engine actors run it) against its own process, and the
+# completions decoded at the end against vLLM detokenizing as it generates; same engine otherwise
+lane_rtcore0() { run rollout_throughput_core 420 0 python3 bench/rollout_throughput.py --engines vllm-graphs,vllm-graphs-mp,vllm-graphs-detok --budget-s 60 \
                  --out "$OUT/rollout_engine_core.json"; }
 lane_single1() {
   e2e trl:transformers:bench 200 1

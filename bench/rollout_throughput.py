@@ -6,6 +6,8 @@ Each engine runs in its own subprocess (start-up included in the record), warms 
 `generate` calls for every batch size; records carry every call's time with mean, median and p90.
 vLLM's engine core runs in the caller's process, as in the trainer's engine actors; `vllm-graphs-mp` runs it in a
 process of its own (vLLM's default), to measure what that choice costs a step (`engine_core` in each record).
+The engines decode their completions once at the end (`VllmEngine(detokenize="auto")`); `vllm-graphs-detok` has vLLM
+detokenize as it generates, to measure what that costs.
 
     python bench/rollout_throughput.py --out bench/results/rollout_throughput.json      # on the GPU machine
     python bench/rollout_throughput.py --smoke                                          # CPU-sized, here
@@ -22,6 +24,7 @@ from grpo_nb.results import throughput_table
 
 ENGINES = {"vllm-graphs": ("vllm", dict(enforce_eager=False)), "vllm-eager": ("vllm", dict(enforce_eager=True)),
            "vllm-graphs-mp": ("vllm", dict(enforce_eager=False)),
+           "vllm-graphs-detok": ("vllm", dict(enforce_eager=False, detokenize="engine")),
            "hf-static": ("transformers", dict(cache="static")), "hf-dynamic": ("transformers", dict(cache="dynamic"))}
 ENGINE_CORE = {"vllm-graphs-mp": "1"}
 "`VLLM_ENABLE_V1_MULTIPROCESSING` of each engine: vLLM's engine core in a process of its own (`vllm-graphs-mp`, vLLM's default) or, for the others, in the caller's process, as the trainer's engine actors run it (a faster start; whether the steps pay for it is what the pair measures)."
@@ -44,7 +47,7 @@ def child(name:str, smoke:bool, sizes:list[int], gen:int, prompt_len:int, repeat
             eng = VllmEngine(str(d), dtype="bfloat16" if gpu else "float32", gpu_memory_utilization=0.8 if gpu else 0.5,
                              max_model_len=prompt_len + gen + 16, enable_prefix_caching=False,
                              **({} if gpu else {"kv_cache_memory_bytes": 256 << 20, "enforce_eager": True}) | ({"enforce_eager": kw["enforce_eager"]} if gpu else {}),
-                             max_num_seqs=max(sizes))
+                             max_num_seqs=max(sizes), detokenize=kw.get("detokenize", "auto"))
         else:
             eng = HFEngine(str(d), device="cuda" if gpu else "cpu", dtype="bfloat16" if gpu else "float32", **kw)
         rec["startup_s"] = time.perf_counter() - t0

