@@ -349,7 +349,7 @@ class ChunkedLogProbs(torch.autograd.Function):
             if g_ent is not None: gz.add_(lp)
             del lp
             if ctx.temperature != 1.0: gz.div_(ctx.temperature)
-            gz = gz.to(weight.dtype)
+            gz = gz.to(weight.dtype); del p   # the fp32 buffer goes now, not when the next chunk's replaces it: two [c, V] fp32 buffers at most
             if need_h: gh[s:e] = gz @ weight
             if need_w: gw.add_(gz.t() @ h)
             del gz
