@@ -1,4 +1,4 @@
-"""Speed-up of torchrun/DDP GRPO from 1 to 2 GPUs (issue 11a; the seed claims ~1.8-2x).
+"""Speed-up of torchrun/DDP GRPO from 1 to 2 GPUs (the seed guide claims ~1.8-2x).
 
 The same GRPO step (`python -m grpo_nb.ddp`: in-process sampling with transformers `generate`, rewards,
 group advantages, forward/backward of the GRPO loss, DDP all-reduce, AdamW) runs under

@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw; trlcoloc) single1
 #                                                        split01 (or its parts split01a/b/c, and split01w),
-#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 sc2 rtcore0
+#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b4 mfuolmo2 tp2
 #                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
@@ -124,6 +124,8 @@ lane_mfu1p5() {
   wait
 }
 # one GPU: the checkpointed ZeRO-1 learners (the records the planner under-predicts), with what is live at each step's peak
+# one GPU, about a minute: the log-prob head's peak memory, naive against chunked, and the chunk-size sweep (bench/logprob_memory.py)
+lane_lpmem0() { run logprob_memory 200 0 python3 bench/logprob_memory.py --out "$OUT/logprob_memory.json"; }
 lane_mfumem0() { run learner_mfu_memory_peak 300 0 python3 bench/learner_mfu.py --part 1gpu --models Qwen2.5-0.5B,Qwen2.5-1.5B --only 'ckpt$' \
                    --memory-peak --skip-check --budget-s 260 --variant-limit-s 130 --out "$OUT/learner_mfu_memory_peak.json"; }
 # 3B on one GPU (an H200: without checkpointing it does not fit an H100 at useful row lengths), eager then Liger

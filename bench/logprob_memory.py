@@ -1,4 +1,4 @@
-"""Peak GPU memory and time of token log-probs, naive vs chunked, forward + backward (issue 4).
+"""Peak GPU memory and time of token log-probs, naive vs chunked, forward + backward.
 
 The naive path materialises the [N, V] logits (bf16, then fp32) and log_softmax; the chunked path
 (`grpo_nb.loss.token_logprobs`) holds a few [chunk, V] buffers at a time. For Qwen2.5 shapes (V = 151,936,

@@ -1,4 +1,4 @@
-"""Predicted vs measured peak memory of real DeepSpeed training steps (issue 3).
+"""Predicted vs measured peak memory of real DeepSpeed training steps.
 
 Each configuration runs in a fresh process: a random-init HF causal LM of a built-in shape (Qwen2.5
 0.5B/1.5B/3B), bf16, sdpa attention, DeepSpeed ZeRO 0/2/3 with torch's fused AdamW and DeepSpeed's default

@@ -1,4 +1,4 @@
-"""Placement on real GPUs (issue 5): the one-node layout "1 learner + 1 engine" on a machine with two GPUs. A probe actor in
+"""Placement on real GPUs: the one-node layout "1 learner + 1 engine" on a machine with two GPUs. A probe actor in
 each slot reports its node, CUDA_VISIBLE_DEVICES, Ray's GPU ids and the physical GPU behind its `cuda:0` (UUID, PCI bus id);
 the learner and the engine must own distinct physical GPUs and see exactly one and TP GPUs. Writes
 bench/results/placement_gpu.json.

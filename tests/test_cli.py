@@ -1,4 +1,4 @@
-"""The commands' parsers come from their functions' docments (issue 15): every keyword-only argument is a flag whose
+"""The commands' parsers come from their functions' docments: every keyword-only argument is a flag whose
 help is its docment, argparse's usage errors exit 2 (never SystemExit), and a command that takes overrides reads its
 positional arguments from the leading words only, so `--key value` keeps its value."""
 import contextlib, importlib, inspect, io, json

@@ -42,7 +42,7 @@ def _run(tmp:Path, *extra:str) -> tuple[list[dict], dict]:
 def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tmp_path):
     recs, info = _run(tmp_path, "--rollout.backend=transformers", "--rollout.sleep_level=1", "--total_steps=3", "--logging.log_every=2",
                       "--rollout.verify_every=1", "--rollout.verify_logprobs_every=2")
-    assert [r["step"] for r in recs] == [2, 3]   # issue 21.7: log_every thins the metrics lines (the last step is always logged)
+    assert [r["step"] for r in recs] == [2, 3]   # log_every thins the metrics lines (the last step is always logged)
     # every check compares the weights bit for bit; the log-probs only on checks 1 and 3 (steps 1 and 3)
     assert all(r["sync/exact"] == 1 and r["sync/checksums_compared"] > 0 for r in recs)
     assert "sync/max_abs_logprob_diff" not in recs[0] and recs[0]["verify/logprobs_s"] == 0 and recs[1]["sync/max_abs_logprob_diff"] <= 1e-4

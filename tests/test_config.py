@@ -1,4 +1,4 @@
-"""Bad configurations are refused with a message naming the field and the fix (issue 2: at least 8 cases)."""
+"""Bad configurations are refused with a message naming the field and the fix (at least 8 cases)."""
 import subprocess, sys
 import pytest
 from grpo_nb.config import ConfigError, load_config, derive

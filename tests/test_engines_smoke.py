@@ -1,4 +1,4 @@
-"""Issue 2 smoke tests: the real engines run on this CPU machine. No mocks.
+"""Smoke tests: the real engines run on this CPU machine. No mocks.
 
 (a) a 2-node Ray cluster with logical GPUs places a STRICT_SPREAD group, one bundle a node;
 (b) a real vLLM engine samples from a tiny local model with the tokenizer built here, and its log-probs

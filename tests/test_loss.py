@@ -1,4 +1,4 @@
-"""The GRPO objective (issue 4): hand-computed cases and properties of advantages, clipping, aggregation,
+"""The GRPO objective: hand-computed cases and properties of advantages, clipping, aggregation,
 micro-batching across ranks, and the chunked log-probs (float64 gradcheck, equality with the naive path,
 no [N, V] tensor ever allocated)."""
 import importlib.util, json, math

@@ -1,4 +1,4 @@
-"""The memory planner (issue 3): exact parameter counts, exact KV bytes per token, term arithmetic on
+"""The memory planner: exact parameter counts, exact KV bytes per token, term arithmetic on
 hand-computed cases, phases, the verdict search, and the `grpo_nb plan` command's JSON keys and exit codes."""
 import contextlib, io, json, math
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 5: layouts, their refusals, `grpo_nb layout`, and placement on a real multi-node Ray cluster.
+"""Layouts, their refusals, `grpo_nb layout`, and placement on a real multi-node Ray cluster.
 
 The live part runs `ray.cluster_utils.Cluster` (3 nodes x 4 logical GPUs) in a child process that this file starts
 inside its own PID namespace (`unshare --pid --fork --mount-proc`), so every Ray process it starts dies with it, even

@@ -1,4 +1,4 @@
-"""Every public name of every module is defined and usable (issue 21.5: a `@patch` once rebound
+"""Every public name of every module is defined and usable (a `@patch` once rebound
 `grpo_nb.rewards.run_tests` to None, so `from grpo_nb.rewards import run_tests` gave None)."""
 import importlib, pkgutil
 import pytest
@@ -24,7 +24,7 @@ def test_the_in_process_code_runner_is_importable_from_rewards():
 
 
 def test_reward_context_reads_every_reward_field():
-    "Issue 21.6: the DDP trainer dropped the math time-out and the sandbox limits; one constructor now reads them all."
+    "The DDP trainer dropped the math time-out and the sandbox limits; one constructor now reads them all."
     from dataclasses import fields
     from grpo_nb.config import RewardConfig
     from grpo_nb.rewards import RewardContext

@@ -1,4 +1,4 @@
-"""Issue 5 (and 10): the bootstrap the sbatch scripts use, on loopback: `ray start --head` on one "node", `ray start --address`
+"""The bootstrap the sbatch scripts use, on loopback: `ray start --head` on one "node", `ray start --address`
 on a second one (own --temp-dir, distinct ports), RAY_AUTH_MODE=disabled for head, worker and driver; the driver waits for
 both nodes, places a STRICT_SPREAD layout across them, and stops ONLY the processes it started, by their PIDs (SIGTERM to
 each `ray start --block`). Never `ray stop`: outside a PID namespace it stops every Ray on the machine, and even inside one

@@ -1,4 +1,4 @@
-"""Math and format rewards, the registry, batch scoring, and the math-verify worker pool (issue 8)."""
+"""Math and format rewards, the registry, batch scoring, and the math-verify worker pool."""
 import os, stat, sys, time
 import pytest
 from grpo_nb.config import RewardConfig

@@ -1,4 +1,4 @@
-"""The code sandbox and the code-execution service under attack (issue 8).
+"""The code sandbox and the code-execution service under attack.
 
 Every program in tests/hostile/ defines `solve()` returning 1 only if its attack worked, and is scored
 with the test `assert solve() == 1`: a passed test means a broken sandbox. The hostile suite runs

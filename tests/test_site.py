@@ -1,5 +1,5 @@
 """The offline site: tools/site/render.py renders an nbdev project without Quarto, tools/site/check_site.py
-fails on every kind of breakage the issue names. The browser tests need Debian's Chromium (`make docs-test`
+fails on every kind of breakage a reader would meet. The browser tests need Debian's Chromium (`make docs-test`
 installs it and runs this file after checking the real site); the render test needs KaTeX from `make docs`."""
 import base64, importlib.util, json, shutil, struct, sys, zlib
 from pathlib import Path
@@ -271,7 +271,7 @@ def test_render_reports_a_stale_processed_copy(tmp_path, capsys):
 
 
 def test_pages_show_the_library_as_readers_import_it():
-    """Issue 21.11: show_doc printed `__main__.ModelShape` (markdown turned `__main__` into a bold "main"), `NoneType`
+    """show_doc once printed `__main__.ModelShape` (markdown turned `__main__` into a bold "main"), `NoneType`
     for a `None` default, source links to a placeholder repository, and a progress bar frozen at 0%."""
     site = ROOT / "_site"
     if not (site / "index.html").exists(): pytest.skip("no built site (`make docs` builds it; `make test` builds it before pytest)")

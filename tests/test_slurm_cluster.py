@@ -1,10 +1,10 @@
-"""sbatch/grpo.sbatch, unchanged, under a real SLURM on this machine (issue 10).
+"""sbatch/grpo.sbatch, unchanged, under a real SLURM on this machine.
 
 Three emulated nodes with four fake GPUs each (tests/slurm_harness.py: Debian's slurmctld/slurmd/munge,
 installed with apt-get when missing, state under a temp dir, inside a network namespace of its own).
 The trainer is the stand-in of tests/slurm_standin_trainer.py (same contract as `grpo_nb train`), named
 through TRAIN_CMD, the one variable the script reads it from. A chain of three jobs runs over all three nodes, and a
-separate job gets its SIGUSR1 the moment it starts (issue 21: it must stop cleanly and chain on).
+separate job gets its SIGUSR1 the moment it starts (it must stop cleanly and chain on).
 
 The chain is driven by the real pre-walltime signal: every job runs with `--time=1` and
 `--signal=B:USR1@10` (given as SBATCH_SIGNAL, which `--export=ALL` carries into the chained jobs).
@@ -171,7 +171,7 @@ def test_a_job_that_cannot_run_the_config_fails_at_once_and_does_not_chain(clust
 
 
 def test_an_early_signal_stops_cleanly_and_the_chain_goes_on(cluster, run):
-    """Issue 21.1 under a real scheduler: SIGUSR1 reaches the batch shell as soon as the job runs, while the trainer
+    """Under a real scheduler: SIGUSR1 reaches the batch shell as soon as the job runs, while the trainer
     (here one that takes 3 s to install its handlers, as `grpo_nb train` does while importing) may not be up yet.
     The job ends COMPLETED with exit 0, and the chain goes on: the next job trains from the same (here: no) checkpoint."""
     s, r = cluster, cluster.root

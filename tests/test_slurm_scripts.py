@@ -74,7 +74,7 @@ CHAIN_CASES = [  # (kwargs of run_chain_case, submits?, words the log line must 
     (dict(rc=0, start=4, end=9), True, "submitted job 4242"),
     (dict(rc=0, start=4, end=9, stop=0), False, "before the walltime signal"),
     (dict(rc=1, start=4, end=9), False, "the trainer failed (exit 1)"),
-    (dict(rc=0, start=-1, end=-1), True, "submitted job 4242"),   # issue 21.1: a signal before the first step chains on
+    (dict(rc=0, start=-1, end=-1), True, "submitted job 4242"),   # a signal before the first step chains on
     (dict(rc=0, start=7, end=7), True, "submitted job 4242"),
     (dict(rc=0, start=90, end=100), False, "run is complete"),
     (dict(rc=0, start=4, end=9, index=2, ledger_jobs=3), False, "MAX_JOB_CHAINS=3"),
@@ -129,7 +129,7 @@ def test_signal_reaches_a_background_trainer_and_its_exit_status_is_kept(tmp_pat
 
 
 def test_a_signal_before_the_trainer_can_take_it_waits_for_its_handlers(tmp_path):
-    "Issue 21.1: the walltime signal right after the trainer was spawned is forwarded only once the trainer is ready."
+    "The walltime signal right after the trainer was spawned is forwarded only once the trainer is ready."
     (tmp_path / "ckpt").mkdir()
     out = _signal_the_train_block(tmp_path, f"""\
         echo started > {tmp_path}/started
@@ -280,7 +280,7 @@ def test_preflight_table_and_exit_codes(tmp_path, capsys):
 
 
 def test_preflight_passes_on_its_own_demo_preset_and_uses_the_planner():
-    "Issue 21.4: `grpo_nb preflight demo` passes (`tiny-arith@100` is a built-in model); the memory check is the planner's plan_config."
+    "`grpo_nb preflight demo` passes (`tiny-arith@100` is a built-in model); the memory check is the planner's plan_config."
     import contextlib, io
     from grpo_nb.cli import main
     from grpo_nb.config import load_config
@@ -296,7 +296,7 @@ def test_preflight_passes_on_its_own_demo_preset_and_uses_the_planner():
 
 
 def test_the_sbatch_check_hint_names_the_log_dir(tmp_path):
-    "Issue 21.8: the printed `check:` line runs preflight against the same --log-dir the script writes to."
+    "The printed `check:` line runs preflight against the same --log-dir the script writes to."
     import contextlib, io
     from grpo_nb.cli import main
     out = io.StringIO()
@@ -306,7 +306,7 @@ def test_the_sbatch_check_hint_names_the_log_dir(tmp_path):
 
 
 def test_baked_overrides_never_move_a_submitted_config_to_another_runs_directories(tmp_path, monkeypatch):
-    "Issue 21.2: the script baked --logging.output_dir of run A; submitting config B must refuse before Ray, naming both paths."
+    "The script once baked --logging.output_dir of run A; submitting config B must refuse before Ray, naming both paths."
     import contextlib, io
     from grpo_nb.preflight import job_env_cli
     b = tmp_path / "b.yaml"
@@ -325,7 +325,7 @@ def test_baked_overrides_never_move_a_submitted_config_to_another_runs_directori
 
 
 def test_the_job_runs_the_preflight_layout_check_before_ray(monkeypatch):
-    "Issue 21.3: a layout that cannot fit (14 learner GPUs asked of 3 nodes x 4) is refused by the job's first step, with the fix."
+    "A layout that cannot fit (14 learner GPUs asked of 3 nodes x 4) is refused by the job's first step, with the fix."
     import contextlib, io
     from grpo_nb.preflight import job_env_cli
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "3"); monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
