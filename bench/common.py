@@ -42,14 +42,26 @@ class MemoryPoller:
     def __exit__(self, *a): self._stop.set(); self._t.join(5)
 
 
+def end_group(pgid:int, # a process group (its leader's pid: started with `start_new_session=True`)
+              grace:float=30, # seconds between SIGTERM and SIGKILL
+              reap=lambda: None, # collects the leader where it is our own child (its `Popen.poll`), so it does not linger as a zombie
+             ):
+    "End every process of the group: SIGTERM, then SIGKILL after `grace` seconds, each time waiting until none is left."
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+        reap()
+        if not alive_group(pgid): return
+        try: os.killpg(pgid, sig)
+        except ProcessLookupError: return
+        t = time.monotonic()
+        while time.monotonic() - t < wait:
+            reap()
+            if not alive_group(pgid): return
+            time.sleep(0.2)
+
+
 def stop_group(proc:subprocess.Popen|None, grace:float=30):
     "End the process group of `proc` (started by a benchmark with `start_new_session=True`): SIGTERM, then SIGKILL after `grace` seconds."
-    if proc is None or proc.poll() is not None and not alive_group(proc.pid): return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
-        try: os.killpg(proc.pid, sig)
-        except ProcessLookupError: return
-        try: proc.wait(wait); return
-        except subprocess.TimeoutExpired: pass
+    if proc is not None: end_group(proc.pid, grace, proc.poll)
 
 
 def alive_group(pgid:int) -> bool:

@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import GPU_ENV, alive_group, digit_prompts, free_port, save_bench_tokenizer, step_stats, stop_group  # noqa: E402  (shared by the bench scripts)
+from common import GPU_ENV, digit_prompts, end_group, free_port, save_bench_tokenizer, step_stats, stop_group  # noqa: E402  (shared by the bench scripts)
 from verl_peer import BACKENDS as VERL_BACKENDS, PAIRS as VERL_PAIRS, dry_run_text, run_verl, verl_plan  # noqa: E402  (the second peer)
 
 MODEL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
@@ -277,8 +277,7 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
                 "first_step_at": t_build + first[0] if first else None}   # perf_counter at the first step: `child` counts from the process's start
     finally:
         if server is not None:
-            try: os.killpg(server.pid, signal.SIGTERM); server.wait(30)
-            except Exception: pass
+            stop_group(server, 30)
 
 
 # ---------------------------------------------------------------- one run in a subprocess
@@ -309,13 +308,7 @@ def end_leftover_server(out_json:Path, grace:float=20):
     "End the TRL server a run left behind (the run was killed before its own cleanup): SIGTERM, then SIGKILL; the next run needs its GPU."
     pid_file = server_pid_path(out_json)
     if not pid_file.exists(): return
-    pgid = int(pid_file.read_text())
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
-        if not alive_group(pgid): break
-        try: os.killpg(pgid, sig)
-        except ProcessLookupError: break
-        t = time.monotonic()
-        while alive_group(pgid) and time.monotonic() - t < wait: time.sleep(0.5)
+    end_group(int(pid_file.read_text()), grace)   # not our child: nothing to reap, the group is watched until it is gone
     pid_file.unlink()
 
 

@@ -93,7 +93,7 @@ def main():
     if a.child:
         child(a.child, a.smoke, sizes, gen, plen, a.repeats, a.budget_s, Path(a.out)); return
     out = Path(a.out or ROOT / "bench" / "results" / ("rollout_throughput_smoke.json" if a.smoke else "rollout_throughput.json"))
-    env = {**os.environ, **SAFE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    env = {**os.environ, **SAFE_ENV,
            "PYTHONPATH": os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
     names = a.engines.split(",")
     kept = [r for r in json.loads(out.read_text()).get("records", []) if r.get("engine") not in names] if a.merge and out.exists() else []

@@ -383,7 +383,7 @@ def receive_weights(self:HFEngine, plan:dict, # `SyncPlan.to_dict()` of this syn
     if bound is None or bound[0] != key or (bound[1] is not None and not is_bound(self.model, plan, bound[1])):
         self._bound = bound = (key, bind_in_place(self.model, plan))
     if bound[1] is not None:
-        if receive_in_place(self.sync_group, plan, bound[1], stats, timing): self._weights_version = version
+        if receive_in_place(self.sync_group, plan, bound[1], stats): self._weights_version = version
         return stats
     weights = accepted(receive_buckets(self.sync_group, plan, stats, timing), stats)
     if weights is None: return stats   # the learner refused this sync (NaN/Inf): keep the weights held

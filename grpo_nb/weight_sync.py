@@ -345,6 +345,14 @@ def send_weights(named_params:Iterable[tuple[str, Tensor]], # `model.named_param
     return stats
 
 # %% ../nbs/06_weight_sync.ipynb 63
+def _refused(group, stats:dict) -> bool:
+    "Read a sync's header: True (and `stats['refused']`, the group's buffers let go) when the sender refused the sync."
+    head = torch.empty(ALIGN, dtype=torch.uint8, device=group.device)
+    group.broadcast(head).wait()   # non-zero: the sender found NaN/Inf and sends nothing more
+    if not int(head[0]): return False
+    stats["refused"] = True; getattr(group, "end", lambda: None)()
+    return True
+
 def receive_buckets(group:SyncGroup, # this worker's sync group
                     plan:SyncPlan, # the plan of this sync
                     stats:dict|None=None, # filled with recv_s, load_s, bytes
@@ -353,10 +361,8 @@ def receive_buckets(group:SyncGroup, # this worker's sync group
     "Receive every bucket of `plan` from the sender (learner rank 0, or with ipc the learner on this GPU), yielding its tensors; the next bucket is in flight meanwhile (nothing when the header refuses the sync)."
     stats = {} if stats is None else stats
     stats.update(recv_s=0.0, load_s=0.0, bytes=0)
-    head = torch.empty(ALIGN, dtype=torch.uint8, device=group.device)
-    group.broadcast(head).wait()                                   # the header: non-zero, the sender refused this sync
     end = getattr(group, "end", lambda: None)                     # ipc: let go of the sync's shared buffers once it is over
-    if int(head[0]): stats["refused"] = True; end(); return
+    if _refused(group, stats): return
     def post(k):
         buf = torch.empty(plan.bucket_nbytes[k], dtype=torch.uint8, device=group.device)
         return buf, group.broadcast(buf)
@@ -445,20 +451,16 @@ def receive_in_place(group:SyncGroup, # this worker's sync group
                      plan:SyncPlan, # the plan of this sync (the layout `buffers` were bound to)
                      buffers:Sequence[Tensor], # `bind_in_place`'s buffers, one per bucket
                      stats:dict|None=None, # filled with recv_s, load_s (0), bytes, in_place
-                     timing:bool=False, # synchronise before the clock stops (benchmarks; the end is synchronised anyway)
                     ) -> bool: # False: the sender refused this sync and the weights are as they were
-    "Receive one sync straight into the parameters' own storage."
+    "Receive one sync straight into the parameters' own storage (the end is synchronised, so `recv_s` is exact)."
     stats = {} if stats is None else stats
     stats.update(recv_s=0.0, load_s=0.0, bytes=0, in_place=True)
     t0 = time.perf_counter()
-    head = torch.empty(ALIGN, dtype=torch.uint8, device=group.device)
-    group.broadcast(head).wait()
-    end = getattr(group, "end", lambda: None)
-    if int(head[0]): stats["refused"] = True; end(); return False
+    if _refused(group, stats): return False
     for work in [group.broadcast(buf) for buf in buffers]: work.wait()
     _sync_device(group.device)
-    end()
-    stats.update(recv_s=time.perf_counter() - t0, bytes=sum(s.nbytes for b in plan.buckets for s in b), t_end=time.time(), host=socket.gethostname())
+    getattr(group, "end", lambda: None)()
+    stats.update(recv_s=time.perf_counter() - t0, bytes=plan.total_bytes, t_end=time.time(), host=socket.gethostname())
     return True
 
 # %% ../nbs/06_weight_sync.ipynb 77

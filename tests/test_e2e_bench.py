@@ -43,3 +43,10 @@ def test_first_step_counts_from_the_process_start():
     assert got["first_step_from"] == "process start"
     assert abs(got["first_step_s"] - (age - 0.25)) < 0.5   # the process's age at `now`, less the benchmark's own work
     assert E.from_process_start(None, 0.0) == {}   # no first step: nothing to report
+
+
+def test_stop_group_ends_an_own_child_and_its_children():
+    from common import stop_group
+    p = _server_like(ignore_term=False)   # our own child this time: its exit is collected, no zombie keeps the group alive
+    stop_group(p, grace=5)
+    assert p.returncode is not None and not alive_group(p.pid)

@@ -208,6 +208,7 @@ def test_merge_names_older_prompts_and_cold_starts(tmp_path):
     recs = {(r["layout"], r["shape"], r["ours_mode"], r.get("trl_backend")): r for r in E.merge(tmp_path)["records"]}
     c = recs[("colocated", "bench", "sync", "vllm-colocate")]
     assert (c["ours_cold_start"], c["trl_cold_start"], c["ours_first_step_s"], c["trl_first_step_s"]) == (True, False, 100.0, 70.0)
+    assert (c["ours_first_step_from"], c["trl_first_step_from"]) == ("process start", "its imports")   # a TRL run without the key: the older count
     assert "prompt_note" not in c
     s = recs[("split", "long", "sync", "vllm-server")]
     assert s["prompt_note"].startswith("ours measured with shorter prompts") and s["speedup_mean"] == pytest.approx(1.2)
