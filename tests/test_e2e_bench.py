@@ -20,15 +20,25 @@ def _server_like(ignore_term:bool) -> subprocess.Popen:
     return p
 
 
+def _orphan_server(ignore_term:bool) -> int:
+    "The same server left behind as a killed run leaves it: started by a process that has exited, so init reaps it; its pid."
+    code = ("import signal, subprocess, sys, time\n" + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "")
+            + "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\ntime.sleep(300)\n")
+    spawn = ("import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', " + repr(code) + "], start_new_session=True, "
+             "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)")
+    pid = int(subprocess.run([sys.executable, "-c", spawn], capture_output=True, text=True, check=True, timeout=30).stdout)
+    time.sleep(1.0)
+    return pid
+
+
 def test_a_leftover_server_is_ended_with_its_children(tmp_path):
     out = tmp_path / "run_trl_vllm-server_bench.json"
     for deaf in (False, True):   # one that leaves on SIGTERM, one that needs the SIGKILL
-        p = _server_like(deaf)
-        E.server_pid_path(out).write_text(str(p.pid))
-        assert alive_group(p.pid)
+        pid = _orphan_server(deaf)
+        E.server_pid_path(out).write_text(str(pid))
+        assert alive_group(pid)
         E.end_leftover_server(out, grace=2)
-        p.wait(5)
-        assert not alive_group(p.pid) and not E.server_pid_path(out).exists()
+        assert not alive_group(pid) and not E.server_pid_path(out).exists()
 
 
 def test_no_pid_file_is_a_no_op(tmp_path):
