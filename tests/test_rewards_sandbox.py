@@ -24,14 +24,35 @@ EXPECT = {  # statuses these programs may report (others: anything but passed); 
 pytestmark = pytest.mark.skipif(isolation_status()["root"] != "ok" and isolation_status()["userns"] != "ok",
                                 reason="no namespace isolation on this machine")
 
-def sandbox_processes() -> list[str]:
-    "Host processes running under a sandbox uid (there must be none between runs)."
-    out = []
+def _proc_table() -> dict[int, tuple[int, int]]:
+    "pid -> (uid, parent pid) of every host process readable now."
+    table = {}
     for d in os.listdir("/proc"):
         if not d.isdigit(): continue
-        try: uid = os.stat(f"/proc/{d}").st_uid
+        try: uid, stat = os.stat(f"/proc/{d}").st_uid, Path(f"/proc/{d}/stat").read_text()
         except OSError: continue
-        if UID_BASE <= uid < UID_BASE + UID_COUNT: out.append(f"{d} uid={uid}")
+        table[int(d)] = (uid, int(stat[stat.rindex(")") + 2:].split()[1]))
+    return table
+
+def sandbox_processes(root: int | None = None) -> list[str]:
+    """Host processes running under a sandbox uid (there must be none between runs). With `root`, only those this
+    test can own: descendants of `root`, and strays whose nearest ancestor outside the sandbox uids is init (a sandbox
+    that outlived its runner). Other tests' sandboxes, running beside this one under pytest-xdist, are not counted."""
+    table, out = _proc_table(), []
+    is_sbx = lambda pid: pid in table and UID_BASE <= table[pid][0] < UID_BASE + UID_COUNT
+    for pid, (uid, _) in table.items():
+        if not is_sbx(pid): continue
+        if root is not None:
+            owner = _ancestors(pid, table)
+            outside = next((p for p in owner if not is_sbx(p)), 1)   # the nearest ancestor outside the sandbox uids
+            if not (outside <= 1 or outside == root or root in _ancestors(outside, table)): continue
+        out.append(f"{pid} uid={uid}")
+    return out
+
+def _ancestors(pid: int, table: dict[int, tuple[int, int]]) -> list[int]:
+    "The parent chain of `pid` in `table`, nearest first."
+    out = []
+    while pid in table and table[pid][1] > 0 and table[pid][1] not in out: pid = table[pid][1]; out.append(pid)
     return out
 
 def children_of(pid: int) -> list[tuple[int, str]]:
@@ -136,9 +157,9 @@ def test_hostile_suite_through_the_service(service, listener, secret_file):
     assert service["proc"].poll() is None
     # nothing left behind: no process under a sandbox uid, no zombie child of the service
     deadline = time.monotonic() + 5
-    while (sandbox_processes() or [c for c in children_of(service["pid"]) if c[1] == "Z"]) and time.monotonic() < deadline:
+    while (sandbox_processes(service["pid"]) or [c for c in children_of(service["pid"]) if c[1] == "Z"]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not sandbox_processes(), sandbox_processes()
+    assert not sandbox_processes(service["pid"]), sandbox_processes(service["pid"])
     assert not [c for c in children_of(service["pid"]) if c[1] == "Z"], children_of(service["pid"])
 
 def test_in_process_run_tests_hides_the_callers_environment(secret_file, listener):
@@ -160,14 +181,14 @@ def test_fork_bomb_is_bounded_and_cleaned_up():
     "While a fork bomb runs the sandbox holds at most nproc processes of its uid; afterwards none."
     seen = []
     def watch(stop):
-        while not stop.is_set(): seen.append(len(sandbox_processes())); time.sleep(0.05)
+        while not stop.is_set(): seen.append(len(sandbox_processes(os.getpid()))); time.sleep(0.05)
     stop = threading.Event(); t = threading.Thread(target=watch, args=(stop,)); t.start()
     try: r = run_tests((Path(__file__).parent / "hostile" / "01_fork_bomb.py").read_text(), ["assert solve() == 1"],
                        timeout_s=2, limits=Limits(memory_mb=256, nproc=8))
     finally: stop.set(); t.join()
     assert r["passed"] == 0 and r["results"][0]["status"] == "timeout" and r["clean"], r
     assert 1 <= max(seen) <= 8 + 1, max(seen)   # the program's nproc, plus the judge (its own sandbox uid)
-    assert not sandbox_processes()
+    assert not sandbox_processes(os.getpid())
 
 def test_correct_programs_and_test_styles():
     mbpp = "def similar_elements(a, b):\n    return tuple(sorted(set(a) & set(b)))\n"
