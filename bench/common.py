@@ -3,7 +3,7 @@
 Run a script as `python bench/NAME.py`: its own directory is then on `sys.path`, and `from common import ...` finds this file.
 """
 from __future__ import annotations
-import math, os, signal, statistics, subprocess, sys, threading, time
+import math, os, re, signal, statistics, subprocess, sys, threading, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,6 +13,18 @@ from grpo_nb.actors import GPU_SAFETY_ENV, free_port  # noqa: E402,F401  (one de
 GPU_ENV:dict[str, str] = {**GPU_SAFETY_ENV, "PYTHONUNBUFFERED": "1", "TORCH_CUDA_ARCH_LIST": "9.0", "TOKENIZERS_PARALLELISM": "false",
                           "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "DS_BUILD_OPS": "0"}
 "The environment of every benchmark process: the library's GPU safety settings (NVLink multicast off, NCCL without cuMem), H100/H200 kernels only, no hub, Ray without tokens."
+
+_RAISED = re.compile(r"^(\[rank\d+\]: )?([\w.]+(Error|Exception)): (.+)$")
+
+def first_error(log:str|Path|None) -> str|None:
+    """The first exception a log's processes raised (`[rank1]: NotImplementedError: ...`), not the launcher's
+    `ChildFailedError` that follows it: the line that says why a multi-process run stopped."""
+    if not log or not Path(log).exists(): return None
+    for line in Path(log).read_text(errors="replace").splitlines():
+        m = _RAISED.match(line.strip())
+        if m and "ChildFailedError" not in m.group(2): return line.strip()
+    return None
+
 
 def step_stats(xs:list[float]) -> dict:
     "Mean, median and p90 (nearest rank) of a list of step times; None each for an empty list."

@@ -144,9 +144,9 @@ scale() {
 }
 lane_s7split() { scale qwen_split 570 --models Qwen2.5-7B --layouts split --peers '' --timeout 520; }
 lane_s7coloc() { scale qwen_coloc 570 --models Qwen2.5-7B --layouts colocated --peers '' --timeout 520; }
-# the colocated preset with one micro-batch of the step per learner (the pack `grpo_nb plan --config` names), into its own file
+# the colocated preset with its earlier pack (7 micro-batches of 8,192 tokens a learner, against the preset's one), into its own file
 lane_s7colocpack() { scale qwen_coloc_pack 570 --models Qwen2.5-7B --layouts colocated --peers '' --timeout 520 \
-                     --set learner.pack_length=49152 --out "$OUT/scale_4gpu_overrides.json"; }
+                     --set learner.pack_length=8192 --out "$OUT/scale_4gpu_overrides.json"; }
 lane_s7trlserver() { scale qwen_trl_server 580 --models Qwen2.5-7B --layouts split --skip-ours --peers trl:vllm-server --trl-timeout 540; }
 lane_s7trlcoloc() { scale qwen_trl_coloc 580 --models Qwen2.5-7B --layouts colocated --skip-ours --peers trl:vllm-colocate --trl-timeout 540; }
 lane_s7olmosplit() { scale olmo_split 570 --models OLMo-2-7B --layouts split --peers '' --timeout 520; }

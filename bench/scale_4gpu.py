@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
-from common import MemoryPoller, digit_prompts, free_port, save_bench_tokenizer, step_stats as stats, stop_group, wait_gpus_free   # noqa: E402  (shared by the bench scripts)
+from common import MemoryPoller, digit_prompts, first_error, free_port, save_bench_tokenizer, step_stats as stats, stop_group, wait_gpus_free   # noqa: E402  (shared by the bench scripts)
 from e2e_vs_trl import SAFE_ENV, _SERVER_LOG, _tail, _wait_health, time_trl_phases, toy_reward, trl_split   # noqa: E402  (the TRL side of the 1-2 GPU bench)
 
 LAYOUTS = {"split": dict(gpus=4, learners=2, engines=1, tp=2), "colocated": dict(gpus=4, learners=4, engines=4, tp=1)}
@@ -119,23 +119,30 @@ def _build_model_here(name:str, out:Path, smoke:bool=False) -> Path:
     return out
 
 
-def planned_gib(preset:str, over:list[str], layout:str, gpus:int) -> list[float]:
-    "`grpo_nb plan --config` of the run: the predicted memory of each GPU (learner GPUs first, then engine GPUs)."
+def plan_json(preset:str, over:list[str]) -> dict:
+    "`grpo_nb plan --config PRESET --json` with the run's overrides: the planner's whole answer."
     r = subprocess.run([sys.executable, "-m", "grpo_nb.cli", "plan", "--config", preset, "--json", *over],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
-    p = json.loads(r.stdout)
+    return json.loads(r.stdout)
+
+
+def planned_gib(preset:str, over:list[str], layout:str, gpus:int, plan:dict|None=None) -> list[float]:
+    "`grpo_nb plan --config` of the run: the predicted memory of each GPU (learner GPUs first, then engine GPUs)."
+    p = plan or plan_json(preset, over)
     if layout == "colocated": return [p["colocated"]["peak_bytes"] / 2**30] * gpus
     L = LAYOUTS[layout]["learners"]
     return [p["learner"]["total_bytes"] / 2**30] * L + [p["engine"]["total_bytes"] / 2**30] * (gpus - L)
 
 
 def replan(records:list[dict]) -> list[dict]:
-    "Each record's `peak_gib_planned` from today's planner (the run's preset and overrides, the model by its built-in shape); the value the run was given stays in `peak_gib_planned_at_run`."
+    """Each record's `peak_gib_planned` from today's planner (the run's preset and overrides, the model by its built-in shape, and the
+    learner's pack the run had, should the preset's have changed since); the value the run was given stays in `peak_gib_planned_at_run`."""
     for r in records:
         if r.get("smoke") or not str(r.get("command", "")).startswith("grpo_nb train ") or r.get("layout") not in LAYOUTS: continue
         head, *over = r["command"].split(" --")   # joined with spaces, values unquoted ("--reward.functions={arith: 1.0}")
+        pack = [f"--learner.pack_length={r['pack_length']}"] if r.get("pack_length") is not None else []
         r.setdefault("peak_gib_planned_at_run", r.get("peak_gib_planned"))
-        r["peak_gib_planned"] = planned_gib(head.split()[2], [f"--{o}" for o in over] + [f"--model.name_or_path={r['model']}"],
+        r["peak_gib_planned"] = planned_gib(head.split()[2], [f"--{o}" for o in over] + pack + [f"--model.name_or_path={r['model']}"],
                                             r["layout"], LAYOUTS[r["layout"]]["gpus"])
     return records
 
@@ -187,7 +194,9 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
     V = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     data = write_prompts(tmp / "prompts.jsonl", V, sh, smoke)
     over = ours_overrides(model_dir, data, tmp, sh, smoke, device) + list(extra)   # `--set`: after the benchmark's own, so they win
-    planned = planned_gib(preset, over, layout, L["gpus"]) if not smoke else []
+    plan = plan_json(preset, over) if not smoke else {}
+    planned = planned_gib(preset, over, layout, L["gpus"], plan) if not smoke else []
+    mb = plan.get("micro_batches") or {}   # the learner's pack and how many micro-batches a step that makes
     cmd = [sys.executable, "-m", "grpo_nb.cli", "train", preset, *over]
     t0, log = time.perf_counter(), tmp / "train.log"
     with open(log, "w") as f, MemoryPoller() as mem:
@@ -213,7 +222,8 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
            "logprob_checks": sum("sync/max_abs_logprob_diff" in r for r in checked),
            "logprob_atol": max((r.get("sync/logprob_atol") or 0 for r in checked), default=None), "logprob_atol_form": "4u*max|z|*sqrt(L)",
            "peak_gib_measured": [mem.peak[i] / 1024 for i in sorted(mem.peak)][:L["gpus"]] if not smoke else [],
-           "peak_gib_planned": planned, "learner_peak_allocated_gib": max((r.get("peak_gpu_mem_gib", 0) for r in recs), default=None),
+           "peak_gib_planned": planned, "pack_length": mb.get("pack_length"), "micro_batches_per_step": mb.get("per_step"),
+           "learner_peak_allocated_gib": max((r.get("peak_gpu_mem_gib", 0) for r in recs), default=None),
            "time_split": {k: mean(k) for k in ("time/generation", "time/generation_total", "time/generation_engine", "time/wait_rollout", "time/reward", "time/learner", "time/sync",
                                                  "time/verify", "time/sleep", "time/wake", "time/wake_weights", "time/wake_kv", "time/release",
                                                  "verify/checksums_s", "verify/logprobs_s", "verify/release_s")},
@@ -342,7 +352,9 @@ def run_trl(layout:str, model_dir:Path, sh:dict, tmp:Path, timeout:float, logs:P
                                        start_new_session=True)
             rc = wait_trl(trainer, Path(plan["spec"]["out"]), plan["spec"]["grpo"]["max_steps"], deadline)
             if rc == "done": note = f"TRL wrote all its steps and had not exited {TRL_EXIT_GRACE_S:.0f} s later; it was stopped"
-            elif rc != 0: error = f"TRL trainer exited {rc} (limit {timeout:.0f} s): " + _tail(tr["log"])
+            elif rc != 0:
+                why = first_error(tr["log"])
+                error = f"TRL trainer exited {rc} (limit {timeout:.0f} s)" + (f"; first error: {why}\n" if why else ": ") + _tail(tr["log"])
         except Exception as e:
             error = f"{type(e).__name__}: {e}"[-3000:]
         finally:

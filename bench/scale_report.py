@@ -5,15 +5,16 @@ The TRL columns (the peer on the same GPUs: `trl_*` keys, `speedup_mean`) appear
 a record without one says "not measured".
 """
 from __future__ import annotations
-import json
+import json, re
 from pathlib import Path
 
 TARGETS = {"speedup_split": 1.5, "speedup_colocated": 1.2, "mfu": 0.35, "sync_x_floor": 2.0, "planner_err": 0.10}
 "The targets the 4-GPU runs are judged against: mean step time vs TRL, learner MFU per GPU, sync time, planner accuracy."
 
 
-def records(path:str|Path) -> list[dict]:
-    "The records of a results file (empty when there is none)."
+def records(path:str|Path|list) -> list[dict]:
+    "The records of a results file (empty when there is none), or a list of records as they are (every renderer below takes either)."
+    if isinstance(path, list): return path
     p = Path(path)
     return json.loads(p.read_text()).get("records", []) if p.exists() else []
 
@@ -23,6 +24,57 @@ def gpus(r:dict) -> str:
     d = (r.get("device") or "?").replace("NVIDIA ", "")
     n, _, name = d.partition("x ") if "x " in d[:4] else ("", "", d)
     return f"{n}× {name.split()[0]}" if n else (name.split() or ["?"])[0]
+
+
+def name(r:dict) -> str:
+    "How the pages name a record: model, layout, what the run changed in the preset (`overrides`), and the GPUs."
+    over = f" with {', '.join('--' + o for o in r['overrides'])}" if r.get("overrides") else ""
+    return f"{r['model']} {r['layout']}{over} on {gpus(r)}"
+
+
+def layout_cell(r:dict) -> str:
+    "A record's layout for a table cell, with what the run changed in the preset: `colocated --learner.pack_length=49152`."
+    return r["layout"] + "".join(f" `--{o}`" for o in r.get("overrides") or [])
+
+
+def pack_cell(r:dict) -> str:
+    "A learner's micro-batches an optimizer step and the pack that makes them: `7 (8192)`; `—` for a record without them."
+    return f"{r['micro_batches_per_step']} ({r['pack_length']})" if r.get("micro_batches_per_step") else "—"
+
+
+def paired(path:str|Path, main:str|Path) -> list[dict]:
+    """The records of `path` (runs with `--set` overrides), each carrying the TRL run of `main`'s record of the same model, layout and
+    GPUs: the peer's run does not depend on what ours changed, so it pairs as it does with the preset's own run."""
+    out = []
+    for r in records(path):
+        twin = next((m for m in records(main) if (m["model"], m["layout"], m.get("device")) == (r["model"], r["layout"], r.get("device"))
+                     and m.get("trl_backend")), None)
+        if twin is None or r.get("trl_backend"): out.append(r); continue
+        theirs = {k: v for k, v in twin.items() if k.startswith("trl_")}
+        x = twin["trl_step_mean_s"] / r["step_mean_s"] if twin.get("trl_step_mean_s") and r.get("step_mean_s") else None
+        out.append({**r, **theirs, "speedup_mean": x})
+    return out
+
+
+def override_lines(path:str|Path, main:str|Path) -> list[str]:
+    """From each run of `path` to `main`'s run of the same model, layout and GPUs: what their settings (`overrides`, the learner's
+    pack) changed in the step, the learner, its MFU and the largest GPU peak."""
+    out = []
+    for r in records(path):
+        base = next((m for m in records(main) if (m["model"], m["layout"], m.get("device")) == (r["model"], r["layout"], r.get("device"))), None)
+        if base is None: out.append(f"{name(r)}: no run of this model and layout on these GPUs in the main results to compare with"); continue
+        learner = lambda x: (x.get("time_split") or {}).get("time/learner")
+        mfu = lambda x: x.get("mfu_per_learner_gpu") and 100 * x["mfu_per_learner_gpu"]
+        peak = lambda x: max(x.get("peak_gib_measured") or [0]) or None
+        parts = [f"{what} {_f(f(r), fmt)} → {_f(f(base), fmt)}{unit}" for what, f, fmt, unit in (
+            ("step", lambda x: x.get("step_mean_s"), "{:.2f}", " s"), ("learner", learner, "{:.2f}", " s"), ("MFU", mfu, "{:.1f}", "%"),
+            ("largest GPU peak", peak, "{:.1f}", " GiB"))]
+        n = lambda x: x.get("micro_batches_per_step")
+        packs = lambda x: (f"{n(x)} micro-batch{'es' if n(x) != 1 else ''} of up to {x['pack_length']:,} tokens" if n(x) else "micro-batches not recorded")
+        sets = lambda x: " ".join(f"--{o}" for o in x.get("overrides") or []) or "the preset as it is"
+        out.append(f"{r['model']} {r['layout']} on {gpus(r)}, from {packs(r)} a learner a step ({sets(r)}) to {packs(base)} ({sets(base)}): "
+                   + ", ".join(parts) + " (step, learner and MFU: means over the timed steps).")
+    return out
 
 
 def _f(x, fmt="{:.2f}", none="—"):
@@ -48,8 +100,13 @@ def trl_cells(r:dict) -> list[str]:
 
 
 def _short(err:str|None, n:int=120) -> str:
-    "The last line of an error that names it (`...Error: ...`), cut to `n` characters, without table pipes."
-    lines = [l.strip() for l in (err or "").splitlines() if l.strip()]
+    """The line of an error that names it, cut to `n` characters, without table pipes: the `first error:` the benchmark found
+    in the processes' log (without its `[rankN]: `), else the last line naming an error."""
+    text = err or ""
+    if "; first error: " in text:
+        first = text.split("; first error: ", 1)[1].splitlines()[0]
+        return re.sub(r"^\[rank\d+\]: ", "", first)[:n].replace("|", "/")
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
     named = [l for l in lines if "Error" in l or "error" in l] or lines or ["no output"]
     return named[-1][:n].replace("|", "/")
 
@@ -63,16 +120,16 @@ def scale_table(path:str|Path) -> str:
     "Markdown: one row per (model, layout) with step times, MFU, sync against its floor and the exactness of every sync."
     recs = records(path)
     trl = has_trl(recs)
-    rows = ["| model | layout | GPUs: learners + engines × TP | timed steps | step with its check, mean / median / p90 (s) | MFU per learner GPU | sync (ms) | NCCL floor (ms) | sync ÷ floor | every sync bit-identical | largest log-prob Δ (tolerance) |"
+    rows = ["| model | layout | GPUs: learners + engines × TP | learner micro-batches a step (pack tokens) | timed steps | step with its check, mean / median / p90 (s) | MFU per learner GPU | sync (ms) | NCCL floor (ms) | sync ÷ floor | every sync bit-identical | largest log-prob Δ (tolerance) |"
             + (" TRL mode | TRL step mean / median / p90 (s) | TRL ÷ ours (mean) |" if trl else ""),
-            "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if trl else "")]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if trl else "")]
     for r in recs:
         if r.get("smoke"): continue
         eng = f"{gpus(r)}: {r.get('learners')} + {r.get('engines')} × {r.get('tp')}"
         ratio = r["sync_s"] / r["sync_floor_s"] if r.get("sync_s") and r.get("sync_floor_s") else None
         exact = ("yes" if r.get("exact_sync") else "no") + f" ({r.get('syncs_checked', 0)} checks, {r.get('checksums_compared', 0)} tensors)"
         steps = f"{r.get('timed_steps', 0)}" + (" (the run failed)" if r.get("rc") not in (0, None) else "")
-        rows.append(f"| {r['model']} | {r['layout']} | {eng} | {steps} | {_f(r.get('step_mean_s'))} / {_f(r.get('step_median_s'))} / "
+        rows.append(f"| {r['model']} | {layout_cell(r)} | {eng} | {pack_cell(r)} | {steps} | {_f(r.get('step_mean_s'))} / {_f(r.get('step_median_s'))} / "
                     f"{_f(r.get('step_p90_s'))} | {_f(r.get('mfu_per_learner_gpu') and 100 * r['mfu_per_learner_gpu'], '{:.1f}%')} | "
                     f"{_f(r.get('sync_s') and 1e3 * r['sync_s'], '{:.0f}')} | {_f(r.get('sync_floor_s') and 1e3 * r['sync_floor_s'], '{:.1f}')} | "
                     f"{_f(ratio, '{:.2f}×')} | {exact} | {_f(r.get('max_abs_logprob_diff'), '{:.3f}')} ({_f(r.get('logprob_atol'), '{:.3f}')}) |"
@@ -89,9 +146,10 @@ def memory_table(path:str|Path) -> str:
     for r in recs:
         theirs, then = r.get("trl_peak_gib_measured") or [], r.get("peak_gib_planned_at_run") or r.get("peak_gib_planned") or []
         for i, (m, p) in enumerate(zip(r.get("peak_gib_measured") or [], r.get("peak_gib_planned") or [])):
-            t = (f" {theirs[i]:.1f} |" if i < len(theirs) else " not measured |") if trl else ""
+            failed = r.get("trl_error") and r.get("trl_step_mean_s") is None   # a peak of a run that never stepped is not the peer's peak
+            t = (" its run failed |" if failed else f" {theirs[i]:.1f} |" if i < len(theirs) else " not measured |") if trl else ""
             was = f" {then[i]:.1f} | {m / then[i]:.2f} |" if i < len(then) and then[i] else " — | — |"
-            rows.append(f"| {r['model']} | {r['layout']} | {gpus(r)} | {i} | {m:.1f} | {p:.1f} | {m / p:.2f} |{was}" + t)
+            rows.append(f"| {r['model']} | {layout_cell(r)} | {gpus(r)} | {i} | {m:.1f} | {p:.1f} | {m / p:.2f} |{was}" + t)
     return "\n".join(rows)
 
 
@@ -103,7 +161,7 @@ def split_table(path:str|Path) -> str:
     rows = ["| model | layout | GPUs | step (s) | " + " | ".join(f"{names.get(k, k.split('/')[1])} (s)" for k in keys) + " |", "|---" * (len(keys) + 4) + "|"]
     for r in records(path):
         ts = r.get("time_split") or {}
-        rows.append(f"| {r['model']} | {r['layout']} | {gpus(r)} | {_f(r.get('step_mean_s'))} | " + " | ".join(_f(ts.get(k)) for k in keys) + " |")
+        rows.append(f"| {r['model']} | {layout_cell(r)} | {gpus(r)} | {_f(r.get('step_mean_s'))} | " + " | ".join(_f(ts.get(k)) for k in keys) + " |")
         if r.get("trl_split_s"):
             tr = r["trl_split_s"]
             rows.append(f"| {r['model']} | {r['layout']}: TRL {r['trl_backend'].removeprefix('trl:')} | {gpus(r)} | {_f(r.get('trl_step_mean_s'))} | "
@@ -115,30 +173,30 @@ def verdicts(path:str|Path) -> list[str]:
     "One sentence per target: met, missed (by how much) or not measured."
     out = []
     for r in records(path):
-        name = f"{r['model']} {r['layout']} on {gpus(r)}"
+        nm = name(r)
         if r.get("rc") not in (0, None):
             errs = [l.strip() for l in (r.get("error") or "").splitlines() if "Error:" in l] or [(r.get("error") or "").strip()[-200:]]
             err = errs[-1] if len(errs[-1]) <= 200 else errs[-1][:200].rsplit(" ", 1)[0] + " …"
-            out.append(f"{name}: the run stopped after {len(r.get('step_s_all') or [])} steps (exit {r['rc']}): {err}"
+            out.append(f"{nm}: the run stopped after {len(r.get('step_s_all') or [])} steps (exit {r['rc']}): {err}"
                        + (f" Why: {r['note']}" if r.get("note") else ""))
         want, got = (r.get("work") or {}).get("prompt_len", 512), r.get("prompt_tokens_mean")
         if got is not None and abs(got - want) > 0.1 * want:
-            out.append(f"{name}: its prompts were {got:.0f} tokens, not the {want} of the work: the benchmark's tokenizer then read a "
+            out.append(f"{nm}: its prompts were {got:.0f} tokens, not the {want} of the work: the benchmark's tokenizer then read a "
                        "prompt word as an unknown token and split words apart; a peer beside it read the same ids, so a comparison holds for this "
                        "shorter work, and the step times are not yet those of the work.")
-        out.append(f"{name}: every sync bit-identical on every TP worker: " + ("yes" if r.get("exact_sync") else "no")
+        out.append(f"{nm}: every sync bit-identical on every TP worker: " + ("yes" if r.get("exact_sync") else "no")
                    + f" ({r.get('syncs_checked', 0)} checks).")
         if r.get("mfu_per_learner_gpu") is not None:
             m = r["mfu_per_learner_gpu"]
-            out.append(f"{name}: learner MFU {100 * m:.1f}% per GPU against the {100 * TARGETS['mfu']:.0f}% target: "
+            out.append(f"{nm}: learner MFU {100 * m:.1f}% per GPU against the {100 * TARGETS['mfu']:.0f}% target: "
                        + ("met." if m >= TARGETS["mfu"] else "missed."))
         if r.get("sync_s") and r.get("sync_floor_s"):
             x = r["sync_s"] / r["sync_floor_s"]
-            out.append(f"{name}: sync {x:.2f}× the NCCL floor against ≤{TARGETS['sync_x_floor']:.0f}×: " + ("met." if x <= TARGETS["sync_x_floor"] else "missed."))
+            out.append(f"{nm}: sync {x:.2f}× the NCCL floor against ≤{TARGETS['sync_x_floor']:.0f}×: " + ("met." if x <= TARGETS["sync_x_floor"] else "missed."))
         rs = planner_ratios(r)
         if rs:
             worst = max(rs, key=lambda q: abs(q - 1))
-            out.append(f"{name}: planner within {100 * TARGETS['planner_err']:.0f}% of every GPU's peak: "
+            out.append(f"{nm}: planner within {100 * TARGETS['planner_err']:.0f}% of every GPU's peak: "
                        + ("met" if abs(worst - 1) <= TARGETS["planner_err"] else "missed") + f" (worst measured ÷ planned {worst:.2f}"
                        + _at_run_note(r) + ").")
         out.append(speedup_verdict(r))
@@ -156,8 +214,8 @@ def _at_run_note(r:dict) -> str:
 
 def speedup_verdict(r:dict) -> str:
     "One sentence: ours against TRL by mean step time, the target, met or missed; or why there is no number."
-    name, key = f"{r['model']} {r['layout']} on {gpus(r)}", "speedup_split" if r["layout"] == "split" else "speedup_colocated"
-    head = f"{name}: ≥{TARGETS[key]}× TRL by mean step time: "
+    key = "speedup_split" if r["layout"] == "split" else "speedup_colocated"
+    head = f"{name(r)}: ≥{TARGETS[key]}× TRL by mean step time: "
     if r.get("speedup_mean"):
         x, mode = r["speedup_mean"], (r.get("trl_backend") or "trl").removeprefix("trl:")
         cut = f"; TRL stopped after {r.get('trl_timed_steps')} timed steps" if r.get("trl_error") and not r.get("trl_complete") else ""
@@ -197,7 +255,7 @@ def gap_lines(path:str|Path) -> list[str]:
         bound = ("" if r["layout"] == "split" or gap <= 0 else
                  f" Generation and the learner alone take {work:.2f} s, " + ("more than that: no cut in the overhead reaches the target without a faster learner or engine."
                                                                                if work > goal else "less than that: the overhead is what stands between."))
-        out.append(f"{r['model']} {r['layout']} on {gpus(r)}: ours {r['step_mean_s']:.2f} s a step, TRL {r['trl_step_mean_s']:.2f} s. " + "; ".join(parts)
+        out.append(f"{name(r)}: ours {r['step_mean_s']:.2f} s a step, TRL {r['trl_step_mean_s']:.2f} s. " + "; ".join(parts)
                    + (f"; with no counterpart in TRL: {extra}" if extra else "") + ". "
                    + (f"At {TARGETS[key]}× TRL a step would take {goal:.2f} s: {gap:.2f} s less than ours." if gap > 0
                       else f"The {TARGETS[key]}× target ({goal:.2f} s) is met with {-gap:.2f} s to spare.") + bound)
@@ -216,7 +274,9 @@ def unmeasured(path:str|Path) -> list[str]:
         for lay, mode in LAYOUTS.items():
             ours = [r for r in recs if r["model"] == m and r["layout"] == lay and r.get("rc") in (0, None) and r.get("step_mean_s")]
             if not ours: out.append(f"{m} {lay}: not measured yet (neither ours nor TRL {mode})")
-            elif not any(r.get("trl_step_mean_s") for r in ours): out.append(f"{m} {lay}: ours measured; TRL {mode} beside it not yet")
+            elif any(r.get("trl_step_mean_s") for r in ours): continue
+            elif any(r.get("trl_error") for r in ours): out.append(f"{m} {lay}: ours measured; TRL {mode} beside it failed ({_short(next(r['trl_error'] for r in ours if r.get('trl_error')), 200)})")
+            else: out.append(f"{m} {lay}: ours measured; TRL {mode} beside it not yet")
     return out
 
 
@@ -230,10 +290,10 @@ def startup_lines(path:str|Path) -> list[str]:
     for r in records(path):
         st = r.get("startup_s") or {}
         if not st.get("total_s"): continue
-        parts = [f"{name} {st[k]:.1f} s" for k, name in STARTUP_NAMES.items() if st.get(k) is not None]
+        parts = [f"{phase} {st[k]:.1f} s" for k, phase in STARTUP_NAMES.items() if st.get(k) is not None]
         vllm = [f"{k.removeprefix('engine_').removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in st.items()
                 if k.startswith("engine_") and k != "engine_load_s" and v is not None]
-        out.append(f"{r['model']} {r['layout']} on {gpus(r)}: {st['total_s']:.1f} s to the first step: " + ", ".join(parts)
+        out.append(f"{name(r)}: {st['total_s']:.1f} s to the first step: " + ", ".join(parts)
                    + (f" (vLLM's phases: {', '.join(vllm)})" if vllm else " (vLLM's phases of its load not logged by this run)")
                    + (f"; {r['startup_note']}" if r.get("startup_note") else "") + ".")
     return out

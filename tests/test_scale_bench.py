@@ -8,6 +8,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import scale_4gpu as S   # noqa: E402
+import common as COMMON   # noqa: E402
 
 REPORT = runpy.run_path(str(ROOT / "bench" / "scale_report.py"))
 PORTS = {"server": 8000, "group": 51216, "main": 29500}
@@ -175,6 +176,7 @@ def test_report_with_trl(tmp_path):
     assert "(3 timed steps; the run stopped) | 1.87× |" in rows[5]
     mem = REPORT["memory_table"](p).splitlines()
     assert "TRL measured peak (GiB)" in mem[0] and mem[2].endswith("| 40.0 |") and mem[-1].endswith("| not measured |")
+    assert all(l.endswith("| its run failed |") for l in mem if "| colocated |" in l and "Qwen2.5-7B" in l)   # no peak shown for a peer that never stepped
     split = REPORT["split_table"](p)
     assert "| Qwen2.5-7B | split: TRL vllm-server | 4× H100 | 2.50 | 0.75 | — | 1.50 | 0.25 |" in split
     v = REPORT["verdicts"](p)
@@ -286,3 +288,58 @@ def test_a_replanned_record_shows_the_plan_it_ran_with(tmp_path):
     v = [x for x in REPORT["verdicts"](p) if "planner" in x]
     assert v == ["Qwen2.5-7B colocated on 4× H100: planner within 10% of every GPU's peak: met (worst measured ÷ planned 0.97, "
                  "today's planner; the plan the run was given: worst 1.19, missed)."]
+
+
+def test_a_run_with_overrides_pairs_with_trls_run_of_the_preset_and_says_what_changed(tmp_path):
+    "`paired` gives each `--set` run the TRL run of the same model, layout and GPUs; `override_lines` goes from it to the main results' run."
+    dev = "4x NVIDIA H100 80GB HBM3"
+    base = {"model": "Qwen2.5-7B", "layout": "colocated", "gpus": 4, "tp": 1, "learners": 4, "engines": 4, "rc": 0, "device": dev,
+            "step_mean_s": 16.0, "mfu_per_learner_gpu": 0.30, "peak_gib_measured": [68.0, 69.0], "time_split": {"time/learner": 7.0},
+            "pack_length": 8192, "micro_batches_per_step": 7, "trl_backend": "trl:vllm-colocate", "trl_step_mean_s": 17.0, "trl_device": dev}
+    other_gpus = {**base, "device": "4x NVIDIA H200", "trl_step_mean_s": 99.0}
+    over = {**{k: v for k, v in base.items() if not k.startswith("trl_")}, "step_mean_s": 13.6, "mfu_per_learner_gpu": 0.43,
+            "peak_gib_measured": [67.5], "time_split": {"time/learner": 5.0}, "pack_length": 49152, "micro_batches_per_step": 1,
+            "overrides": ["learner.pack_length=49152"]}
+    main, extra = tmp_path / "main.json", tmp_path / "over.json"
+    main.write_text(json.dumps({"records": [other_gpus, base]})); extra.write_text(json.dumps({"records": [over]}))
+    [p] = REPORT["paired"](extra, main)
+    assert p["trl_step_mean_s"] == 17.0 and p["speedup_mean"] == 17.0 / 13.6 and p["overrides"] == over["overrides"]
+    assert "| colocated `--learner.pack_length=49152` | 4× H100: 4 + 4 × 1 | 1 (49152) |" in REPORT["scale_table"]([p])
+    assert any(v.startswith("Qwen2.5-7B colocated with --learner.pack_length=49152 on 4× H100: ≥1.2× TRL by mean step time: 1.25×") for v in REPORT["verdicts"]([p]))
+    [line] = REPORT["override_lines"](extra, main)
+    assert line == ("Qwen2.5-7B colocated on 4× H100, from 1 micro-batch of up to 49,152 tokens a learner a step (--learner.pack_length=49152) "
+                    "to 7 micro-batches of up to 8,192 tokens (the preset as it is): step 13.60 → 16.00 s, learner 5.00 → 7.00 s, "
+                    "MFU 43.0 → 30.0%, largest GPU peak 67.5 → 69.0 GiB (step, learner and MFU: means over the timed steps).")
+    lone = tmp_path / "lone.json"; lone.write_text(json.dumps({"records": [{**over, "device": "4x NVIDIA B200"}]}))
+    assert REPORT["paired"](lone, main)[0].get("trl_step_mean_s") is None   # no TRL run on those GPUs: nothing to pair with
+    assert REPORT["override_lines"](lone, main) == ["Qwen2.5-7B colocated with --learner.pack_length=49152 on 4× B200: no run of this model "
+                                                    "and layout on these GPUs in the main results to compare with"]
+
+
+def test_a_failed_multi_process_peer_is_named_by_its_first_error(tmp_path):
+    "The launcher's `ChildFailedError` summary says nothing; the report names the first exception a rank raised."
+    log = tmp_path / "trainer.log"
+    log.write_text("[INFO] start\n[rank1]: Traceback (most recent call last):\n[rank1]:   File \"x.py\", line 1\n"
+                   "[rank1]: NotImplementedError: Cannot copy out of meta tensor; no data!\n[rank3]: RuntimeError: later\n"
+                   "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n  traceback : To enable traceback see: https://x/errors.html\n")
+    why = COMMON.first_error(log)
+    assert why == "[rank1]: NotImplementedError: Cannot copy out of meta tensor; no data!"
+    assert COMMON.first_error(tmp_path / "missing.log") is None
+    err = f"TRL trainer exited 1 (limit 540 s); first error: {why}\n" + log.read_text()
+    rec = {"model": "OLMo-2-7B", "layout": "colocated", "gpus": 4, "tp": 1, "learners": 4, "engines": 4, "rc": 0, "step_mean_s": 25.0,
+           "device": "4x NVIDIA H100", "trl_backend": "trl:vllm-colocate", "trl_step_mean_s": None, "trl_error": err}
+    assert "| vllm-colocate | failed: NotImplementedError: Cannot copy out of meta tensor; no data! | — |" in REPORT["scale_table"]([rec])
+    assert ("OLMo-2-7B colocated: ours measured; TRL vllm-colocate beside it failed (NotImplementedError: Cannot copy out of meta tensor; "
+            "no data!)") in REPORT["unmeasured"]([rec])
+
+
+def test_replan_keeps_the_pack_each_run_had(tmp_path):
+    "A record carries its learner's pack, so `--replan` plans the run as it was even after the preset's pack changed."
+    cmd = ("grpo_nb train scale-7b-4gpu-colocated --total_steps=10 --data.max_prompt_tokens=520 --rollout.prompts_per_step=16 "
+           "--rollout.num_samples_per_prompt=8 --rollout.max_new_tokens=1024 --reward.functions={arith: 1.0} --checkpoint.every_steps=0")
+    recs = [{"model": "Qwen2.5-7B", "layout": "colocated", "smoke": False, "command": cmd, "peak_gib_planned": [1.0] * 4, "pack_length": n}
+            for n in (8192, 49152)]
+    out = tmp_path / "scale.json"; out.write_text(json.dumps({"records": recs}))
+    subprocess.run([sys.executable, str(ROOT / "bench/scale_4gpu.py"), "--replan", "--out", str(out)], check=True, cwd=ROOT, timeout=300)
+    seven, one = (r["peak_gib_planned"][0] for r in json.loads(out.read_text())["records"])
+    assert seven != one and 60 < min(seven, one) and max(seven, one) < 80   # two plans of one preset, told apart by the pack each run had
