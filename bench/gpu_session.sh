@@ -5,7 +5,7 @@
 #                                                        split01 (or its parts split01a/b/c, and split01w),
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
-#                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b4 mfuolmo2 tp2
+#                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2
 #                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
 #
 # Each lane runs its benchmarks one after another on its own GPUs (CUDA_VISIBLE_DEVICES), each under `timeout`,
@@ -156,6 +156,9 @@ lane_s7olmotrlcoloc() { scale olmo_trl_coloc 580 --models OLMo-2-7B --layouts co
 # the ZeRO-3 learner alone at 7B: two GPUs (with gradient checkpointing, which the planner turns on there), and four
 lane_mfu7b2() { run learner_mfu_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-7B --budget-s 300 \
                   --variant-limit-s 200 --out "$OUT/learner_mfu_7b.json"; }
+# the 7B learner on two GPUs with one micro-batch of 16,384 tokens a step (checkpointing on, as the planner needs), against mfu7b2's 4 of 4,096
+lane_mfu7b2pack() { run learner_mfu_7b_2gpu_1mb 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-7B --budget-s 300 \
+                    --variant-limit-s 150 --pack 16384 --micro-batches 1 --only 'liger 1mb,large-buckets 1mb' --out "$OUT/learner_mfu_7b.json"; }
 # the OLMo-2-7B learner alone on two GPUs (its learner ran at about two thirds of the Qwen shape's MFU inside the split preset)
 lane_mfuolmo2() { run learner_mfu_olmo2_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models OLMo-2-7B --budget-s 300 \
                   --variant-limit-s 200 --out "$OUT/learner_mfu_7b.json"; }

@@ -105,6 +105,17 @@ def fit_variant(v:dict, gpu_bytes:int) -> dict:
     return v
 
 
+def given_pack(v:dict, pack:int, gpu_bytes:int) -> dict:
+    "Give `v` the pack asked for; where the planner says it fits only with gradient checkpointing (in 90% of the GPU), turn checkpointing on and say so."
+    v["pack"] = pack
+    fits = lambda: (lambda b: b is not None and b < 0.9 * gpu_bytes)(predicted(v, pack))
+    if not v["ckpt"] and not fits():
+        v["ckpt"] = True
+        v["note"] = f"gradient checkpointing on: without it the planner fits no pack of {pack} tokens in 90% of the GPU"
+        if not fits(): v["note"] += "; with it neither: run anyway"
+    return v
+
+
 def spec_for(v:dict, device:str):
     from grpo_nb.config import LearnerConfig
     from grpo_nb.learner import LearnerSpec
@@ -237,7 +248,7 @@ def record(v:dict, device_name:str, info:dict|None, res:dict|None, err:str|None)
          "predicted_bytes": None, "device": device_name, "variant": v["variant"], "pack_length": v["pack"],
          "grad_ckpt": v["ckpt"], "compile": v["compile"], "attention": (info or {}).get("attention_kernel"),
          "launcher": v.get("launcher"), "zero3_buckets": v.get("buckets", "deepspeed") if v["zero"] == 3 else None, "kernels": v.get("kernels", "torch"),
-         "logprob_chunk": v["chunk"]}
+         "logprob_chunk": v["chunk"], "micro_batches": v.get("micro_batches", 4)}
     if v.get("note"): r["note"] = v["note"]
     if res: r.update(res)
     if r.get("measured_bytes") and r.get("predicted_bytes"): r["predicted_over_measured"] = r["predicted_bytes"] / r["measured_bytes"]
@@ -396,8 +407,10 @@ def run_variant(v:dict) -> dict:
 # ds_overrides with the same settings plus reduce_bucket_size 5e8 and contiguous_gradients, which are DeepSpeed's defaults.
 
 
-def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smoke_compile:bool, pack:int=0, skip_check:bool=False) -> list:
-    "The measurements of a part, most important first (`pack` > 0: rows of that many tokens instead of the planner's choice)."
+def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smoke_compile:bool, pack:int=0, skip_check:bool=False,
+             micro_batches:int=4) -> list:
+    """The measurements of a part, most important first (`pack` > 0: rows of that many tokens instead of the planner's choice;
+    `micro_batches`: packs a learner trains each step, so a step holds `micro_batches` x `pack` tokens per GPU)."""
     out = []
     if part in ("1gpu", "all"):
         if smoke:
@@ -425,13 +438,18 @@ def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smo
         out = [v for v in out if v.get("kernels") != "liger"]
     for v in out:
         v.update(chunk=256 if smoke else 2048, launcher=launcher if v["gpus"] > 1 else "local", profile=v["gpus"] == 1 or launcher == "mp")
-        if smoke or pack: v["pack"] = 256 if smoke else pack
+        if smoke: v["pack"] = 256
+        elif pack: given_pack(v, pack, gpu_bytes)
         else: fit_variant(v, gpu_bytes)
         v["skip_check"] = skip_check
         v.update(variant=f"{v['model']} {v['gpus']}gpu zero{v['zero']}" + (" compiled" if v["compile"] else "") + (" ckpt" if v["ckpt"] else "")
-                         + (f" {v['kernels']}" if v.get("kernels", "torch") != "torch" else "") + (" large-buckets" if v.get("buckets") == "large" else ""),
-                 warmup=2 if v["compile"] else 1, steps=1 if smoke else 3, tokens=4 * v["pack"] * v["gpus"],
+                         + (f" {v['kernels']}" if v.get("kernels", "torch") != "torch" else "") + (" large-buckets" if v.get("buckets") == "large" else "")
+                         + (f" {micro_batches}mb" if micro_batches != 4 else ""),   # another step shape: its own record, beside the 4-pack one
+                 warmup=2 if v["compile"] else 1, steps=1 if smoke else 3, micro_batches=micro_batches,
                  prompt=16 if smoke else 256, lo=8 if smoke else 256, hi=64 if smoke else 1792)
+        # the default 4 packs keep their token count (and so their records); another count leaves one longest sequence of room
+        # per GPU, so that first-fit packing lands on that many micro-batches rather than one more
+        v["tokens"] = v["gpus"] * (4 * v["pack"] if micro_batches == 4 else micro_batches * v["pack"] - (v["prompt"] + v["hi"]))
     return out
 
 
@@ -505,6 +523,8 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny model on CPU (fp32, gloo): checks the script here")
     p.add_argument("--only", default="", help="comma-separated substrings: run only the variants whose name contains one; a trailing $ means 'ends with' (e.g. 'liger,zero1$')")
     p.add_argument("--pack", type=int, default=0, help="tokens per packed micro-batch (default 0: the longest the planner fits in 80%% of the GPU)")
+    p.add_argument("--micro-batches", type=int, default=4, help="packs each learner trains a step (default 4); fewer, longer ones pay ZeRO-3's "
+                   "gathers fewer times: e.g. --pack 16384 --micro-batches 1 against the default 4 of 4096")
     p.add_argument("--skip-check", action="store_true", help="no log-prob check of fused kernels before timing (its models were seen to keep GPU memory on an 80 GB GPU)")
     p.add_argument("--memory-peak", action="store_true", help="one more step per one-GPU variant with the allocator's history on: what is live at the peak, "
                    "grouped by where it was allocated (`memory_at_peak` in the record)")
@@ -546,7 +566,9 @@ def main(argv=None) -> int:
     if not a.smoke and part != "1gpu" and n_gpus < 2:
         if part == "2gpu": print(f"the 2-GPU part needs 2 visible GPUs (found {n_gpus}): use --part 1gpu", file=sys.stderr); return 2
         print("one GPU visible: the 2-GPU part is left out", flush=True); part = "1gpu"
-    vs = variants(part, a.smoke, ["tiny"] if a.smoke else a.models.split(","), gpu_bytes, launcher, a.smoke_compile, a.pack, a.skip_check)
+    if a.micro_batches < 1: print(f"--micro-batches {a.micro_batches}: give at least 1", file=sys.stderr); return 2
+    vs = variants(part, a.smoke, ["tiny"] if a.smoke else a.models.split(","), gpu_bytes, launcher, a.smoke_compile, a.pack, a.skip_check,
+                  a.micro_batches)
     if a.only: vs = [v for v in vs if any(v["variant"].endswith(x[:-1]) if x.endswith("$") else x in v["variant"] for x in a.only.split(","))]
     for v in vs: v["memory_peak"] = a.memory_peak and v["gpus"] == 1 and not a.smoke   # the allocator's history is a CUDA feature
     meta = {"versions": versions(), "command": " ".join(sys.argv)}

@@ -23,7 +23,7 @@ def _help(script:str) -> str:
 def test_four_gpu_lanes_pass_options_their_scripts_accept():
     text = re.sub(r"\\\n\s*", " ", SCRIPT.read_text())   # continuation lines joined: a lane's options on its second line are checked too
     for script, pattern in (("scale_4gpu.py", r"^lane_s7\w+\(\) \{ scale \w+ \d+ (.*); \}$"),
-                            ("learner_mfu.py", r"^lane_mfu(?:7b\d|olmo2)\(\) .*learner_mfu\.py (.*?);"),
+                            ("learner_mfu.py", r"^lane_mfu(?:7b\d\w*|olmo2)\(\) .*learner_mfu\.py (.*?);"),
                             ("tp2_gpu.py", r"^\s*run tp2_gpu \d+ [\d,]+ python3 bench/tp2_gpu\.py (.*?);")):
         accepted = set(re.findall(r"(--[\w-]+)", _help(script)))
         lines = re.findall(pattern, text, flags=re.M)

@@ -55,3 +55,15 @@ def test_peak_composition_groups_what_is_live_at_the_highest_point():
     c = M.peak_composition(events, before=1000)
     assert c["peak_bytes"] == 1180 and c["step_bytes"] == 180 and c["before_bytes"] == 1000   # 100 + 50 + 30 live at once
     assert c["groups"] == [["learner.py:10 fn", 100], ["modeling_qwen2.py:20 fn", 50], ["(no frames)", 30]]
+
+
+def test_one_long_micro_batch_a_step_is_its_own_variant_with_checkpointing_where_the_planner_needs_it():
+    "`--pack 16384 --micro-batches 1` at 7B over 2 GPUs: checkpointing on (the planner fits that pack only with it), room for one pack a step."
+    [v] = [x for x in M.variants("2gpu", False, ["Qwen2.5-7B"], H100, "ray", False, pack=16384, micro_batches=1) if x.get("kernels", "torch") == "torch"]
+    assert v["pack"] == 16384 and v["ckpt"] and "16384" in v["note"] and v["variant"].endswith(" 1mb")
+    assert v["tokens"] == 2 * (16384 - (v["prompt"] + v["hi"]))   # one longest sequence of room: first-fit lands on one pack
+    four = M.variants("2gpu", False, ["Qwen2.5-7B"], H100, "ray", False, pack=4096)[0]
+    assert four["tokens"] == 4 * 4096 * 2 and not four["variant"].endswith("mb")   # the default keeps its records' shape and names
+    small = M.variants("2gpu", False, ["Qwen2.5-0.5B"], H100, "ray", False, pack=8192, micro_batches=2)[0]
+    assert not small["ckpt"] and "note" not in small   # fits without checkpointing: left as it was
+    assert M.record(v, "2 × H100", None, None, None)["micro_batches"] == 1
