@@ -279,8 +279,9 @@ def start_rollout(engines:list, # engine handles
     idx = order.take(start, count)
     ps = [prompts[i] for i in idx]
     s = dataclasses.replace(spec, seed=None if spec.seed is None else spec.seed + 1_000_003 * step)
+    t_submit = time.perf_counter()   # before the first call: an engine may start (and even finish) before the list is built
     calls = [submit(e, "generate", ps[a:b], s, a) for e, (a, b) in zip(engines, split_evenly(len(ps), len(engines))) if b > a]
-    return Rollout(step, start, idx, calls, time.perf_counter(), version)
+    return Rollout(step, start, idx, calls, t_submit, version)
 
 # %% ../nbs/08_trainer.ipynb 42
 def finish_rollout(ro:Rollout, # from `start_rollout`
