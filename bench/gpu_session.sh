@@ -156,7 +156,7 @@ lane_s7olmotrlcoloc() { scale olmo_trl_coloc 580 --models OLMo-2-7B --layouts co
 # the ZeRO-3 learner alone at 7B: two GPUs (with gradient checkpointing, which the planner turns on there), and four
 lane_mfu7b2() { run learner_mfu_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-7B --budget-s 300 \
                   --variant-limit-s 200 --out "$OUT/learner_mfu_7b.json"; }
-# the 7B learner on two GPUs with one micro-batch of 16,384 tokens a step (checkpointing on, as the planner needs), against mfu7b2's 4 of 4,096;
+# the 7B learner on two GPUs with one micro-batch of 16,384 tokens a step (checkpointing on, as the planner needs), against mfu7b2's packs of 4,096;
 # its own results file, its own processes (no Ray), and GPUs 2,3 when PAIR=2,3: beside mfuolmo2 (GPUs 0,1) in one call on a four-GPU node
 lane_mfu7b2pack() { run learner_mfu_7b_2gpu_1mb 330 "${PAIR:-0,1}" python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-7B --budget-s 300 \
                     --variant-limit-s 150 --launcher mp --pack 16384 --micro-batches 1 --only 'liger 1mb,large-buckets 1mb' --out "$OUT/learner_mfu_7b_1mb.json"; }

@@ -106,9 +106,9 @@ def fit_variant(v:dict, gpu_bytes:int) -> dict:
 
 
 def given_pack(v:dict, pack:int, gpu_bytes:int) -> dict:
-    "Give `v` the pack asked for; where the planner says it fits only with gradient checkpointing (in 90% of the GPU), turn checkpointing on and say so."
+    "Give `v` the pack asked for; where the planner fits it in 90% of the GPU only with gradient checkpointing, turn checkpointing on and say so."
     v["pack"] = pack
-    fits = lambda: (lambda b: b is not None and b < 0.9 * gpu_bytes)(predicted(v, pack))
+    fits = lambda: (predicted(v, pack) or float("inf")) < 0.9 * gpu_bytes
     if not v["ckpt"] and not fits():
         v["ckpt"] = True
         v["note"] = f"gradient checkpointing on: without it the planner fits no pack of {pack} tokens in 90% of the GPU"
@@ -523,8 +523,9 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny model on CPU (fp32, gloo): checks the script here")
     p.add_argument("--only", default="", help="comma-separated substrings: run only the variants whose name contains one; a trailing $ means 'ends with' (e.g. 'liger,zero1$')")
     p.add_argument("--pack", type=int, default=0, help="tokens per packed micro-batch (default 0: the longest the planner fits in 80%% of the GPU)")
-    p.add_argument("--micro-batches", type=int, default=4, help="packs each learner trains a step (default 4); fewer, longer ones pay ZeRO-3's "
-                   "gathers fewer times: e.g. --pack 16384 --micro-batches 1 against the default 4 of 4096")
+    p.add_argument("--micro-batches", type=int, default=4, help="a step of this many packs' worth of tokens per GPU (default 4, which first-fit "
+                   "packing spreads over 4 or 5 packs; any other count leaves room to land on exactly that many); fewer, longer micro-batches pay "
+                   "ZeRO-3's gathers fewer times: e.g. --pack 16384 --micro-batches 1")
     p.add_argument("--skip-check", action="store_true", help="no log-prob check of fused kernels before timing (its models were seen to keep GPU memory on an 80 GB GPU)")
     p.add_argument("--memory-peak", action="store_true", help="one more step per one-GPU variant with the allocator's history on: what is live at the peak, "
                    "grouped by where it was allocated (`memory_at_peak` in the record)")

@@ -41,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
 from common import MemoryPoller, digit_prompts, first_error, free_port, save_bench_tokenizer, step_stats as stats, stop_group, wait_gpus_free   # noqa: E402  (shared by the bench scripts)
+from scale_report import plan_overrides   # noqa: E402  (plain Python: the pages' renderers, and how a record is planned again)
 from e2e_vs_trl import SAFE_ENV, _SERVER_LOG, _tail, _wait_health, time_trl_phases, toy_reward, trl_split   # noqa: E402  (the TRL side of the 1-2 GPU bench)
 
 LAYOUTS = {"split": dict(gpus=4, learners=2, engines=1, tp=2), "colocated": dict(gpus=4, learners=4, engines=4, tp=1)}
@@ -135,15 +136,12 @@ def planned_gib(preset:str, over:list[str], layout:str, gpus:int, plan:dict|None
 
 
 def replan(records:list[dict]) -> list[dict]:
-    """Each record's `peak_gib_planned` from today's planner (the run's preset and overrides, the model by its built-in shape, and the
-    learner's pack the run had, should the preset's have changed since); the value the run was given stays in `peak_gib_planned_at_run`."""
+    """Each record's `peak_gib_planned` from today's planner (`scale_report.plan_overrides`: the run's preset, overrides and pack,
+    the model by its built-in shape); the value the run was given stays in `peak_gib_planned_at_run`."""
     for r in records:
         if r.get("smoke") or not str(r.get("command", "")).startswith("grpo_nb train ") or r.get("layout") not in LAYOUTS: continue
-        head, *over = r["command"].split(" --")   # joined with spaces, values unquoted ("--reward.functions={arith: 1.0}")
-        pack = [f"--learner.pack_length={r['pack_length']}"] if r.get("pack_length") is not None else []
         r.setdefault("peak_gib_planned_at_run", r.get("peak_gib_planned"))
-        r["peak_gib_planned"] = planned_gib(head.split()[2], [f"--{o}" for o in over] + pack + [f"--model.name_or_path={r['model']}"],
-                                            r["layout"], LAYOUTS[r["layout"]]["gpus"])
+        r["peak_gib_planned"] = planned_gib(r["command"].split()[2], plan_overrides(r), r["layout"], LAYOUTS[r["layout"]]["gpus"])
     return records
 
 

@@ -42,39 +42,59 @@ def pack_cell(r:dict) -> str:
     return f"{r['micro_batches_per_step']} ({r['pack_length']})" if r.get("micro_batches_per_step") else "—"
 
 
+def twin(r:dict, main:str|Path) -> dict|None:
+    "`main`'s record of the same model, layout and GPUs as `r` (another run of the same work), or None."
+    return next((m for m in records(main) if (m["model"], m["layout"], m.get("device")) == (r["model"], r["layout"], r.get("device"))), None)
+
+
 def paired(path:str|Path, main:str|Path) -> list[dict]:
-    """The records of `path` (runs with `--set` overrides), each carrying the TRL run of `main`'s record of the same model, layout and
-    GPUs: the peer's run does not depend on what ours changed, so it pairs as it does with the preset's own run."""
+    """The records of `path` (runs with `--set` overrides), each carrying the TRL run of its `twin` in `main`: the peer's run
+    does not depend on what ours changed, so it pairs as it does with the preset's own run."""
     out = []
     for r in records(path):
-        twin = next((m for m in records(main) if (m["model"], m["layout"], m.get("device")) == (r["model"], r["layout"], r.get("device"))
-                     and m.get("trl_backend")), None)
-        if twin is None or r.get("trl_backend"): out.append(r); continue
-        theirs = {k: v for k, v in twin.items() if k.startswith("trl_")}
-        x = twin["trl_step_mean_s"] / r["step_mean_s"] if twin.get("trl_step_mean_s") and r.get("step_mean_s") else None
-        out.append({**r, **theirs, "speedup_mean": x})
+        t = twin(r, main)
+        if r.get("trl_backend") or not (t and t.get("trl_backend")): out.append(r); continue
+        x = t["trl_step_mean_s"] / r["step_mean_s"] if t.get("trl_step_mean_s") and r.get("step_mean_s") else None
+        out.append({**r, **{k: v for k, v in t.items() if k.startswith("trl_")}, "speedup_mean": x})
     return out
+
+
+def _packs(r:dict) -> str:
+    "A learner's micro-batches a step in words: `7 micro-batches of up to 8,192 tokens`."
+    n = r.get("micro_batches_per_step")
+    return f"{n} micro-batch{'es' if n != 1 else ''} of up to {r['pack_length']:,} tokens" if n else "micro-batches not recorded"
+
+
+OVERRIDE_PHASES = (("step", "step_mean_s", "{:.2f}", " s"), ("generation", "time/generation", "{:.2f}", " s"), ("learner", "time/learner", "{:.2f}", " s"),
+                   ("MFU", "mfu_per_learner_gpu", "{:.1%}", ""), ("largest GPU peak", "peak_gib_measured", "{:.1f}", " GiB"))
+"What `override_lines` compares, and how it prints each: a record key, a phase of `time_split`, or the largest of a per-GPU list."
 
 
 def override_lines(path:str|Path, main:str|Path) -> list[str]:
-    """From each run of `path` to `main`'s run of the same model, layout and GPUs: what their settings (`overrides`, the learner's
-    pack) changed in the step, the learner, its MFU and the largest GPU peak."""
+    """From each run of `path` to its `twin` in `main`: the learner's share of a step, then what their settings (`overrides`, the
+    learner's pack) changed in the step, generation, the learner, its MFU and the largest GPU peak."""
+    def get(x, key):
+        v = (x.get("time_split") or {}).get(key) if key.startswith("time/") else x.get(key)
+        return max(v) if isinstance(v, list) and v else v
+    sets = lambda x: " ".join(f"--{o}" for o in x.get("overrides") or []) or "the preset as it is"
     out = []
     for r in records(path):
-        base = next((m for m in records(main) if (m["model"], m["layout"], m.get("device")) == (r["model"], r["layout"], r.get("device"))), None)
+        base = twin(r, main)
         if base is None: out.append(f"{name(r)}: no run of this model and layout on these GPUs in the main results to compare with"); continue
-        learner = lambda x: (x.get("time_split") or {}).get("time/learner")
-        mfu = lambda x: x.get("mfu_per_learner_gpu") and 100 * x["mfu_per_learner_gpu"]
-        peak = lambda x: max(x.get("peak_gib_measured") or [0]) or None
-        parts = [f"{what} {_f(f(r), fmt)} → {_f(f(base), fmt)}{unit}" for what, f, fmt, unit in (
-            ("step", lambda x: x.get("step_mean_s"), "{:.2f}", " s"), ("learner", learner, "{:.2f}", " s"), ("MFU", mfu, "{:.1f}", "%"),
-            ("largest GPU peak", peak, "{:.1f}", " GiB"))]
-        n = lambda x: x.get("micro_batches_per_step")
-        packs = lambda x: (f"{n(x)} micro-batch{'es' if n(x) != 1 else ''} of up to {x['pack_length']:,} tokens" if n(x) else "micro-batches not recorded")
-        sets = lambda x: " ".join(f"--{o}" for o in x.get("overrides") or []) or "the preset as it is"
-        out.append(f"{r['model']} {r['layout']} on {gpus(r)}, from {packs(r)} a learner a step ({sets(r)}) to {packs(base)} ({sets(base)}): "
-                   + ", ".join(parts) + " (step, learner and MFU: means over the timed steps).")
+        w = r.get("work") or {}
+        share = (f" ({w['prompts'] * w['G'] // r['learners']} sequences of up to {w['prompt_len'] + w['gen']:,} tokens)"
+                 if w and r.get("learners") else "")
+        parts = [f"{what} {_f(get(r, key), fmt)} → {_f(get(base, key), fmt)}{unit}" for what, key, fmt, unit in OVERRIDE_PHASES]
+        out.append(f"{r['model']} {r['layout']} on {gpus(r)}, a learner's share of a step{share} from {_packs(r)} ({sets(r)}) to "
+                   f"{_packs(base)} ({sets(base)}): " + ", ".join(parts) + " (all but the peak: means over the timed steps).")
     return out
+
+
+def plan_overrides(r:dict) -> list[str]:
+    """The `grpo_nb plan` overrides that plan a record's run again: its command's, the model by its built-in shape, and the learner's
+    pack the run had (the preset's may have changed since)."""
+    over = ["--" + o for o in str(r.get("command", "")).split(" --")[1:]]   # joined with spaces, values unquoted ("--reward.functions={arith: 1.0}")
+    return over + [f"--model.name_or_path={r['model']}"] + ([f"--learner.pack_length={r['pack_length']}"] if r.get("pack_length") is not None else [])
 
 
 def _f(x, fmt="{:.2f}", none="—"):

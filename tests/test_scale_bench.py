@@ -294,12 +294,12 @@ def test_a_run_with_overrides_pairs_with_trls_run_of_the_preset_and_says_what_ch
     "`paired` gives each `--set` run the TRL run of the same model, layout and GPUs; `override_lines` goes from it to the main results' run."
     dev = "4x NVIDIA H100 80GB HBM3"
     base = {"model": "Qwen2.5-7B", "layout": "colocated", "gpus": 4, "tp": 1, "learners": 4, "engines": 4, "rc": 0, "device": dev,
-            "step_mean_s": 16.0, "mfu_per_learner_gpu": 0.30, "peak_gib_measured": [68.0, 69.0], "time_split": {"time/learner": 7.0},
+            "step_mean_s": 16.0, "mfu_per_learner_gpu": 0.30, "peak_gib_measured": [68.0, 69.0], "time_split": {"time/learner": 7.0, "time/generation": 6.0},
             "pack_length": 8192, "micro_batches_per_step": 7, "trl_backend": "trl:vllm-colocate", "trl_step_mean_s": 17.0, "trl_device": dev}
     other_gpus = {**base, "device": "4x NVIDIA H200", "trl_step_mean_s": 99.0}
     over = {**{k: v for k, v in base.items() if not k.startswith("trl_")}, "step_mean_s": 13.6, "mfu_per_learner_gpu": 0.43,
-            "peak_gib_measured": [67.5], "time_split": {"time/learner": 5.0}, "pack_length": 49152, "micro_batches_per_step": 1,
-            "overrides": ["learner.pack_length=49152"]}
+            "peak_gib_measured": [67.5], "time_split": {"time/learner": 5.0, "time/generation": 6.1}, "pack_length": 49152, "micro_batches_per_step": 1,
+            "overrides": ["learner.pack_length=49152"], "work": {"prompts": 16, "G": 8, "prompt_len": 512, "gen": 1024}}
     main, extra = tmp_path / "main.json", tmp_path / "over.json"
     main.write_text(json.dumps({"records": [other_gpus, base]})); extra.write_text(json.dumps({"records": [over]}))
     [p] = REPORT["paired"](extra, main)
@@ -307,9 +307,10 @@ def test_a_run_with_overrides_pairs_with_trls_run_of_the_preset_and_says_what_ch
     assert "| colocated `--learner.pack_length=49152` | 4× H100: 4 + 4 × 1 | 1 (49152) |" in REPORT["scale_table"]([p])
     assert any(v.startswith("Qwen2.5-7B colocated with --learner.pack_length=49152 on 4× H100: ≥1.2× TRL by mean step time: 1.25×") for v in REPORT["verdicts"]([p]))
     [line] = REPORT["override_lines"](extra, main)
-    assert line == ("Qwen2.5-7B colocated on 4× H100, from 1 micro-batch of up to 49,152 tokens a learner a step (--learner.pack_length=49152) "
-                    "to 7 micro-batches of up to 8,192 tokens (the preset as it is): step 13.60 → 16.00 s, learner 5.00 → 7.00 s, "
-                    "MFU 43.0 → 30.0%, largest GPU peak 67.5 → 69.0 GiB (step, learner and MFU: means over the timed steps).")
+    assert line == ("Qwen2.5-7B colocated on 4× H100, a learner's share of a step (32 sequences of up to 1,536 tokens) from 1 micro-batch of "
+                    "up to 49,152 tokens (--learner.pack_length=49152) to 7 micro-batches of up to 8,192 tokens (the preset as it is): "
+                    "step 13.60 → 16.00 s, generation 6.10 → 6.00 s, learner 5.00 → 7.00 s, MFU 43.0% → 30.0%, largest GPU peak 67.5 → 69.0 GiB "
+                    "(all but the peak: means over the timed steps).")
     lone = tmp_path / "lone.json"; lone.write_text(json.dumps({"records": [{**over, "device": "4x NVIDIA B200"}]}))
     assert REPORT["paired"](lone, main)[0].get("trl_step_mean_s") is None   # no TRL run on those GPUs: nothing to pair with
     assert REPORT["override_lines"](lone, main) == ["Qwen2.5-7B colocated with --learner.pack_length=49152 on 4× B200: no run of this model "
@@ -334,12 +335,14 @@ def test_a_failed_multi_process_peer_is_named_by_its_first_error(tmp_path):
 
 
 def test_replan_keeps_the_pack_each_run_had(tmp_path):
-    "A record carries its learner's pack, so `--replan` plans the run as it was even after the preset's pack changed."
+    "A record carries its learner's pack, so `--replan` plans the run as it was even after the preset's pack changed (`plan_overrides`)."
     cmd = ("grpo_nb train scale-7b-4gpu-colocated --total_steps=10 --data.max_prompt_tokens=520 --rollout.prompts_per_step=16 "
            "--rollout.num_samples_per_prompt=8 --rollout.max_new_tokens=1024 --reward.functions={arith: 1.0} --checkpoint.every_steps=0")
     recs = [{"model": "Qwen2.5-7B", "layout": "colocated", "smoke": False, "command": cmd, "peak_gib_planned": [1.0] * 4, "pack_length": n}
             for n in (8192, 49152)]
     out = tmp_path / "scale.json"; out.write_text(json.dumps({"records": recs}))
     subprocess.run([sys.executable, str(ROOT / "bench/scale_4gpu.py"), "--replan", "--out", str(out)], check=True, cwd=ROOT, timeout=300)
+    assert REPORT["plan_overrides"](recs[1])[-2:] == ["--model.name_or_path=Qwen2.5-7B", "--learner.pack_length=49152"]
+    assert "--reward.functions={arith: 1.0}" in REPORT["plan_overrides"](recs[1])   # a value with a space stays whole
     seven, one = (r["peak_gib_planned"][0] for r in json.loads(out.read_text())["records"])
     assert seven != one and 60 < min(seven, one) and max(seven, one) < 80   # two plans of one preset, told apart by the pack each run had
