@@ -5,7 +5,7 @@
 #                                                        split01 (or its parts split01a/b/c, and split01w),
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
-#                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2
+#                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2 mix4
 #                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
 #
 # Each lane runs its benchmarks one after another on its own GPUs (CUDA_VISIBLE_DEVICES), each under `timeout`,
@@ -71,7 +71,7 @@ lane_coloc0() {
 }
 # one GPU: vLLM's engine core in the caller's process (as the trainer's engine actors run it) against its own process, and the
 # completions decoded at the end against vLLM detokenizing as it generates; same engine otherwise
-lane_rtcore0() { run rollout_throughput_core 420 0 python3 bench/rollout_throughput.py --engines vllm-graphs,vllm-graphs-mp,vllm-graphs-detok --budget-s 60 \
+lane_rtcore0() { run rollout_throughput_core 420 "${1:-0}" python3 bench/rollout_throughput.py --engines vllm-graphs,vllm-graphs-mp,vllm-graphs-detok --budget-s 60 \
                  --out "$OUT/rollout_engine_core.json"; }
 lane_single1() {
   e2e trl:transformers:bench 200 1
@@ -108,7 +108,7 @@ lane_wsvllm01() { run weight_sync_vllm 220 0,1 python3 bench/weight_sync.py --re
                     --budget-s 170 --out "$OUT/weight_sync.json"; }
 # one GPU: the colocated sync's transport alone (two shared buffers a sync against one share per bucket)
 lane_ipc0() { run ipc_sync 120 0 python3 bench/ipc_sync.py --out "$OUT/ipc_sync.json"; }
-lane_wstf01() { run weight_sync_transformers 150 0,1 python3 bench/weight_sync.py --buckets-mib 1024,0 --budget-s 100 --out "$OUT/weight_sync.json"; }
+lane_wstf01() { run weight_sync_transformers 150 "${1:-0,1}" python3 bench/weight_sync.py --buckets-mib 1024,0 --budget-s 100 --out "$OUT/weight_sync.json"; }
 # both GPUs: ZeRO-3 learners with Liger kernels, DeepSpeed's default buckets and larger ones (1.5B and 3B)
 lane_mfu2() { run learner_mfu_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-1.5B,Qwen2.5-3B --only liger \
                 --budget-s 290 --variant-limit-s 140 --out "$OUT/learner_mfu.json"; }
@@ -123,10 +123,11 @@ lane_mfu1p5() {
       --budget-s 150 --variant-limit-s 150 --out "$OUT/learner_mfu_1p5b_liger.json" &
   wait
 }
-# one GPU: the checkpointed ZeRO-1 learners (the records the planner under-predicts), with what is live at each step's peak
 # one GPU, about a minute: the log-prob head's peak memory, naive against chunked, and the chunk-size sweep (bench/logprob_memory.py)
-lane_lpmem0() { run logprob_memory 200 0 python3 bench/logprob_memory.py --out "$OUT/logprob_memory.json"; }
-lane_mfumem0() { run learner_mfu_memory_peak 300 0 python3 bench/learner_mfu.py --part 1gpu --models Qwen2.5-0.5B,Qwen2.5-1.5B --only 'ckpt$' \
+lane_lpmem0() { run logprob_memory 200 "${1:-0}" python3 bench/logprob_memory.py --out "$OUT/logprob_memory.json"; }
+# one GPU: the checkpointed ZeRO-1 learner of the 0.5B shape (the record the planner under-predicts; the benchmark checkpoints only
+# the largest model it is given), with what is live at its step's peak
+lane_mfumem0() { run learner_mfu_memory_peak 300 "${1:-0}" python3 bench/learner_mfu.py --part 1gpu --models Qwen2.5-0.5B --only 'ckpt$' \
                    --memory-peak --skip-check --budget-s 260 --variant-limit-s 130 --out "$OUT/learner_mfu_memory_peak.json"; }
 # 3B on one GPU (an H200: without checkpointing it does not fit an H100 at useful row lengths), eager then Liger
 lane_mfu3b() { run learner_mfu_3b 200 0 python3 bench/learner_mfu.py --part 1gpu --models Qwen2.5-3B --only 'zero1$,zero1 liger' --skip-check \
@@ -165,6 +166,9 @@ lane_mfuolmo2() { run learner_mfu_olmo2_7b_2gpu 330 0,1 python3 bench/learner_mf
                   --variant-limit-s 200 --out "$OUT/learner_mfu_7b.json"; }
 lane_mfu7b4() { run learner_mfu_7b_4gpu 330 0,1,2,3 python3 bench/learner_mfu.py --part 4gpu --models Qwen2.5-7B --budget-s 300 \
                   --variant-limit-s 200 --out "$OUT/learner_mfu_7b.json"; }
+# four GPUs, the short one- and two-GPU lanes side by side (about seven minutes): the log-prob head's memory then the
+# checkpointed learners' peaks on GPU 0, the engine-core comparison on GPU 1, the in-place transformers receiver on GPUs 2,3
+lane_mix4() { { lane_lpmem0 0; lane_mfumem0 0; } & lane_rtcore0 1 & lane_wstf01 2,3 & wait; }
 # the 1.5B shape with one TP=2 engine beside two ZeRO-3 learners, every sync checked bit for bit (bench/tp2_gpu.py)
 lane_tp2() { [ -f "$OUT/tp2_gpu.json" ] || cp bench/results/tp2_gpu.json "$OUT/"
              run tp2_gpu 450 0,1,2,3 python3 bench/tp2_gpu.py --layouts tp2 --out "$OUT/tp2_gpu.json"; }

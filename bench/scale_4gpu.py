@@ -206,6 +206,8 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True); shutil.copy(log, logs / f"scale_{model}_{layout}.log")
         if mpath.exists(): shutil.copy(mpath, logs / f"scale_{model}_{layout}_metrics.jsonl")
+        for e in sorted((tmp / "run" / "logs").glob("engine*_load.log")):   # vLLM's own log of each engine's start-up
+            shutil.copy(e, logs / f"scale_{model}_{layout}_{e.name}")
     recs = [json.loads(l) for l in mpath.read_text().splitlines()] if mpath.exists() else []
     recs = [r for r in recs if "time/step" in r]
     timed = recs[sh["warmup"]:]
@@ -222,6 +224,7 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
            "peak_gib_measured": [mem.peak[i] / 1024 for i in sorted(mem.peak)][:L["gpus"]] if not smoke else [],
            "peak_gib_planned": planned, "pack_length": mb.get("pack_length"), "micro_batches_per_step": mb.get("per_step"),
            "learner_peak_allocated_gib": max((r.get("peak_gpu_mem_gib", 0) for r in recs), default=None),
+           "learner_peak_reserved_gib": max((r.get("peak_gpu_reserved_gib", 0) for r in recs), default=None),   # torch's cached blocks too: the rest of a GPU's peak is the engine's and the contexts'
            "time_split": {k: mean(k) for k in ("time/generation", "time/generation_total", "time/generation_engine", "time/wait_rollout", "time/reward", "time/learner", "time/sync",
                                                  "time/verify", "time/sleep", "time/wake", "time/wake_weights", "time/wake_kv", "time/release",
                                                  "verify/checksums_s", "verify/logprobs_s", "verify/release_s")},
@@ -533,6 +536,9 @@ def main():
             else:
                 try: rec = run_one(model, layout, a.smoke, Path(d), Path(a.models_dir), a.timeout, device, logs, save, extra)
                 except Exception: rec = {"model": model, "layout": layout, "error": traceback.format_exc()[-2000:]}
+                before = ours.get((model, layout)) or {}
+                if PEERS[layout] not in peers and before.get("trl_backend"):   # TRL's run of this model, layout and GPUs stays paired:
+                    rec = merge_trl(rec, {k: v for k, v in before.items() if k.startswith("trl_")})   # its side does not depend on ours
                 save(rec)
                 print(model, layout, {k: rec.get(k) for k in ("step_mean_s", "mfu_per_learner_gpu", "sync_s", "sync_floor_s", "exact_sync",
                                                               "max_abs_logprob_diff", "logprob_atol", "peak_gib_measured", "peak_gib_planned", "rc")},

@@ -714,6 +714,7 @@ def train_step(self:LearnerWorker,
     acc.update(time_s=time.perf_counter() - t0, lr=float(self.engine.get_lr()[0]), step=self.step,
                flops=self._flops(acc.pop("seq_lens"), acc.pop("scored")),
                peak_bytes=torch.cuda.max_memory_allocated() if self.spec.device == "cuda" else 0,
+               peak_reserved_bytes=torch.cuda.max_memory_reserved() if self.spec.device == "cuda" else 0,   # with the allocator's cached blocks
                peak_flops=peak_flops_for(torch.cuda.get_device_name()) if self.spec.device == "cuda" else None,
                train_tokens=sum(len(s) for s in batch.input_ids) * L.epochs_per_batch)
     return acc
@@ -896,7 +897,7 @@ def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
            "optimizer_steps": r0["optimizer_steps"], "micro_batches": max(p["micro_batches"] for p in parts),
            "ratio_max": max(p["ratio_max"] for p in parts), "ratio_min": min(p["ratio_min"] for p in parts),
            "time_s": max(p["time_s"] for p in parts), "flops": sum(p["flops"] for p in parts),
-           "peak_bytes": max(p["peak_bytes"] for p in parts)}
+           "peak_bytes": max(p["peak_bytes"] for p in parts), "peak_reserved_bytes": max(p.get("peak_reserved_bytes", 0) for p in parts)}
     for k in _MEAN_KEYS:
         if f"{k}_sum" in r0: out[k] = sum(p.get(f"{k}_sum", 0.0) for p in parts) / max(tok, 1)
     out["tokens_per_s"] = out["train_tokens"] / out["time_s"] if out["time_s"] else 0.0

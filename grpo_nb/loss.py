@@ -320,6 +320,7 @@ class ChunkedLogProbs(torch.autograd.Function):
             if with_entropy:
                 p = (z - lse[s:e, None]).exp_()  # softmax [c, V]
                 ent[s:e] = lse[s:e] - p.mul_(z).sum(-1)  # H = lse - Σ p z
+                del p   # now, not when the next chunk's replaces it: with the next logits and logsumexp's work that was three [c, V] buffers
             del z
         logp = torch.where(valid, logp, 0)
         ctx.save_for_backward(hidden, weight, tok, valid, lse, ent)

@@ -946,7 +946,7 @@ def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement
     p = plan_config(cfg, model)
     return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
 
-# %% ../nbs/01_memory.ipynb 149
+# %% ../nbs/01_memory.ipynb 151
 def _share(cfg) -> tuple[int, int]:
     "A sequence's longest length, and the sequences one learner trains per optimizer step."
     d = derive(cfg)
@@ -990,7 +990,7 @@ def pack_advice(cfg, # a `grpo_nb.config.TrainConfig`
             "(fewer, longer micro-batches keep the GPU busier; see the learner page)") if P and best < now else None
     return {"per_step": now, "pack_length": cfg.learner.pack_length, "longest_pack": P, "per_step_at_longest": best, "advice": line}
 
-# %% ../nbs/01_memory.ipynb 152
+# %% ../nbs/01_memory.ipynb 154
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -1016,7 +1016,7 @@ def _plan_config_cli(source:str, # YAML file or preset
     if (m := out.get("micro_batches")) and m["advice"]: print(m["advice"])
     return 0
 
-# %% ../nbs/01_memory.ipynb 156
+# %% ../nbs/01_memory.ipynb 158
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -1039,7 +1039,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(units.get(sweep, sweep)); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=9, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 160
+# %% ../nbs/01_memory.ipynb 162
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."

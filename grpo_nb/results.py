@@ -89,7 +89,8 @@ def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench
             "|---|---|---|---|---|---|---|---|---|---|---|---|")
     def line(r):
         variant = (("compiled" if r.get("compile") else "Liger kernels" if r.get("kernels") == "liger" else "eager")
-                   + (", checkpointing" if r.get("grad_ckpt") else "") + (", larger ZeRO-3 buckets" if r.get("zero3_buckets") == "large" else ""))
+                   + (", checkpointing" if r.get("grad_ckpt") else "") + (", larger ZeRO-3 buckets" if r.get("zero3_buckets") == "large" else "")
+                   + (", one micro-batch a step" if r.get("micro_batches") == 1 else ""))
         start = f"| {r['model']} | {r['gpus']} | {r['zero']} | {variant} | {r.get('attention') or '–'} | {r['device']} | {r.get('pack_length', '')} | "
         if not r.get("tokens_per_s"): return start + f"{r.get('error', '?')[:80]} | | | | | |"
         pred = r.get("predicted_bytes")

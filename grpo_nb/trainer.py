@@ -466,6 +466,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info.update({k: m[k] for k in keep if k in m})
     info["learner_tokens_per_s"] = m.get("tokens_per_s", 0.0)
     info["peak_gpu_mem_gib"] = m.get("peak_bytes", 0) / 2**30
+    info["peak_gpu_reserved_gib"] = m.get("peak_reserved_bytes", 0) / 2**30   # the same peak with the allocator's cached blocks
     return info
 
 # %% ../nbs/08_trainer.ipynb 60

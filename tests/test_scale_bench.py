@@ -146,6 +146,22 @@ def test_skip_ours_merges_trl_into_the_file(tmp_path, monkeypatch):
     assert r["trl_backend"] == "trl:vllm-server" and r["speedup_mean"] == 2.0 and "trl_time" in r
 
 
+def test_rerun_of_ours_keeps_trls_run_paired(tmp_path, monkeypatch):
+    # ours run again (another pack, say) without a TRL run: TRL's earlier run of the same model, layout and GPUs stays in the record
+    out = tmp_path / "scale.json"
+    before = {"model": "OLMo-2-7B", "layout": "colocated", "step_mean_s": 25.0, "rc": 0, "device": "4x NVIDIA H100",
+              "trl_backend": "trl:vllm-colocate", "trl_step_mean_s": None, "trl_error": "NotImplementedError: meta tensor", "speedup_mean": None}
+    out.write_text(json.dumps({"records": [before]}))
+    monkeypatch.setattr(S, "run_one", lambda model, layout, *a, **k: {"model": model, "layout": layout, "step_mean_s": 20.0, "rc": 0})
+    monkeypatch.setattr(S, "gpus_here", lambda: "4x NVIDIA H100")
+    monkeypatch.setattr(sys, "argv", ["scale_4gpu.py", "--models", "OLMo-2-7B", "--layouts", "colocated", "--peers", "", "--out", str(out),
+                                      "--models-dir", str(tmp_path / "models")])
+    S.main()
+    (r,) = json.loads(out.read_text())["records"]
+    assert r["step_mean_s"] == 20.0 and r["trl_backend"] == "trl:vllm-colocate" and r["trl_error"].startswith("NotImplementedError")
+    assert r["speedup_mean"] is None
+
+
 def test_report_without_trl_says_not_measured(tmp_path):
     f = tmp_path / "scale.json"
     f.write_text(json.dumps({"records": [{"model": "Qwen2.5-7B", "layout": "split", "gpus": 4, "tp": 2, "learners": 2, "engines": 1, "rc": 0,
