@@ -161,9 +161,9 @@ lane_mfu7b2() { run learner_mfu_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --p
 # its own results file, its own processes (no Ray), and GPUs 2,3 when PAIR=2,3: beside mfuolmo2 (GPUs 0,1) in one call on a four-GPU node
 lane_mfu7b2pack() { run learner_mfu_7b_2gpu_1mb 330 "${PAIR:-0,1}" python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-7B --budget-s 300 \
                     --variant-limit-s 150 --launcher mp --pack 16384 --micro-batches 1 --only 'liger 1mb,large-buckets 1mb' --out "$OUT/learner_mfu_7b_1mb.json"; }
-# the OLMo-2-7B learner alone on two GPUs (its learner ran at about two thirds of the Qwen shape's MFU inside the split preset)
+# the OLMo-2-7B learner alone on two GPUs (about half the Qwen shape's MFU with the same step); spawned ranks, so rank 0 is profiled
 lane_mfuolmo2() { run learner_mfu_olmo2_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models OLMo-2-7B --budget-s 300 \
-                  --variant-limit-s 200 --out "$OUT/learner_mfu_7b.json"; }
+                  --variant-limit-s 200 --launcher mp --out "$OUT/learner_mfu_7b.json"; }
 lane_mfu7b4() { run learner_mfu_7b_4gpu 330 0,1,2,3 python3 bench/learner_mfu.py --part 4gpu --models Qwen2.5-7B --budget-s 300 \
                   --variant-limit-s 200 --out "$OUT/learner_mfu_7b.json"; }
 # four GPUs, the short one- and two-GPU lanes side by side (about seven minutes): the log-prob head's memory then the
