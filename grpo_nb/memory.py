@@ -22,7 +22,7 @@ __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer'
            'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory', 'engine_memory', 'min_learner_gpus',
            'min_engine_tp', 'Plan', 'gpu_budget', 'host_budget', 'plan', 'plan_json', 'format_plan', 'plan_command',
            'plan_cli', 'plan_config', 'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'micro_batches_per_step',
-           'longest_pack', 'pack_advice', 'plot_terms', 'planner_widget']
+           'longest_pack', 'pack_advice', 'sleep_advice', 'plot_terms', 'planner_widget']
 
 # %% ../nbs/01_memory.ipynb 7
 GiB = 2**30
@@ -990,7 +990,20 @@ def pack_advice(cfg, # a `grpo_nb.config.TrainConfig`
             "(fewer, longer micro-batches keep the GPU busier; see the learner page)") if P and best < now else None
     return {"per_step": now, "pack_length": cfg.learner.pack_length, "longest_pack": P, "per_step_at_longest": best, "advice": line}
 
-# %% ../nbs/01_memory.ipynb 154
+# %% ../nbs/01_memory.ipynb 155
+def sleep_advice(cfg, # a `grpo_nb.config.TrainConfig`
+                 model:str|ModelShape|None=None, # override the model, as in `plan_config`
+                 headroom:float=0.1, # share of the GPU left free, as in `longest_pack`
+                ) -> str|None: # a line with the flag, or None (not colocated, not sleeping, or it does not fit awake)
+    "For a colocated config whose engine sleeps: whether learner and engine fit the GPU together awake (`rollout.sleep_level=0`)."
+    if cfg.rollout.placement != "colocated" or not cfg.rollout.sleep_level: return None
+    p = plan_config(cfg, model)
+    awake = colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, sleep_level=0)
+    if awake.peak_bytes > (1 - headroom) * cfg.cluster.gpu_mem_gib * GiB: return None
+    return (f"colocated: --rollout.sleep_level=0 still fits ({awake.peak_bytes / GiB:.1f} of {cfg.cluster.gpu_mem_gib:.1f} GiB a GPU): "
+            "the engine keeps its weights and KV cache while the learner steps, and no step pays a sleep and a wake")
+
+# %% ../nbs/01_memory.ipynb 157
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -1005,6 +1018,7 @@ def _plan_config_cli(source:str, # YAML file or preset
     if cfg.rollout.placement == "colocated":
         cm = colocated_plan(cfg)
         out["colocated"] = {**asdict(cm), "generate_gib": cm.generate_bytes / GiB, "learn_gib": cm.learn_bytes / GiB, "peak_gib": cm.peak_bytes / GiB}
+        if cfg.cluster.device != "cpu" and cm.fits: out["sleep_advice"] = sleep_advice(cfg)   # whether the engine needs to sleep at all
     if as_json: print(json.dumps(out, indent=2)); return 0
     print(f"config {source}: {cfg.model.name_or_path}, {sum(cfg.cluster.learners_per_node)} learners, ZeRO-{cfg.learner.zero_stage}, "
           f"{cfg.cluster.gpu or 'GPU'} of {cfg.cluster.gpu_mem_gib:.1f} GiB")
@@ -1014,9 +1028,10 @@ def _plan_config_cli(source:str, # YAML file or preset
         print(f"colocated (learner and engine share each GPU): generating {c['generate_gib']:.1f} GiB, learning {c['learn_gib']:.1f} GiB; "
               f"{'fits' if cm.fits else 'DOES NOT FIT'} in {cfg.cluster.gpu_mem_gib:.1f} GiB")
     if (m := out.get("micro_batches")) and m["advice"]: print(m["advice"])
+    if out.get("sleep_advice"): print(out["sleep_advice"])
     return 0
 
-# %% ../nbs/01_memory.ipynb 158
+# %% ../nbs/01_memory.ipynb 161
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -1039,7 +1054,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(units.get(sweep, sweep)); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=9, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 162
+# %% ../nbs/01_memory.ipynb 165
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."

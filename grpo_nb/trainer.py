@@ -24,12 +24,12 @@ from .plugins import PluginError, check_registered, import_plugins, load_plugins
 from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend
 from .weight_sync import connect_weight_sync, sync_plan, sync_weights, WeightSyncError, verify_weight_sync, vllm_load_mode
 from .rollout import check_tensor_parallel
-from .memory import plan_config, colocated_plan, pack_advice, RELEASE_MARGIN
+from .memory import plan_config, colocated_plan, pack_advice, sleep_advice, RELEASE_MARGIN
 
 # %% auto 0
 __all__ = ['encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'preflight_run', 'start_ray', 'Actors',
            'start_actors', 'stop_actors', 'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'check_fits',
-           'pack_notes', 'process_age_s', 'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict',
+           'plan_notes', 'process_age_s', 'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict',
            'demo_command', 'demo_cli']
 
 # %% ../nbs/08_trainer.ipynb 8
@@ -373,14 +373,14 @@ def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                           "one of the changes above; --cluster.gpu=<your GPU> if the planner assumed another card")
 
 # %% ../nbs/08_trainer.ipynb 52
-def pack_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
+def plan_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                device:str, # the layout's device: only "cuda" gets advice
-              ) -> list[str]: # the advice as a run event, or nothing
-    "On GPUs, the planner's advice on fewer, longer micro-batches (`grpo_nb.memory.pack_advice`) as a run event."
+              ) -> list[str]: # the advice as run events, or nothing
+    "On GPUs, the planner's advice as run events: fewer, longer micro-batches (`pack_advice`), an engine that need not sleep (`sleep_advice`)."
     if device != "cuda": return []
-    try: a = pack_advice(cfg)["advice"]
+    try: out = [pack_advice(cfg)["advice"], sleep_advice(cfg)]
     except ValueError: return []   # a model the planner cannot read has no advice
-    return [a] if a else []
+    return [a for a in out if a]
 
 # %% ../nbs/08_trainer.ipynb 55
 def process_age_s() -> float|None:
@@ -414,7 +414,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
         try: vllm_load_mode(self.cfg.rollout.weight_load, None, self.layout.device)
         except WeightSyncError as e: raise ConfigError("rollout.weight_load", *str(e).split(" Fix: ", 1)) from None
     check_fits(self.cfg, self.layout.device)   # a layout the planner says cannot fit is refused before any GPU work
-    self.events += pack_notes(self.cfg, self.layout.device)   # longer micro-batches where the memory allows: said, not imposed
+    self.events += plan_notes(self.cfg, self.layout.device)   # longer micro-batches, an engine awake, where the memory allows: said, not imposed
     t0, launch_s = time.perf_counter(), process_age_s()   # imports, config and checks: everything before Ray
     self.cluster = start_ray(self.cfg, self.layout, ray_temp_dir)
     t1 = time.perf_counter()

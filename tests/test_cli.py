@@ -214,6 +214,15 @@ def test_offloaded_states_are_checked_against_host_memory():
     assert rc == 0 and not j["host_fit"] and "host memory" in j["notes"][-1], j["notes"]
 
 
+def test_plan_of_a_colocated_config_says_when_the_engine_need_not_sleep():
+    over = ["--model.name_or_path=Qwen2.5-0.5B", "--cluster.device=cuda", "--cluster.gpu=H100-80GB", "--cluster.gpus_per_node=1",
+            "--cluster.learners_per_node=[1]", "--rollout.placement=colocated", "--rollout.gpu_memory_utilization=0.3"]
+    rc, out, err = run(["plan", "--config", "default", *over])
+    assert rc == 0 and "--rollout.sleep_level=0 still fits" in out, out
+    rc, out, err = run(["plan", "--config", "default", *over, "--rollout.sleep_level=0", "--json"])
+    assert rc == 0 and json.loads(out)["sleep_advice"] is None   # awake already: nothing to advise
+
+
 def test_underscore_flags_still_work_and_are_announced_deprecated():
     rc, out, err = run(["demo", "--start_below", "0.3", "--help"])
     assert rc == 0 and "--start_below is deprecated; write --start-below" in err and "--start-below" in out, err
