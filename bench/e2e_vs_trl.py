@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import GPU_ENV, digit_prompts, end_group, free_port, save_bench_tokenizer, step_stats, stop_group  # noqa: E402  (shared by the bench scripts)
+from common import COLD_CACHES, GPU_ENV, digit_prompts, end_group, free_port, save_bench_tokenizer, step_stats, stop_group  # noqa: E402  (shared by the bench scripts)
 from verl_peer import BACKENDS as VERL_BACKENDS, PAIRS as VERL_PAIRS, dry_run_text, run_verl, verl_plan  # noqa: E402  (the second peer)
 
 MODEL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
@@ -62,8 +62,6 @@ TARGETS = {("trl", "vllm-colocate", "sync"): 1.2, ("trl", "vllm-server", "sync")
            ("trl", "transformers", "sync"): 3.0}
 "The speed-up by mean step time each comparison aims at, by peer, peer mode and our mode (none against verl yet)."
 SAFE_ENV = {**GPU_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
-COLD_CACHES = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
-"The compile caches each run gets fresh (both sides compile vLLM's graphs; a shared cache would favour whichever runs second)."
 
 
 stats = step_stats   # the name rollout_throughput and tp2_gpu import
@@ -334,7 +332,7 @@ def child(run:str, smoke:bool, out_json:Path, timeout:float):
     shape, model = SHAPES["smoke" if smoke else shape_name], SMOKE_MODEL if smoke else MODEL
     device = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
     tmp = Path(tempfile.mkdtemp(prefix="e2e"))
-    for var, sub in COLD_CACHES.items():   # a cold start for every run: no compiled graphs or kernels left by an earlier run of either side
+    for var, sub in COLD_CACHES.items():   # a cold start for every run (both sides compile vLLM's graphs; a shared cache would favour whichever runs second)
         os.environ[var] = str(tmp / "cache" / sub)
     rec = {"run": run, "side": side, **({"peer": side} if side in PEERS else {}), "shape": shape_name, "config": shape, "model": model, "smoke": smoke,
            "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "time": time.strftime("%Y-%m-%d %H:%M:%S"),

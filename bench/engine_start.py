@@ -2,8 +2,8 @@
 process (`grpo_nb.rollout.register_in_process`, what the engine does) and without it (vLLM's own way: a fresh Python
 process inspects the class, once per class and cache directory).
 
-Each start is its own Python process with an empty `VLLM_CACHE_ROOT` (what a new machine, container or vLLM version
-sees, and what `bench/e2e_vs_trl.py` gives every run), timed from before `VllmEngine(...)` until the engine is up;
+Each start is its own Python process with empty compile caches (`common.COLD_CACHES`: what a new machine, container or
+vLLM version sees, and what `bench/e2e_vs_trl.py` gives every run), timed from before `VllmEngine(...)` until the engine is up;
 the two modes alternate so that drift on the machine falls on both. Every start's seconds and their mean, median and
 p90 per mode. Results: bench/results/engine_start.json (`--out` for another file).
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
-from common import step_stats   # noqa: E402  (mean, median, p90)
+from common import COLD_CACHES, step_stats   # noqa: E402  (fresh compile caches; mean, median, p90)
 
 MODES = {"in process": "the model's class inspected in the engine's process (what VllmEngine does)",
          "fresh process": "vLLM inspects the class in a fresh Python process (register_in_process switched off)"}
@@ -33,9 +33,10 @@ def _child(model:str, device:str, mode:str) -> None:
 
 
 def start_once(model:str, device:str, mode:str, timeout:float) -> dict:
-    "One cold start in a subprocess with an empty vLLM cache; its seconds, or why it has none."
+    "One cold start in a subprocess with empty compile caches; its seconds, or why it has none."
     with tempfile.TemporaryDirectory(prefix="engine-start-") as cache:
-        env = {**os.environ, "VLLM_CACHE_ROOT": cache, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, **{var: str(Path(cache) / sub) for var, sub in COLD_CACHES.items()}, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+               "PYTHONPATH": str(ROOT)}
         r = subprocess.run([sys.executable, __file__, "--child", mode, "--model", model, "--device", device],
                            capture_output=True, text=True, timeout=timeout, env=env)
     lines = [l for l in r.stdout.splitlines() if l.startswith("{")]

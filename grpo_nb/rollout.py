@@ -230,7 +230,7 @@ def register_in_process(model:str|Path, # local HF directory (its config.json na
     done = []
     for arch in archs:
         lazy = getattr(ModelRegistry, "models", {}).get(arch)
-        if lazy is None or not hasattr(lazy, "module_name") or not hasattr(lazy, "load_model_cls"): continue   # not vLLM's own lazy class
+        if not hasattr(lazy, "module_name"): continue   # unknown here, or imported already: nothing to move
         try: ModelRegistry.register_model(arch, lazy.load_model_cls())
         except (ImportError, AttributeError, TypeError): continue   # vLLM falls back to its own inspection
         done.append(arch)
