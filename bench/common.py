@@ -100,15 +100,20 @@ PROMPT_SYMBOLS = "0123456789"
 "What the benchmark prompts are written in: one token per character, whichever tokenizer class transformers loads."
 
 
+NEWLINE = "\u010a"
+"The byte-level BPE symbol of a newline (Qwen's vocabulary holds it as one token)."
+
+
 def save_bench_tokenizer(vocab_size:int, out:Path) -> Path:
     """A tokenizer over every id of a random-init model, saved to `out`: `<pad>`, `<bos>`, `<eos>`, `<unk>` (ids 0-3), the digits
-    (ids 4-13, one token each), and `t<id>` for every other id. transformers 5 loads a Qwen2 directory's tokenizer as its own
-    `Qwen2Tokenizer` (byte-level BPE over this vocabulary, no merges, digits split one by one) and other models' as the saved fast
-    tokenizer (words, then digits one by one): both read a prompt of `n` digits as exactly `n` tokens, and both decode every id."""
+    (ids 4-13, one token each), `t<id>` for every other id but the last, and the byte-level newline `Ċ` as the last. transformers 5
+    loads a Qwen2 directory's tokenizer as its own `Qwen2Tokenizer` (byte-level BPE over this vocabulary, no merges, digits split one
+    by one, "\n" one token as in Qwen's own vocabulary, which verl's rollout requires of a Qwen model) and other models' as the saved
+    fast tokenizer (words, then digits one by one): both read a prompt of `n` digits as exactly `n` tokens, and both decode every id."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3} | {d: 4 + i for i, d in enumerate(PROMPT_SYMBOLS)}
-    vocab |= {f"t{i}": i for i in range(len(vocab), vocab_size)}
+    vocab |= {f"t{i}": i for i in range(len(vocab), vocab_size - 1)} | {NEWLINE: vocab_size - 1}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=True)])
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)   # joins tokens with spaces

@@ -384,10 +384,29 @@ def peer_fields(peer:str, o:dict, p:dict) -> dict:
     return rec
 
 
+def read_runs(run_dir:Path) -> dict:
+    "The finished runs of a directory by name (partials, runs still in progress, are left out)."
+    files = [p for p in sorted(run_dir.glob("run_*.json")) if not p.name.endswith(".partial.json")]
+    return {r["run"]: r for r in (json.loads(p.read_text()) for p in files)}
+
+
+def earlier_pairs(run_dir:Path, ours:str, peer:str) -> list[dict]:
+    """Every earlier measurement of one comparison, kept in `run_dir/earlier/<name>/` when a newer pair replaced it: both sides'
+    mean step and the speed-up, so that a page shows the spread between pairs, not only the newest."""
+    out = []
+    for d in sorted(p for p in (run_dir / "earlier").glob("*") if p.is_dir()):
+        runs = read_runs(d)
+        o, t = runs.get(ours, {}), runs.get(peer, {})
+        om, tm = (o.get("stats") or {}).get("mean"), (t.get("stats") or {}).get("mean")
+        if om and tm and o.get("device") == t.get("device"):
+            out.append({"from": d.name, "ours_step_mean_s": om, "peer_step_mean_s": tm, "speedup_mean": tm / om,
+                        "ours_first_step_s": o.get("first_step_s"), "peer_first_step_s": t.get("first_step_s"), "device": o.get("device")})
+    return out
+
+
 def merge(run_dir:Path) -> dict:
-    "Pair our runs with each peer's on the same GPUs and work; one record per comparison, its `peer` naming the peer."
-    files = [p for p in sorted(run_dir.glob("run_*.json")) if not p.name.endswith(".partial.json")]   # partials: runs in progress
-    runs = {r["run"]: r for r in (json.loads(p.read_text()) for p in files)}
+    "Pair our runs with each peer's on the same GPUs and work; one record per comparison, its `peer` naming the peer (earlier pairs under `earlier`)."
+    runs = read_runs(run_dir)
     recs = []
     for shape in (*(k for k in SHAPES if k != "smoke"), "smoke"):
         for peer, pairs in PEERS.items():
@@ -401,6 +420,7 @@ def merge(run_dir:Path) -> dict:
                        "gpus": GPUS[("ours", layout)], "device": o.get("device") or t.get("device"), "config": o.get("config") or t.get("config"),
                        "target_speedup": target, **peer_fields(peer, o, t)}
                 if rec.get("speedup_mean") and target: rec["target_met"] = rec["speedup_mean"] >= target
+                if (before := earlier_pairs(run_dir, f"ours:{layout}:{mode}:{shape}", f"{peer}:{backend}:{shape}")): rec["earlier"] = before
                 recs.append(rec)
     return {"records": recs, "runs": sorted(runs)}
 

@@ -160,7 +160,7 @@ lane_mfu7b2() { run learner_mfu_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --p
 # the 7B learner on two GPUs with one micro-batch of 16,384 tokens a step (checkpointing on, as the planner needs), against mfu7b2's packs of 4,096;
 # its own results file, its own processes (no Ray), and GPUs 2,3 when PAIR=2,3: beside mfuolmo2 (GPUs 0,1) in one call on a four-GPU node
 lane_mfu7b2pack() { run learner_mfu_7b_2gpu_1mb 330 "${PAIR:-0,1}" python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-7B --budget-s 300 \
-                    --variant-limit-s 150 --launcher mp --pack 16384 --micro-batches 1 --only 'liger 1mb,large-buckets 1mb' --out "$OUT/learner_mfu_7b_1mb.json"; }
+                    --variant-limit-s 150 --launcher mp --pack 16384 --micro-batches 1 --steps 8 --only 'liger 1mb,large-buckets 1mb' --out "$OUT/learner_mfu_7b_1mb.json"; }
 # the OLMo-2-7B learner alone on two GPUs (about half the Qwen shape's MFU with the same step); spawned ranks, so rank 0 is profiled
 lane_mfuolmo2() { run learner_mfu_olmo2_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models OLMo-2-7B --budget-s 300 \
                   --variant-limit-s 200 --launcher mp --out "$OUT/learner_mfu_7b.json"; }
@@ -169,6 +169,12 @@ lane_mfu7b4() { run learner_mfu_7b_4gpu 330 0,1,2,3 python3 bench/learner_mfu.py
 # four GPUs, the short one- and two-GPU lanes side by side (about seven minutes): the log-prob head's memory then the
 # checkpointed learners' peaks on GPU 0, the engine-core comparison on GPU 1, the in-place transformers receiver on GPUs 2,3
 lane_mix4() { { lane_lpmem0 0; lane_mfumem0 0; } & lane_rtcore0 1 & lane_wstf01 2,3 & wait; }
+# four GPUs: verl's hybrid engine on the bench shape (GPU 0, the only Ray user), the checkpointed 0.5B learner's peak (GPU 1),
+# the 7B learner with one micro-batch a step (GPUs 2,3)
+# four GPUs, a cold start of each trainer at once on the bench shape: verl's hybrid engine (GPU 0), ours colocated (GPU 1),
+# TRL's colocate mode (GPU 2); verl runs its own Ray instance (RAY_ADDRESS=local), ours its own cluster
+lane_mixb4() { e2e verl:hybrid:bench "${VERL_S:-500}" 0 & e2e ours:colocated:sync:bench 260 1 & e2e trl:vllm-colocate:bench 220 2 & wait; }
+lane_mixv4() { lane_verl0 & lane_mfumem0 1 & PAIR=2,3 lane_mfu7b2pack & wait; }
 # the 1.5B shape with one TP=2 engine beside two ZeRO-3 learners, every sync checked bit for bit (bench/tp2_gpu.py)
 lane_tp2() { [ -f "$OUT/tp2_gpu.json" ] || cp bench/results/tp2_gpu.json "$OUT/"
              run tp2_gpu 450 0,1,2,3 python3 bench/tp2_gpu.py --layouts tp2 --out "$OUT/tp2_gpu.json"; }

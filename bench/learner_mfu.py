@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from common import GPU_ENV as COMMON_GPU_ENV  # noqa: E402  (shared by the bench scripts)
+from common import GPU_ENV as COMMON_GPU_ENV, step_stats  # noqa: E402  (shared by the bench scripts)
 PEAK = 989e12  # H100/H200 SXM dense bf16 FLOP/s
 FORMULA = "MFU = (6·N_body·T + 6·V·H·T_scored + 6·layers·H·Σs²) / step_s / (989e12 · gpus)"
 GPU_ENV = {**COMMON_GPU_ENV, "RAY_agent_register_timeout_ms": "120000"}  # the raylet's wait for its runtime-env agent (30 s by default)
@@ -153,7 +153,9 @@ def measure(step_fn, v:dict, t_start:float) -> dict:
     row = max(rows)
     return {"tokens_per_s": sum(m["train_tokens"] for m in ms) / T, "mfu": F / T / (PEAK * v["gpus"]),
             "measured_bytes": peak or None, "predicted_bytes": predicted(v, row), "predicted_bytes_at_pack": predicted(v, v["pack"]),
-            "longest_row": row, "step_s": T / len(ms), "first_step_s": first_s, "tokens_per_step": ms[0]["train_tokens"],
+            "longest_row": row, "step_s": T / len(ms), "first_step_s": first_s, "step_s_all": [m["time_s"] for m in ms],
+            "step_median_s": step_stats([m["time_s"] for m in ms])["median"], "step_p90_s": step_stats([m["time_s"] for m in ms])["p90"],
+            "mfu_steps": [m["flops"] / m["time_s"] / (PEAK * v["gpus"]) for m in ms], "tokens_per_step": ms[0]["train_tokens"],
             "micro_batches": ms[0]["micro_batches"], "losses": [m["loss"] for m in ms], "grad_norm": ms[-1]["grad_norm"],
             "setup_s": t_start, "time_breakdown": prof, **({"memory_at_peak": mem} if mem is not None else {})}
 
@@ -408,7 +410,7 @@ def run_variant(v:dict) -> dict:
 
 
 def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smoke_compile:bool, pack:int=0, skip_check:bool=False,
-             micro_batches:int=4) -> list:
+             micro_batches:int=4, steps:int=3) -> list:
     """The measurements of a part, most important first (`pack` > 0: rows of that many tokens instead of the planner's choice;
     `micro_batches`: packs a learner trains each step, so a step holds `micro_batches` x `pack` tokens per GPU)."""
     out = []
@@ -445,7 +447,7 @@ def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smo
         v.update(variant=f"{v['model']} {v['gpus']}gpu zero{v['zero']}" + (" compiled" if v["compile"] else "") + (" ckpt" if v["ckpt"] else "")
                          + (f" {v['kernels']}" if v.get("kernels", "torch") != "torch" else "") + (" large-buckets" if v.get("buckets") == "large" else "")
                          + (f" {micro_batches}mb" if micro_batches != 4 else ""),   # another step shape: its own record, beside the 4-pack one
-                 warmup=2 if v["compile"] else 1, steps=1 if smoke else 3, micro_batches=micro_batches,
+                 warmup=2 if v["compile"] else 1, steps=1 if smoke else steps, micro_batches=micro_batches,
                  prompt=16 if smoke else 256, lo=8 if smoke else 256, hi=64 if smoke else 1792)
         # the default 4 packs keep their token count (and so their records); another count leaves one longest sequence of room
         # per GPU, so that first-fit packing lands on that many micro-batches rather than one more
@@ -526,6 +528,7 @@ def main(argv=None) -> int:
     p.add_argument("--micro-batches", type=int, default=4, help="a step of this many packs' worth of tokens per GPU (default 4, which first-fit "
                    "packing spreads over 4 or 5 packs; any other count leaves room to land on exactly that many); fewer, longer micro-batches pay "
                    "ZeRO-3's gathers fewer times: e.g. --pack 16384 --micro-batches 1")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per variant, after the warm-up (default 3)")
     p.add_argument("--skip-check", action="store_true", help="no log-prob check of fused kernels before timing (its models were seen to keep GPU memory on an 80 GB GPU)")
     p.add_argument("--memory-peak", action="store_true", help="one more step per one-GPU variant with the allocator's history on: what is live at the peak, "
                    "grouped by where it was allocated (`memory_at_peak` in the record)")
@@ -569,7 +572,7 @@ def main(argv=None) -> int:
         print("one GPU visible: the 2-GPU part is left out", flush=True); part = "1gpu"
     if a.micro_batches < 1: print(f"--micro-batches {a.micro_batches}: give at least 1", file=sys.stderr); return 2
     vs = variants(part, a.smoke, ["tiny"] if a.smoke else a.models.split(","), gpu_bytes, launcher, a.smoke_compile, a.pack, a.skip_check,
-                  a.micro_batches)
+                  a.micro_batches, a.steps)
     if a.only: vs = [v for v in vs if any(v["variant"].endswith(x[:-1]) if x.endswith("$") else x in v["variant"] for x in a.only.split(","))]
     for v in vs: v["memory_peak"] = a.memory_peak and v["gpus"] == 1 and not a.smoke   # the allocator's history is a CUDA feature
     meta = {"versions": versions(), "command": " ".join(sys.argv)}

@@ -152,7 +152,8 @@ def verl_plan(backend:str, shape:dict, model_dir:Path, tmp:Path, prompts:list[st
     data, reward_file = tmp / "verl_prompts.parquet", tmp / "verl_reward.py"
     metrics, log = tmp / "verl_metrics.jsonl", tmp / "verl.log"
     gpus = ",".join(visible.split(",")[:B["gpus"]])
-    env = {"CUDA_VISIBLE_DEVICES": gpus, "VERL_FILE_LOGGER_PATH": str(metrics)}
+    env = {"CUDA_VISIBLE_DEVICES": gpus, "VERL_FILE_LOGGER_PATH": str(metrics),
+           "RAY_ADDRESS": "local"}   # verl starts its own Ray instance, never joining another cluster of this host (its ray.init() would)
     files = {data: verl_rows(prompts), reward_file: reward_source(reward)}
     if hide_trl:
         files[tmp / "verl_site" / "sitecustomize.py"] = HIDE_TRL

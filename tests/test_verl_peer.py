@@ -212,3 +212,21 @@ def test_merge_names_older_prompts_and_cold_starts(tmp_path):
     assert "prompt_note" not in c
     s = recs[("split", "long", "sync", "vllm-server")]
     assert s["prompt_note"].startswith("ours measured with shorter prompts") and s["speedup_mean"] == pytest.approx(1.2)
+
+
+def test_merge_keeps_earlier_pairs_beside_the_newest(tmp_path):
+    H, H2 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    newest = (_run("ours:colocated:sync:bench", H, 2.0), _run("trl:vllm-colocate:bench", H, 2.2))
+    older = {"a": (_run("ours:colocated:sync:bench", H, 2.0), _run("trl:vllm-colocate:bench", H, 1.8)),
+             "b": (_run("ours:colocated:sync:bench", H, 2.0), _run("trl:vllm-colocate:bench", H2, 1.0))}   # two GPU models: not a pair
+    for d, rs in [(tmp_path, newest)] + [(tmp_path / "earlier" / k, v) for k, v in older.items()]:
+        d.mkdir(parents=True, exist_ok=True)
+        for r in rs: (d / f"run_{r['run'].replace(':', '_')}.json").write_text(json.dumps(r))
+    rec = next(r for r in E.merge(tmp_path)["records"] if r["peer"] == "trl" and r["trl_backend"] == "vllm-colocate" and r["shape"] == "bench")
+    assert rec["speedup_mean"] == pytest.approx(1.1) and [e["from"] for e in rec["earlier"]] == ["a"]
+    assert rec["earlier"][0]["speedup_mean"] == pytest.approx(0.9)
+
+
+def test_verl_starts_its_own_ray_instance():
+    "verl's bare ray.init() would join the last cluster started on the host (a run of ours beside it); RAY_ADDRESS=local keeps them apart."
+    assert all(_plan(b, Path("/tmp/x"))["env"]["RAY_ADDRESS"] == "local" for b in V.BACKENDS)
