@@ -946,7 +946,7 @@ def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement
     p = plan_config(cfg, model)
     return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
 
-# %% ../nbs/01_memory.ipynb 151
+# %% ../nbs/01_memory.ipynb 152
 def _share(cfg) -> tuple[int, int]:
     "A sequence's longest length, and the sequences one learner trains per optimizer step."
     d = derive(cfg)
@@ -990,7 +990,7 @@ def pack_advice(cfg, # a `grpo_nb.config.TrainConfig`
             "(fewer, longer micro-batches keep the GPU busier; see the learner page)") if P and best < now else None
     return {"per_step": now, "pack_length": cfg.learner.pack_length, "longest_pack": P, "per_step_at_longest": best, "advice": line}
 
-# %% ../nbs/01_memory.ipynb 155
+# %% ../nbs/01_memory.ipynb 156
 def sleep_advice(cfg, # a `grpo_nb.config.TrainConfig`
                  model:str|ModelShape|None=None, # override the model, as in `plan_config`
                  headroom:float=0.1, # share of the GPU left free, as in `longest_pack`
@@ -1003,7 +1003,7 @@ def sleep_advice(cfg, # a `grpo_nb.config.TrainConfig`
     return (f"colocated: --rollout.sleep_level=0 still fits ({awake.peak_bytes / GiB:.1f} of {cfg.cluster.gpu_mem_gib:.1f} GiB a GPU): "
             "the engine keeps its weights and KV cache while the learner steps, and no step pays a sleep and a wake")
 
-# %% ../nbs/01_memory.ipynb 157
+# %% ../nbs/01_memory.ipynb 158
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -1031,7 +1031,7 @@ def _plan_config_cli(source:str, # YAML file or preset
     if out.get("sleep_advice"): print(out["sleep_advice"])
     return 0
 
-# %% ../nbs/01_memory.ipynb 161
+# %% ../nbs/01_memory.ipynb 162
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -1054,7 +1054,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(units.get(sweep, sweep)); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=9, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 165
+# %% ../nbs/01_memory.ipynb 166
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."

