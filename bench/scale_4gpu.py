@@ -15,7 +15,9 @@ Record keys: model, layout, gpus, tp, learners, engines, step_s_all, step_mean_s
 steps after the first two; each step with its bit-exact check, `time/step` + `time/verify`, since the check runs after
 every sync; step_mean_without_verify_s is the mean without it), mfu_per_learner_gpu, sync_s, sync_floor_s, exact_sync (true only when every sync of the
 run was bit-identical on every TP worker), max_abs_logprob_diff, logprob_atol, peak_gib_measured, peak_gib_planned,
-trl_backend, trl_step_mean_s, speedup_mean, device, rc, error (when it failed), time_split (mean seconds per phase).
+trl_backend, trl_step_mean_s, speedup_mean, device, rc, error (when it failed), time_split (mean seconds per phase), sync_split
+(the sync's phases on its slowest rank, mean seconds: gather_s, send_s, recv_s, load_s, and colocated recv_wait_s and recv_copy_s,
+the receivers' wait for their learner's message and their copy out of the shared buffer).
 
 The peer on the same GPUs, same model and same work (`--peers`, both by default; each with its own time limit,
 `--trl-timeout`), TRL's GRPOTrainer under `accelerate launch` with DeepSpeed ZeRO-3 (a config file this script writes):
@@ -228,6 +230,7 @@ def run_one(model:str, layout:str, smoke:bool, tmp:Path, models_dir:Path, timeou
            "time_split": {k: mean(k) for k in ("time/generation", "time/generation_total", "time/generation_engine", "time/wait_rollout", "time/reward", "time/learner", "time/sync",
                                                  "time/verify", "time/sleep", "time/wake", "time/wake_weights", "time/wake_kv", "time/release",
                                                  "verify/checksums_s", "verify/logprobs_s", "verify/release_s")},
+           "sync_split": {k: mean(f"sync/{k}") for k in ("gather_s", "send_s", "recv_s", "recv_wait_s", "recv_copy_s", "load_s")},   # slowest rank's phases (colocated: recv_s = wait + copy)
            "released_ranks": {k: mean(f"colocate/released_{k}") for k in ("before_weights", "before_kv", "after_verify")},   # learner ranks giving their cache back, per step
            "startup_s": {k.removeprefix("startup/"): v for k, v in (recs[0] if recs else {}).items() if k.startswith("startup/")},   # Ray, learners, engine load and vLLM's phases of it
            "trl_backend": None, "trl_step_mean_s": None, "speedup_mean": None, "work": {k: v for k, v in sh.items() if k != "gpu_memory_utilization"},

@@ -105,7 +105,9 @@ def local_ray_node(num_cpus:int, # logical CPUs of the node
     root = temp_dir if temp_dir is not None else os.path.join(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(), "ray")
     if len(str(root)) > 40:   # Ray's socket paths under its session root must stay within AF_UNIX's 107 bytes (a deep $TMPDIR breaks them)
         temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-        if str(root).endswith("/ray"): os.makedirs(root, exist_ok=True)   # Ray still notes the cluster's address there
+    # whatever the session root, Ray notes the cluster's address in its default directory (RAY_TMPDIR, else TMPDIR, else /tmp,
+    # plus "ray"), which a fresh machine lacks when the session lives elsewhere
+    os.makedirs(os.path.join(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp", "ray"), exist_ok=True)
     waits = {"RAY_agent_register_timeout_ms": "120000",     # the raylet's wait for its runtime-env agent (30 s)
              "RAY_health_check_failure_threshold": "60"}    # health checks the only node may miss before it is declared dead (5)
     had, last = {k: os.environ.get(k) for k in waits}, None

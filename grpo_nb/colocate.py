@@ -4,7 +4,7 @@
 
 # %% ../nbs/05a_colocate.ipynb 4
 from __future__ import annotations
-import pickle, re
+import pickle, re, time
 from datetime import timedelta
 import torch
 from torch import Tensor
@@ -75,6 +75,7 @@ class IpcGroup:
         self.store, self.kv = store, PrefixStore("grpo_nb/ipc", store)
         self.rank, self.world_size, self.device, self.timeout = rank, world_size, torch.device(device), timedelta(seconds=timeout_s)
         self.seq, self.pg, self.source, self._mine = 0, None, source, None
+        self.wait_s = self.copy_s = 0.0   # receivers: seconds waiting for the sender's message, and copying out of the shared buffer
         self.round, self.exported, self._slots, self._used, self._maps = 0, 0, [None, None], 0, {}   # the two shared buffers of a sync
         if rank == 0:
             if source == 0: self.kv.set("sources", str(sources))
@@ -125,13 +126,16 @@ class IpcGroup:
             slot["acks"] = [f"a{seq}.{r}" for r in self._mine]
             return IpcWork(lambda: self.kv.wait(slot["acks"], self.timeout))
         def receive():
+            t0 = time.perf_counter()
             self.kv.wait([key], self.timeout)
+            t1 = time.perf_counter(); self.wait_s += t1 - t0
             kind, *msg = pickle.loads(self.kv.get(key))
-            if kind == "inline": t.copy_(torch.frombuffer(bytearray(msg[0]), dtype=torch.uint8)); return
+            if kind == "inline": t.copy_(torch.frombuffer(bytearray(msg[0]), dtype=torch.uint8)); self.copy_s += time.perf_counter() - t1; return
             s, n, blob = msg
             if blob is not None: self._maps.pop(s, None); self._maps[s] = _import(blob)   # a new buffer: map it (and let go of the old)
             t.copy_(self._maps[s][:n])
             if t.device.type == "cuda": torch.cuda.synchronize(t.device)
+            self.copy_s += time.perf_counter() - t1
             self.kv.set(f"a{seq}.{self.rank}", b"1")
         return IpcWork(receive)
 

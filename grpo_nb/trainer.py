@@ -528,7 +528,7 @@ def loop(self:Run):
         rec = self.step_record(ro, learn, t3 - t2, t_step)
         if R.verify_every and step % R.verify_every == 0: rec |= self.verify(step)
         rec["time/wait_rollout"] = t2 - t1
-        rec |= {f"sync/{k}": st[k] for k in ("prepare_s", "gather_s", "send_s", "recv_s", "load_s") if k in st}   # phases, not synchronised one by one
+        rec |= {f"sync/{k}": st[k] for k in ("prepare_s", "gather_s", "send_s", "recv_s", "recv_wait_s", "recv_copy_s", "load_s") if k in st}   # phases, not synchronised one by one
         if sleepy: rec |= {"time/sleep": sleep_s, "time/wake": (t1 - t0) + (t5 - t3), "time/wake_weights": t1 - tr, "time/wake_kv": t5 - t4,
                            "time/release": (tr - t0) + (t4 - t3),   # wake = release + both wake-ups (the check after the sync is time/verify)
                            "colocate/released_before_weights": rel_w, "colocate/released_before_kv": rel_kv}   # learner ranks that gave their cache back

@@ -355,13 +355,14 @@ def _refused(group, stats:dict) -> bool:
 
 def receive_buckets(group:SyncGroup, # this worker's sync group
                     plan:SyncPlan, # the plan of this sync
-                    stats:dict|None=None, # filled with recv_s, load_s, bytes
+                    stats:dict|None=None, # filled with recv_s, load_s, bytes (ipc also recv_wait_s, recv_copy_s: recv_s's two parts)
                     timing:bool=False, # synchronise around each phase (benchmarks)
                    ) -> Iterator[tuple[str, Tensor]]: # (name, full tensor view), in plan order
     "Receive every bucket of `plan` from the sender (learner rank 0, or with ipc the learner on this GPU), yielding its tensors; the next bucket is in flight meanwhile (nothing when the header refuses the sync)."
     stats = {} if stats is None else stats
     stats.update(recv_s=0.0, load_s=0.0, bytes=0)
     end = getattr(group, "end", lambda: None)                     # ipc: let go of the sync's shared buffers once it is over
+    if hasattr(group, "wait_s"): group.wait_s = group.copy_s = 0.0   # ipc: recv_s split into waiting for the sender and copying
     if _refused(group, stats): return
     def post(k):
         buf = torch.empty(plan.bucket_nbytes[k], dtype=torch.uint8, device=group.device)
@@ -380,6 +381,7 @@ def receive_buckets(group:SyncGroup, # this worker's sync group
         stats["bytes"] += sum(s.nbytes for s in specs)
     _sync_device(group.device)
     end()
+    if hasattr(group, "wait_s"): stats.update(recv_wait_s=group.wait_s, recv_copy_s=group.copy_s)
     stats["t_end"], stats["host"] = time.time(), socket.gethostname()   # when the last bucket was handed over (and copied, on GPU)
 
 # %% ../nbs/06_weight_sync.ipynb 64
@@ -455,12 +457,14 @@ def receive_in_place(group:SyncGroup, # this worker's sync group
     "Receive one sync straight into the parameters' own storage (the end is synchronised, so `recv_s` is exact)."
     stats = {} if stats is None else stats
     stats.update(recv_s=0.0, load_s=0.0, bytes=0, in_place=True)
+    if hasattr(group, "wait_s"): group.wait_s = group.copy_s = 0.0   # ipc: recv_s split into waiting for the sender and copying
     t0 = time.perf_counter()
     if _refused(group, stats): return False
     for work in [group.broadcast(buf) for buf in buffers]: work.wait()
     _sync_device(group.device)
     getattr(group, "end", lambda: None)()
     stats.update(recv_s=time.perf_counter() - t0, bytes=plan.total_bytes, t_end=time.time(), host=socket.gethostname())
+    if hasattr(group, "wait_s"): stats.update(recv_wait_s=group.wait_s, recv_copy_s=group.copy_s)
     return True
 
 # %% ../nbs/06_weight_sync.ipynb 77
@@ -966,6 +970,8 @@ def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 
             "gather_s": max(s.get("gather_s", 0.0) for s in res[len(engines):]), "send_s": max(s.get("send_s", 0.0) for s in res[len(engines):]),
             "recv_s": max((r.get("recv_s", 0.0) for r in recv), default=0.0),
             "load_s": max((r.get("load_s", 0.0) for r in recv), default=0.0),
+            # ipc: recv_s's parts on the slowest receiver, waiting for its sender's message and copying the bucket out
+            **({k: max(r.get(k, 0.0) for r in recv) for k in ("recv_wait_s", "recv_copy_s")} if any("recv_wait_s" in r for r in recv) else {}),
             # first gather on learner rank 0 -> last engine done (wall clocks of one host; else the driver's view)
             "total_s": max(ends) - sent["t_start"] if len(ends) == len(recv) and _one_host(sent, *recv) else call_s,
             "call_s": call_s}

@@ -55,6 +55,8 @@ def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tm
         # the check after every sync, in its timed parts: checksums, log-probs, the cache release after it
         assert r["colocate/released_after_verify"] == 0 and r["verify/checksums_s"] >= 0 and r["verify/logprobs_s"] >= 0
         assert r["verify/checksums_s"] + r["verify/logprobs_s"] + r["verify/release_s"] <= r["time/verify"] + 1e-6
+        # the receiver's time, split: waiting for its learner's message, copying out of the shared buffer
+        assert r["sync/recv_wait_s"] > 0 and r["sync/recv_copy_s"] > 0 and r["sync/recv_wait_s"] + r["sync/recv_copy_s"] <= r["sync/recv_s"] + 1e-6
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())   # checkpoint.at_end=false
     assert info["check"]["max_abs_logprob_diff"] <= 1e-4
 
@@ -74,6 +76,7 @@ def test_colocated_vllm_engine_reloads_through_shared_memory(tmp_path):
     recs, info = _run(tmp_path, "--rollout.backend=vllm", "--rollout.sleep_level=0", "--rollout.kv_cache_mib=64")
     assert [r["step"] for r in recs] == [1, 2]
     assert "time/sleep" not in recs[0]   # level 0: the engine keeps its memory
+    assert all(r["sync/recv_wait_s"] > 0 and r["sync/recv_copy_s"] > 0 for r in recs)   # vLLM's workers split their receive time too
     # the first step's line carries vLLM's own phases of the engine's load, read from the engine actor's log file
     assert 0 <= recs[0]["startup/engine_weights_s"] < recs[0]["startup/engine_load_s"], {k: v for k, v in recs[0].items() if k.startswith("startup/")}   # a tiny model: 0.00 s
     assert 0 < recs[0]["startup/engine_init_engine_s"] < recs[0]["startup/engine_load_s"]

@@ -6,7 +6,7 @@ it deletes `$RAY_TMPDIR/ray/ray_current_cluster` (`/tmp/ray/...` when RAY_TMPDIR
 
 The scenario runs as `python tests/test_ray_bootstrap.py bootstrap OUT.json` in its own PID namespace (see test_placement).
 """
-import json, os, signal, socket, subprocess, sys, time
+import json, os, signal, socket, subprocess, sys, tempfile, time
 import pytest
 from pathlib import Path
 from test_placement import run_isolated, processes_mentioning, ray_tmp  # noqa: F401  (ray_tmp is a fixture)
@@ -141,3 +141,13 @@ def test_a_failed_ray_start_names_the_cause(monkeypatch):
     monkeypatch.setattr(ray.cluster_utils.Cluster, "add_node", fail)
     with pytest.raises(RuntimeError, match=r"did not start on this machine in 2 tries \(load average .*timed out during startup.*--cluster.ray_address=auto"):
         local_ray_node(2, attempts=2)
+
+
+def test_a_local_node_starts_where_rays_default_directory_is_missing(tmp_path, monkeypatch):
+    "A fresh machine: Ray's default directory (here RAY_TMPDIR/ray) does not exist yet and the session lives elsewhere; Ray still writes the cluster's address there."
+    from grpo_nb.actors import local_ray_node
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "fresh"))
+    (tmp_path / "fresh").mkdir()
+    c = local_ray_node(2, object_store_bytes=100 * 2**20, temp_dir=tempfile.mkdtemp(prefix="rs", dir="/tmp"))
+    try: assert (tmp_path / "fresh" / "ray" / "ray_current_cluster").exists()
+    finally: c.shutdown()
