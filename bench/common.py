@@ -108,7 +108,7 @@ def save_bench_tokenizer(vocab_size:int, out:Path) -> Path:
     """A tokenizer over every id of a random-init model, saved to `out`: `<pad>`, `<bos>`, `<eos>`, `<unk>` (ids 0-3), the digits
     (ids 4-13, one token each), `t<id>` for every other id but the last, and the byte-level newline `Ċ` as the last. transformers 5
     loads a Qwen2 directory's tokenizer as its own `Qwen2Tokenizer` (byte-level BPE over this vocabulary, no merges, digits split one
-    by one, "\n" one token as in Qwen's own vocabulary, which verl's rollout requires of a Qwen model) and other models' as the saved
+    by one, a newline one token as in Qwen's own vocabulary, which verl's rollout requires of a Qwen model) and other models' as the saved
     fast tokenizer (words, then digits one by one): both read a prompt of `n` digits as exactly `n` tokens, and both decode every id."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

@@ -6,6 +6,7 @@
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2 mix4
+#                                                        mixb4 (VERL_S: verl's seconds) mixv4
 #                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
 #
 # Each lane runs its benchmarks one after another on its own GPUs (CUDA_VISIBLE_DEVICES), each under `timeout`,
@@ -169,11 +170,11 @@ lane_mfu7b4() { run learner_mfu_7b_4gpu 330 0,1,2,3 python3 bench/learner_mfu.py
 # four GPUs, the short one- and two-GPU lanes side by side (about seven minutes): the log-prob head's memory then the
 # checkpointed learners' peaks on GPU 0, the engine-core comparison on GPU 1, the in-place transformers receiver on GPUs 2,3
 lane_mix4() { { lane_lpmem0 0; lane_mfumem0 0; } & lane_rtcore0 1 & lane_wstf01 2,3 & wait; }
-# four GPUs: verl's hybrid engine on the bench shape (GPU 0, the only Ray user), the checkpointed 0.5B learner's peak (GPU 1),
-# the 7B learner with one micro-batch a step (GPUs 2,3)
 # four GPUs, a cold start of each trainer at once on the bench shape: verl's hybrid engine (GPU 0), ours colocated (GPU 1),
 # TRL's colocate mode (GPU 2); verl runs its own Ray instance (RAY_ADDRESS=local), ours its own cluster
 lane_mixb4() { e2e verl:hybrid:bench "${VERL_S:-500}" 0 & e2e ours:colocated:sync:bench 260 1 & e2e trl:vllm-colocate:bench 220 2 & wait; }
+# four GPUs: verl's hybrid engine on the bench shape (GPU 0, the only Ray user), the checkpointed 0.5B learner's peak (GPU 1),
+# the 7B learner with one micro-batch a step (GPUs 2,3)
 lane_mixv4() { lane_verl0 & lane_mfumem0 1 & PAIR=2,3 lane_mfu7b2pack & wait; }
 # the 1.5B shape with one TP=2 engine beside two ZeRO-3 learners, every sync checked bit for bit (bench/tp2_gpu.py)
 lane_tp2() { [ -f "$OUT/tp2_gpu.json" ] || cp bench/results/tp2_gpu.json "$OUT/"
