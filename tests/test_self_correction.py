@@ -155,7 +155,10 @@ def test_sigusr1_checkpoints_exits_0_and_the_resumed_run_continues_exactly(tmp_p
     "The walltime signal mid-run: a checkpoint of the step it was on, exit 0, metrics.jsonl; the resumed run ends where the uninterrupted one does."
     import json, signal, sys, time
     from grpo_nb.self_correction import SCConfig, train
-    ref = train(SCConfig(steps=30, episodes=2))   # never interrupted (long enough for a late signal on a busy machine)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as the runs below (OMP_NUM_THREADS=1): a CPU's reductions round differently with another thread count
+    try: ref = train(SCConfig(steps=30, episodes=2))   # never interrupted (long enough for a late signal on a busy machine)
+    finally: torch.set_num_threads(threads)
     ck, out = tmp_path / "ck", tmp_path / "out"
     cmd = [sys.executable, "-m", "grpo_nb.self_correction", "--episodes=2", f"--checkpoint_dir={ck}", f"--out={out}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
