@@ -6,6 +6,7 @@
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2 mix4
+#                                                        s7colocx s7olmocolocx (expandable segments) mfuolmo2pack
 #                                                        mixb4 (VERL_S: verl's seconds) mixv4
 #                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
 #
@@ -153,6 +154,12 @@ lane_s7trlserver() { scale qwen_trl_server 580 --models Qwen2.5-7B --layouts spl
 lane_s7trlcoloc() { scale qwen_trl_coloc 580 --models Qwen2.5-7B --layouts colocated --skip-ours --peers trl:vllm-colocate --trl-timeout 540; }
 lane_s7olmosplit() { scale olmo_split 570 --models OLMo-2-7B --layouts split --peers '' --timeout 520; }
 lane_s7olmocoloc() { scale olmo_coloc 570 --models OLMo-2-7B --layouts colocated --peers '' --timeout 520; }
+# the colocated presets with expandable segments in the learners (learner.allocator=expandable), into their own file: the
+# learners' reserved peak against the preset's records above (the planner's 10% on OLMo-2-7B)
+lane_s7olmocolocx() { scale olmo_coloc_expandable 570 --models OLMo-2-7B --layouts colocated --peers '' --timeout 520 \
+                      --set learner.allocator=expandable --out "$OUT/scale_4gpu_overrides.json"; }
+lane_s7colocx() { scale qwen_coloc_expandable 570 --models Qwen2.5-7B --layouts colocated --peers '' --timeout 520 \
+                  --set learner.allocator=expandable --out "$OUT/scale_4gpu_overrides.json"; }
 lane_s7olmotrlserver() { scale olmo_trl_server 580 --models OLMo-2-7B --layouts split --skip-ours --peers trl:vllm-server --trl-timeout 540; }
 lane_s7olmotrlcoloc() { scale olmo_trl_coloc 580 --models OLMo-2-7B --layouts colocated --skip-ours --peers trl:vllm-colocate --trl-timeout 540; }
 # the ZeRO-3 learner alone at 7B: two GPUs (with gradient checkpointing, which the planner turns on there), and four
@@ -162,6 +169,9 @@ lane_mfu7b2() { run learner_mfu_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --p
 # its own results file, its own processes (no Ray), and GPUs 2,3 when PAIR=2,3: beside mfuolmo2 (GPUs 0,1) in one call on a four-GPU node
 lane_mfu7b2pack() { run learner_mfu_7b_2gpu_1mb 330 "${PAIR:-0,1}" python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-7B --budget-s 300 \
                     --variant-limit-s 150 --launcher mp --pack 16384 --micro-batches 1 --steps 8 --only 'liger 1mb,large-buckets 1mb' --out "$OUT/learner_mfu_7b_1mb.json"; }
+# the OLMo-2-7B learner with one micro-batch of 16,384 tokens a step (its packs of 4,096 spend a third of the step in all-gathers)
+lane_mfuolmo2pack() { run learner_mfu_olmo2_7b_2gpu_1mb 330 "${PAIR:-0,1}" python3 bench/learner_mfu.py --part 2gpu --models OLMo-2-7B --budget-s 300 \
+                      --variant-limit-s 150 --launcher mp --pack 16384 --micro-batches 1 --steps 8 --only 'large-buckets 1mb' --out "$OUT/learner_mfu_olmo_1mb.json"; }
 # the OLMo-2-7B learner alone on two GPUs (about half the Qwen shape's MFU with the same step); spawned ranks, so rank 0 is profiled
 lane_mfuolmo2() { run learner_mfu_olmo2_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models OLMo-2-7B --budget-s 300 \
                   --variant-limit-s 200 --launcher mp --out "$OUT/learner_mfu_7b.json"; }

@@ -4,14 +4,17 @@
 
 # %% ../nbs/05a_colocate.ipynb 4
 from __future__ import annotations
-import pickle, re, time
+import os, pickle, re, time
+from contextlib import contextmanager
+from typing import Literal
 from datetime import timedelta
 import torch
 from torch import Tensor
 from .config import ConfigError
 
 # %% auto 0
-__all__ = ['INLINE_BYTES', 'IpcWork', 'device_key', 'pick_source', 'IpcGroup', 'check_sleep_mode']
+__all__ = ['INLINE_BYTES', 'IpcWork', 'device_key', 'pick_source', 'allocator_conf', 'use_allocator', 'fixed_segments',
+           'IpcGroup', 'check_sleep_mode']
 
 # %% ../nbs/05a_colocate.ipynb 7
 class IpcWork:
@@ -57,6 +60,39 @@ def pick_source(keys:list[str], # `device_key` of each learner rank, by rank
     return same[(rank - 1) % len(same)]
 
 # %% ../nbs/05a_colocate.ipynb 12
+def allocator_conf(current:str, # allocator settings in `PYTORCH_CUDA_ALLOC_CONF` syntax ("" for none)
+                   expandable:bool, # expandable segments on or off
+                  ) -> str: # the same settings with `expandable_segments` as asked
+    "Allocator settings with `expandable_segments` set and every other option kept (the setter replaces the whole string)."
+    keep = [o.strip() for o in current.split(",") if o.strip() and o.split(":")[0].strip() != "expandable_segments"]
+    return ",".join(keep + [f"expandable_segments:{expandable}"])
+
+# %% ../nbs/05a_colocate.ipynb 16
+def _allocator_settings() -> tuple: # (the settings in force, their setter)
+    get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    put = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    return (get() if get is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")), put
+
+def use_allocator(kind:Literal["caching","expandable"], # "caching": leave the allocator as the process has it; "expandable": expandable segments
+                 ) -> str: # the settings in force afterwards
+    "Set this process's CUDA allocator for the segments it reserves from now on (a learner calls it before building its model)."
+    if kind not in ("caching", "expandable"):
+        raise ConfigError("learner.allocator", f"{kind!r} is not one of its choices.", "learner.allocator=caching or learner.allocator=expandable.")
+    current, put = _allocator_settings()
+    if kind == "caching": return current
+    put(allocator_conf(current, True))
+    return _allocator_settings()[0]
+
+@contextmanager
+def fixed_segments():
+    "Inside: new CUDA segments are ordinary allocations, even in a process that runs expandable segments (CUDA IPC exports those)."
+    current, put = _allocator_settings()
+    if "expandable_segments:true" not in current.replace(" ", "").lower(): yield; return
+    put(allocator_conf(current, False))
+    try: yield
+    finally: put(current)
+
+# %% ../nbs/05a_colocate.ipynb 20
 INLINE_BYTES = 1 << 16
 "A broadcast of at most this many bytes (the sync's header) travels inside the store's message, with no shared buffer."
 
@@ -103,7 +139,8 @@ class IpcGroup:
         slot = self._slots[s]
         if slot is not None: self.kv.wait(slot["acks"], self.timeout)   # every receiver copied what it held before
         if slot is None or slot["t"].numel() < nbytes:
-            slot = self._slots[s] = {"t": torch.empty(max(nbytes, capacity), dtype=torch.uint8, device=self.device), "blob": None, "acks": []}
+            with fixed_segments():   # an ordinary segment, whatever the learner's allocator: what CUDA IPC exports
+                slot = self._slots[s] = {"t": torch.empty(max(nbytes, capacity), dtype=torch.uint8, device=self.device), "blob": None, "acks": []}
         return slot["t"][:nbytes]
 
     def broadcast(self, t:Tensor, # [n] uint8 buffer on `self.device`; filled on every rank but `root`
@@ -158,7 +195,7 @@ class IpcGroup:
 
     def __repr__(self): return f"IpcGroup(rank={self.rank}, world_size={self.world_size}, device={self.device}, source={self.source})"
 
-# %% ../nbs/05a_colocate.ipynb 33
+# %% ../nbs/05a_colocate.ipynb 41
 def check_sleep_mode(backend:str, # `rollout.backend`
                      device:str, # "cuda" | "cpu": where the engines run
                      sleep_level:int, # `rollout.sleep_level`

@@ -18,6 +18,7 @@ from fastcore.basics import patch
 from .loss import policy_loss, token_logprobs, agg_counts, loss_kwargs
 from .actors import submit, gather, GPU_SAFETY_ENV
 from .weight_sync import WeightSyncSource, make_plan, full_numel
+from .colocate import use_allocator
 from .config import derive, merge
 from .memory import zero3_settings
 from .placement import placed_actor_options
@@ -498,6 +499,7 @@ def setup(self:LearnerWorker,
     import deepspeed
     self.spec, L = spec, spec.learner
     self.device = torch.device("cuda", 0) if spec.device == "cuda" else torch.device("cpu")
+    self.allocator = use_allocator(L.allocator) if spec.device == "cuda" else ""   # before anything is reserved (page 05a)
     self.init_distributed(master_addr, master_port, "nccl" if spec.device == "cuda" else "gloo", spec.timeout_s)
     self.attn = pick_attention(spec.attn_implementation, spec.device)
     dtype = spec.torch_dtype
@@ -521,7 +523,7 @@ def setup(self:LearnerWorker,
     self.flop_params = _flop_params(policy)
     return {"rank": self.rank, "params": sum(full_numel(p) for p in policy.parameters()), "attention": self.attn,
             "attention_kernel": attention_kernel(self.attn), "kernels": self.kernels,
-            "device": str(self.device), "zero_stage": L.zero_stage, "dtype": dname,
+            "device": str(self.device), "zero_stage": L.zero_stage, "dtype": dname, "allocator": self.allocator,
             "gc_frozen": freeze_heap()}   # last: everything built above lives as long as the run
 
 # %% ../nbs/07_learner.ipynb 81
