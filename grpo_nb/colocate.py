@@ -73,13 +73,13 @@ def _allocator_settings() -> tuple: # (the settings in force, their setter)
     put = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
     return (get() if get is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")), put
 
-def use_allocator(kind:Literal["caching","expandable"], # "caching": leave the allocator as the process has it; "expandable": expandable segments
+def use_allocator(kind:Literal["default","expandable"], # "default": leave the allocator as the process has it (PYTORCH_CUDA_ALLOC_CONF included); "expandable": expandable segments
                  ) -> str: # the settings in force afterwards
     "Set this process's CUDA allocator for the segments it reserves from now on (a learner calls it before building its model)."
-    if kind not in ("caching", "expandable"):
-        raise ConfigError("learner.allocator", f"{kind!r} is not one of its choices.", "learner.allocator=caching or learner.allocator=expandable.")
+    if kind not in ("default", "expandable"):
+        raise ConfigError("learner.allocator", f"{kind!r} is not one of its choices.", "learner.allocator=default or learner.allocator=expandable.")
     current, put = _allocator_settings()
-    if kind == "caching": return current
+    if kind == "default": return current
     put(allocator_conf(current, True))
     return _allocator_settings()[0]
 

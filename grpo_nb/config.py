@@ -90,7 +90,7 @@ class LearnerConfig:
     lr_schedule:Literal["constant","linear","cosine"]="constant" # decay after warm-up
     zero_stage:int=3 # DeepSpeed ZeRO stage: 0 (DDP), 1, 2 or 3
     offload:Literal["none","optimizer","all"]="none" # ZeRO offload to CPU: nothing, optimizer state, or optimizer + parameters
-    allocator:Literal["caching","expandable"]="caching" # the learners' CUDA allocator: "caching" leaves PyTorch's as the process has it; "expandable" grows mapped segments (expandable_segments) in the learner processes only (page 05a)
+    allocator:Literal["default","expandable"]="default" # the learners' CUDA allocator: "default" leaves PyTorch's as the process has it (PYTORCH_CUDA_ALLOC_CONF included); "expandable" grows mapped segments (expandable_segments) in the learner processes only (page 05a)
     zero3_buckets:Literal["large","deepspeed"]="large" # ZeRO-3 communication: "large" prefetches 2·10^8 elements ahead and keeps tensors under 10^6 elements whole (measured faster, page 07); "deepspeed": DeepSpeed's defaults
     micro_batch_size:int=8 # sequences in one forward/backward on one learner
     gradient_accumulation_steps:int=1 # micro-batches summed before one optimizer step
