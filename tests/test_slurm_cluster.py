@@ -7,10 +7,10 @@ through TRAIN_CMD, the one variable the script reads it from. A chain of three j
 separate job gets its SIGUSR1 the moment it starts (it must stop cleanly and chain on).
 
 The chain is driven by the real pre-walltime signal: every job runs with `--time=2` and
-`--signal=B:USR1@60` (given as SBATCH_SIGNAL, which `--export=ALL` carries into the chained jobs).
+`--signal=B:USR1@45` (given as SBATCH_SIGNAL, which `--export=ALL` carries into the chained jobs).
 slurmctld checks time limits every 30 s and sends the signal at the first check that is less than
-60 + 30 s before the walltime, i.e. at least 30 s after the job started: Ray has 30 s to form on three
-emulated nodes and the trainer to take a step, and three jobs take about four checks. On a machine busy with
+45 + 30 s before the walltime, i.e. at least 45 s after the job started: Ray has 45 s to form on three
+emulated nodes and the trainer to take a step, and three jobs take about six checks. On a machine busy with
 other work the test stretches the walltime further (see `job_timing`): slower, same checks.
 """
 import json, os, re, shutil, subprocess, sys, time
@@ -25,10 +25,10 @@ MAX_CHAINS = 3
 
 
 def job_timing(cluster) -> tuple[int, int]:
-    """(--time in minutes, --signal seconds) of every job. The defaults give Ray and the first step at least 30 s
+    """(--time in minutes, --signal seconds) of every job. The defaults give Ray and the first step at least 45 s
     before the signal (slurmctld checks time limits every 30 s). Twenty seconds (`--time=1 --signal=B:USR1@10`)
     were enough on two idle cores but not while the other half of the test suite ran Ray clusters beside this one:
-    no job of the chain reached its first step. On a machine busy with other work (a warm `import ray` takes
+    no job of the chain reached its first step; with 30 s one job of three had 6 s to spare. On a machine busy with other work (a warm `import ray` takes
     longer than 2.5 s), Ray's start-up can take a minute: stretch the walltime rather than fail (slower, same
     checks). Three minutes leave at least 90 s before the signal; four made the chain of three jobs take close to
     10 minutes, most of CI's budget. GRPO_SLURM_TEST_TIME_MIN / GRPO_SLURM_TEST_SIGNAL_S force either."""
@@ -37,7 +37,7 @@ def job_timing(cluster) -> tuple[int, int]:
     busy = time.time() - t0 > 2.5
     cluster.timings["import_ray_s"] = time.time() - t0
     minutes = int(os.environ.get("GRPO_SLURM_TEST_TIME_MIN", 3 if busy else 2))
-    signal_s = int(os.environ.get("GRPO_SLURM_TEST_SIGNAL_S", 60))
+    signal_s = int(os.environ.get("GRPO_SLURM_TEST_SIGNAL_S", 60 if busy else 45))
     return minutes, signal_s
 
 
