@@ -59,7 +59,7 @@ def pick_source(keys:list[str], # `device_key` of each learner rank, by rank
     same = [s for s, k in enumerate(keys) if k == mine] or list(range(len(keys)))
     return same[(rank - 1) % len(same)]
 
-# %% ../nbs/05a_colocate.ipynb 12
+# %% ../nbs/05a_colocate.ipynb 14
 def allocator_conf(current:str, # allocator settings in `PYTORCH_CUDA_ALLOC_CONF` syntax ("" for none)
                    expandable:bool, # expandable segments on or off
                   ) -> str: # the same settings with `expandable_segments` as asked
@@ -67,7 +67,7 @@ def allocator_conf(current:str, # allocator settings in `PYTORCH_CUDA_ALLOC_CONF
     keep = [o.strip() for o in current.split(",") if o.strip() and o.split(":")[0].strip() != "expandable_segments"]
     return ",".join(keep + [f"expandable_segments:{expandable}"])
 
-# %% ../nbs/05a_colocate.ipynb 16
+# %% ../nbs/05a_colocate.ipynb 18
 def _allocator_settings() -> tuple: # (the settings in force, their setter)
     get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
     put = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
@@ -92,7 +92,7 @@ def fixed_segments():
     try: yield
     finally: put(current)
 
-# %% ../nbs/05a_colocate.ipynb 20
+# %% ../nbs/05a_colocate.ipynb 22
 INLINE_BYTES = 1 << 16
 "A broadcast of at most this many bytes (the sync's header) travels inside the store's message, with no shared buffer."
 
@@ -195,7 +195,7 @@ class IpcGroup:
 
     def __repr__(self): return f"IpcGroup(rank={self.rank}, world_size={self.world_size}, device={self.device}, source={self.source})"
 
-# %% ../nbs/05a_colocate.ipynb 41
+# %% ../nbs/05a_colocate.ipynb 43
 def check_sleep_mode(backend:str, # `rollout.backend`
                      device:str, # "cuda" | "cpu": where the engines run
                      sleep_level:int, # `rollout.sleep_level`
