@@ -28,16 +28,16 @@ def job_timing(cluster) -> tuple[int, int]:
     """(--time in minutes, --signal seconds) of every job. The defaults give Ray and the first step at least 45 s
     before the signal (slurmctld checks time limits every 30 s). Twenty seconds (`--time=1 --signal=B:USR1@10`)
     were enough on two idle cores but not while the other half of the test suite ran Ray clusters beside this one:
-    no job of the chain reached its first step; with 30 s one job of three had 6 s to spare. On a machine busy with other work (a warm `import ray` takes
-    longer than 2.5 s), Ray's start-up can take a minute: stretch the walltime rather than fail (slower, same
-    checks). Three minutes leave at least 90 s before the signal; four made the chain of three jobs take close to
+    no job of the chain reached its first step; with 30 s one job of three had 6 s to spare. On a machine busy
+    with other work (a warm `import ray` takes longer than 2.5 s), Ray's start-up can take a minute: stretch the
+    walltime rather than fail (slower, same checks). Three minutes leave at least 90 s before the signal; four made the chain of three jobs take close to
     10 minutes, most of CI's budget. GRPO_SLURM_TEST_TIME_MIN / GRPO_SLURM_TEST_SIGNAL_S force either."""
     t0 = time.time()
     subprocess.run([sys.executable, "-c", "import ray"], env=cluster.env(), check=True)
     busy = time.time() - t0 > 2.5
     cluster.timings["import_ray_s"] = time.time() - t0
     minutes = int(os.environ.get("GRPO_SLURM_TEST_TIME_MIN", 3 if busy else 2))
-    signal_s = int(os.environ.get("GRPO_SLURM_TEST_SIGNAL_S", 60 if busy else 45))
+    signal_s = int(os.environ.get("GRPO_SLURM_TEST_SIGNAL_S", 10 if minutes == 1 else 60 if busy else 45))   # --time=1: 20 s
     return minutes, signal_s
 
 
