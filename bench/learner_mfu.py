@@ -154,7 +154,7 @@ def measure(step_fn, v:dict, t_start:float) -> dict:
     return {"tokens_per_s": sum(m["train_tokens"] for m in ms) / T, "mfu": F / T / (PEAK * v["gpus"]),
             "measured_bytes": peak or None, "predicted_bytes": predicted(v, row), "predicted_bytes_at_pack": predicted(v, v["pack"]),
             "longest_row": row, "step_s": T / len(ms), "first_step_s": first_s, "step_s_all": [m["time_s"] for m in ms],
-            **{f"step_{k}_s": v for k, v in step_stats([m["time_s"] for m in ms]).items() if k != "mean"},   # step_median_s, step_p90_s
+            **{f"step_{k}_s": x for k, x in step_stats([m["time_s"] for m in ms]).items() if k != "mean"},   # step_median_s, step_p90_s
             "mfu_steps": [m["flops"] / m["time_s"] / (PEAK * v["gpus"]) for m in ms], "tokens_per_step": ms[0]["train_tokens"],
             "micro_batches": ms[0]["micro_batches"], "losses": [m["loss"] for m in ms], "grad_norm": ms[-1]["grad_norm"],
             "setup_s": t_start, "time_breakdown": prof, **({"memory_at_peak": mem} if mem is not None else {})}

