@@ -70,7 +70,10 @@ def allocator_conf(current:str, # allocator settings in `PYTORCH_CUDA_ALLOC_CONF
 # %% ../nbs/05a_colocate.ipynb 18
 def _allocator_settings() -> tuple: # (the settings in force, their setter)
     get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
-    put = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    def put(conf:str):
+        setter(conf)
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf   # where a torch without the getter (2.11) reads the settings back
     return (get() if get is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")), put
 
 def use_allocator(kind:Literal["default","expandable"], # "default": leave the allocator as the process has it (PYTORCH_CUDA_ALLOC_CONF included); "expandable": expandable segments
@@ -92,7 +95,7 @@ def fixed_segments():
     try: yield
     finally: put(current)
 
-# %% ../nbs/05a_colocate.ipynb 22
+# %% ../nbs/05a_colocate.ipynb 24
 INLINE_BYTES = 1 << 16
 "A broadcast of at most this many bytes (the sync's header) travels inside the store's message, with no shared buffer."
 
@@ -195,7 +198,7 @@ class IpcGroup:
 
     def __repr__(self): return f"IpcGroup(rank={self.rank}, world_size={self.world_size}, device={self.device}, source={self.source})"
 
-# %% ../nbs/05a_colocate.ipynb 43
+# %% ../nbs/05a_colocate.ipynb 45
 def check_sleep_mode(backend:str, # `rollout.backend`
                      device:str, # "cuda" | "cpu": where the engines run
                      sleep_level:int, # `rollout.sleep_level`
