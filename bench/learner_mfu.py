@@ -262,7 +262,7 @@ def versions() -> dict:
     "Installed versions (read from package metadata: nothing is imported)."
     from importlib.metadata import version, PackageNotFoundError
     out = {}
-    for m in ("torch", "deepspeed", "transformers", "ray"):
+    for m in ("torch", "deepspeed", "transformers", "ray", "liger_kernel"):
         try: out[m] = version(m)
         except PackageNotFoundError: out[m] = None
     return out
