@@ -293,10 +293,11 @@ def layer_activation_bytes(s:ModelShape, # the model
                            attn:str="sdpa", # "sdpa" | "flash_attention_2" | "eager"
                           ) -> int: # bytes per token, one layer, no checkpointing
     "Bytes one decoder layer saves for backward, per token."
-    h, q, kv, i = s.hidden, s.q, s.kv, s.intermediate
-    b = 16 * h + 10 * q + 8 * kv + 8 * i + 4 * s.heads + 8
-    if s.qk_norm != "none": b += 6 * q + 6 * kv
-    if attn == "eager": b += 6 * s.heads * seq_len
+    h, q, kv, i, a = s.hidden, s.q, s.kv, s.intermediate, s.heads
+    b = 16 * h + 8 * i + 8   # two RMSNorms (fp32 input, normalised value, output; fp32 1/RMS), the SwiGLU MLP
+    b += 8 * q + 6 * a * seq_len if attn == "eager" else 4 * q + 4 * kv + 4 * a   # attention's inputs and output
+    if s.qk_norm == "head": b += 6 * q + 6 * kv + 4 * a + 4 * s.kv_heads   # Qwen3's per-head q/k norms (a 1/RMS per head)
+    if s.qk_norm == "full": b += 4 * h + 8 * q + 8 * kv + 8   # OLMo-2: fp32 norms on q and k, post-norms
     return b
 
 # %% ../nbs/01_memory.ipynb 59
@@ -305,13 +306,13 @@ def backward_working_bytes(s:ModelShape, # the model
     "Gradient tensors alive at once while one layer runs backward (bf16)."
     return 3 * 2 * s.intermediate + 2 * 2 * s.hidden
 
-# %% ../nbs/01_memory.ipynb 63
+# %% ../nbs/01_memory.ipynb 65
 def fused_saving_bytes(s:ModelShape, # the model
                       ) -> int: # bytes per token per layer
     "Activation bytes a layer no longer saves when its elementwise ops are fused: SwiGLU's SiLU output and RMSNorm's fp32 copies."
     return 2 * s.intermediate + 8 * s.hidden
 
-# %% ../nbs/01_memory.ipynb 65
+# %% ../nbs/01_memory.ipynb 67
 def activations_bytes(s:ModelShape, # the model
                       tokens:int, # B·T tokens in one micro-batch
                       seq_len:int, # `T`
@@ -326,7 +327,7 @@ def activations_bytes(s:ModelShape, # the model
     working = tokens * (backward_working_bytes(s) + (per_layer if grad_ckpt else 0))
     return {"saved": saved, "working": working}
 
-# %% ../nbs/01_memory.ipynb 68
+# %% ../nbs/01_memory.ipynb 70
 def elementwise_fused(kernels:str="torch", # the learner's kernels (`model.kernels`): "torch" | "liger" | "auto"
                       compile:bool=False, # decoder layers compiled (`LearnerSpec.compile`, ZeRO 0-2)
                       liger_runs:bool|None=None, # "auto" only: Liger's kernels can run where the learner starts; None: liger-kernel is installed here
@@ -338,7 +339,7 @@ def elementwise_fused(kernels:str="torch", # the learner's kernels (`model.kerne
     return compile or kernels == "liger" or (kernels == "auto" and liger_runs)
 
 
-# %% ../nbs/01_memory.ipynb 71
+# %% ../nbs/01_memory.ipynb 73
 LogitsMode = Literal["chunked", "full"]
 
 def logits_bytes(tokens:int, # B·T tokens in the micro-batch
@@ -353,7 +354,7 @@ def logits_bytes(tokens:int, # B·T tokens in the micro-batch
     if mode == "chunked": return 8 * min(chunk, tokens) * vocab + 6 * vocab * hidden + 2 * tokens * hidden
     raise ValueError(f"logits mode must be 'chunked' or 'full' (got {mode!r}).")
 
-# %% ../nbs/01_memory.ipynb 74
+# %% ../nbs/01_memory.ipynb 76
 def _trace(s:ModelShape, grad_ckpt:bool, threshold:int) -> list[tuple[str, int, int]]:
     "(module, partitioned elements, its largest parameter) in the order a step uses them."
     mods = layer_modules(s)
@@ -394,14 +395,14 @@ def zero3_gathered(s:ModelShape, # the model
     at = [live(t) for t in range(len(tr))]
     return {"loss": at[L + 2], "backward_start": at[L + 3], "backward_end": at[len(tr) - 2], "peak": max(at)}
 
-# %% ../nbs/01_memory.ipynb 76
+# %% ../nbs/01_memory.ipynb 78
 def persistent_params(s:ModelShape, # the model
                       threshold:int=100_000, # stage3_param_persistence_threshold
                      ) -> int: # elements
     "Parameters ZeRO-3 never partitions (smaller than the threshold: norms, biases)."
     return sum(n for n in layer_modules(s).values() if n < threshold) * s.layers + s.hidden
 
-# %% ../nbs/01_memory.ipynb 79
+# %% ../nbs/01_memory.ipynb 81
 @dataclass(frozen=True)
 class Overheads:
     "Memory outside the formulas: inside the allocator (fixed) and outside it (context, NCCL, fragmentation)."
@@ -411,7 +412,7 @@ class Overheads:
     fragmentation:float=1.10 # reserved / allocated of PyTorch's caching allocator
     engine_cuda_graph_bytes:int=GiB // 2 # vLLM CUDA graphs (0 with enforce_eager)
 
-# %% ../nbs/01_memory.ipynb 81
+# %% ../nbs/01_memory.ipynb 83
 RefPolicy = Literal["none", "gpu", "cpu"]
 
 def ref_policy_bytes(n_params:int, # `P`
@@ -423,7 +424,7 @@ def ref_policy_bytes(n_params:int, # `P`
     if where != "gpu": return 0
     return 2 * (math.ceil(n_params / learners) if zero == 3 else n_params)
 
-# %% ../nbs/01_memory.ipynb 83
+# %% ../nbs/01_memory.ipynb 85
 @dataclass
 class LearnerMemory:
     "Per-GPU memory of one learner; the terms are their values at the peak phase and sum to `peak_bytes`."
@@ -443,11 +444,11 @@ class LearnerMemory:
     host_bytes:int # CPU memory for offloaded states and a CPU reference policy
     phases:dict # phase -> {term: bytes}
 
-# %% ../nbs/01_memory.ipynb 85
+# %% ../nbs/01_memory.ipynb 87
 TERMS = ["params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
          "gathered_params_bytes", "buffers_bytes", "step_transient_bytes", "ref_policy_bytes", "fixed_bytes"]
 
-# %% ../nbs/01_memory.ipynb 87
+# %% ../nbs/01_memory.ipynb 89
 def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelShape`
                    learners:int=1, # `N`: learner GPUs (ZeRO data-parallel world)
                    zero:int=3, # ZeRO stage 0-3
@@ -477,7 +478,7 @@ def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or
     w = weights_bytes(P, zero, learners, offload, pers)
     opt = optimizer_bytes(P, zero, learners, offload, optimizer)
     g_end = grads_bytes(P, zero, learners, offload)
-    g_start = {1: 4 * P, 3: g_end}.get(zero, 0)  # ZeRO-1's fp32 accumulator and ZeRO-3's partition buffer exist from start-up
+    g_start = {1: g_end, 3: g_end}.get(zero, 0)  # ZeRO-1's fp32 accumulator and zeroed bf16 gradients, ZeRO-3's partition buffer: kept between micro-batches
     buf = buffers_bytes(P, zero, learners, knobs)
     buf_fwd = buf if zero == 3 else 0  # ZeRO-2 allocates its bucket at the first gradient
     buf_bwd = buf if zero >= 2 else 0  # ZeRO-0/1 all-reduce after backward
@@ -509,7 +510,7 @@ def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or
            + (2 * own if offload == "all" else 0) + (2 * P if ref_policy == "cpu" else 0)  # states + fp32 grads; bf16 params
     return LearnerMemory(**phases[phase], peak_bytes=peak, peak_phase=phase, total_bytes=total, host_bytes=host, phases=phases)
 
-# %% ../nbs/01_memory.ipynb 89
+# %% ../nbs/01_memory.ipynb 91
 def _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, chunk, optimizer, ref_policy):
     if zero not in (0, 1, 2, 3): raise ValueError(f"zero must be 0, 1, 2 or 3 (got {zero}).")
     if offload not in ("none", "optimizer", "all"): raise ValueError(f"offload must be none, optimizer or all (got {offload!r}).")
@@ -522,7 +523,7 @@ def _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, 
     moment_bytes_per_param(optimizer)
     if ref_policy not in ("none", "gpu", "cpu"): raise ValueError(f"ref_policy must be none, gpu or cpu (got {ref_policy!r}).")
 
-# %% ../nbs/01_memory.ipynb 98
+# %% ../nbs/01_memory.ipynb 100
 def kv_heads_per_gpu(s:ModelShape, # the model
                      tp:int=1, # GPUs of one engine
                     ) -> int:
@@ -537,14 +538,14 @@ def kv_heads_per_gpu(s:ModelShape, # the model
                                          f"valid TP: {', '.join(str(t) for t in valid_tps(s))}.")
     return s.kv_heads // tp
 
-# %% ../nbs/01_memory.ipynb 100
+# %% ../nbs/01_memory.ipynb 102
 def valid_tps(s:ModelShape, # the model
               limit:int=64, # largest TP considered
              ) -> list[int]:
     "Tensor-parallel sizes vLLM accepts for `s`."
     return [t for t in range(1, limit + 1) if s.heads % t == 0 and (s.kv_heads % t == 0 if t < s.kv_heads else t % s.kv_heads == 0)]
 
-# %% ../nbs/01_memory.ipynb 102
+# %% ../nbs/01_memory.ipynb 104
 def kv_bytes_per_token(s:ModelShape, # the model
                        tp:int=1, # GPUs of one engine
                        dtype_bytes:int=2, # 2 for bf16/fp16 cache, 1 for fp8
@@ -552,7 +553,7 @@ def kv_bytes_per_token(s:ModelShape, # the model
     "KV-cache bytes one token costs on each engine GPU: 2·L·(k/TP)·d·dtype_bytes."
     return 2 * s.layers * kv_heads_per_gpu(s, tp) * s.head_dim * dtype_bytes
 
-# %% ../nbs/01_memory.ipynb 105
+# %% ../nbs/01_memory.ipynb 107
 def engine_weights_bytes(s:ModelShape, # the model
                          tp:int=1, # GPUs of one engine
                          dtype_bytes:int=2, # bf16 weights
@@ -568,7 +569,7 @@ def engine_weights_bytes(s:ModelShape, # the model
     n = vocab * h * (1 if s.tie_word_embeddings else 2) + s.layers * layer + h
     return n * dtype_bytes
 
-# %% ../nbs/01_memory.ipynb 107
+# %% ../nbs/01_memory.ipynb 109
 def engine_activation_bytes(s:ModelShape, # the model
                             tp:int=1, # GPUs of one engine
                             max_num_batched_tokens:int=8192, # tokens of vLLM's profiling forward
@@ -578,7 +579,7 @@ def engine_activation_bytes(s:ModelShape, # the model
     per_token = 2 * (2 * s.hidden) + 2 * (3 * math.ceil(s.intermediate / tp))  # residual + normed; gate_up + act
     return max_num_batched_tokens * per_token + 2 * 4 * max_num_seqs * s.vocab
 
-# %% ../nbs/01_memory.ipynb 109
+# %% ../nbs/01_memory.ipynb 111
 @dataclass
 class EngineMemory:
     "Per-GPU memory of one rollout engine (vLLM) and what its KV cache holds."
@@ -596,7 +597,7 @@ class EngineMemory:
     sync_buffer_bytes:int # the weight sync's receive buffers, allocated beside vLLM's budget (two buckets in flight)
     total_bytes:int # budget + sync buffers: what the engine GPU must have
 
-# %% ../nbs/01_memory.ipynb 111
+# %% ../nbs/01_memory.ipynb 113
 SYNC_BUCKET_BYTES = 1 << 30   # the weight sync's bucket (grpo_nb.weight_sync.DEFAULT_BUCKET_BYTES)
 
 def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelShape`
@@ -628,7 +629,7 @@ def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or 
     return EngineMemory(tp, w, act, over, budget, kvt, cache, max_tokens, per_seq,
                         min(max_num_seqs, max_tokens // per_seq), fits, sync, budget + sync)
 
-# %% ../nbs/01_memory.ipynb 114
+# %% ../nbs/01_memory.ipynb 116
 def _learner_fits(m:LearnerMemory, gpu_mem_gib:float) -> bool: return m.total_bytes <= gpu_mem_gib * GiB
 
 def min_learner_gpus(model:str|ModelShape, # the model
@@ -646,7 +647,7 @@ def min_learner_gpus(model:str|ModelShape, # the model
         lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
     return lo
 
-# %% ../nbs/01_memory.ipynb 116
+# %% ../nbs/01_memory.ipynb 118
 def min_engine_tp(model:str|ModelShape, # the model
                   **kw, # any other `engine_memory` argument (gpu_memory_utilization, gpu_mem_gib, seq_len, ...)
                  ) -> Optional[int]: # smallest valid TP that fits, or None
@@ -654,7 +655,7 @@ def min_engine_tp(model:str|ModelShape, # the model
     s = get_shape(model)
     return next((t for t in valid_tps(s) if engine_memory(s, tp=t, **kw).fits), None)
 
-# %% ../nbs/01_memory.ipynb 118
+# %% ../nbs/01_memory.ipynb 120
 @dataclass
 class Plan:
     "A whole job's verdict: learner and engine memory per GPU, whether they fit, and what to change."
@@ -672,7 +673,7 @@ class Plan:
     @property
     def fits(self) -> bool: return self.learner_fits and self.engine_fits and self.gpus_fit and self.host_fit
 
-# %% ../nbs/01_memory.ipynb 119
+# %% ../nbs/01_memory.ipynb 121
 def _gib(b) -> str: return f"{b / GiB:.1f} GiB"
 
 def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool) -> list[str]:
@@ -713,7 +714,7 @@ def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool)
                    + f"; each engine holds {em.max_concurrent_seqs} sequences of {st['engine_seq_len']} tokens")
     return out
 
-# %% ../nbs/01_memory.ipynb 122
+# %% ../nbs/01_memory.ipynb 124
 def gpu_budget(learners:int, # learner GPUs
                engines:int, # rollout engines
                tp:int, # GPUs per engine
@@ -734,7 +735,7 @@ def gpu_budget(learners:int, # learner GPUs
                       else "more learners ") + "would use them")
     return True, f"GPUs: learners and engines use all {have}"
 
-# %% ../nbs/01_memory.ipynb 124
+# %% ../nbs/01_memory.ipynb 126
 def host_budget(host_bytes:int, # offloaded bytes of one learner (`LearnerMemory.host_bytes`)
                 learners_per_node:int, # learners on the busiest node
                 host_mem_gib:float=0, # memory of one node in GiB (0: unknown, nothing checked)
@@ -748,7 +749,7 @@ def host_budget(host_bytes:int, # offloaded bytes of one learner (`LearnerMemory
                        "Fix: --offload none (learner.offload), fewer learners a node, or nodes with more memory")
     return True, f"host memory: {_gib(need)} of offloaded states a node, of {host_mem_gib:.0f} GiB"
 
-# %% ../nbs/01_memory.ipynb 126
+# %% ../nbs/01_memory.ipynb 128
 _LEARNER_ARGS = ("learners", "zero", "offload", "micro_batch", "seq_len", "grad_ckpt", "attn", "logits",
                  "logprob_chunk", "optimizer", "ref_policy", "fused")
 
@@ -794,7 +795,7 @@ def plan(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelS
     advice = [a.replace("fits:", "memory per GPU fits:", 1) if not (gfit and hfit) else a for a in _advice(s, st, lm, em, lfit, efit)]
     return Plan(s, st, lm, em, lfit, efit, advice, gfit, hfit, [n for n in (gnote, hnote) if n])
 
-# %% ../nbs/01_memory.ipynb 130
+# %% ../nbs/01_memory.ipynb 132
 def plan_json(p:Plan, # a plan
              ) -> dict: # JSON-ready
     "The plan as plain data with the documented keys."
@@ -806,7 +807,7 @@ def plan_json(p:Plan, # a plan
             "learner_fits": p.learner_fits, "engine_fits": p.engine_fits, "gpus_fit": p.gpus_fit, "host_fit": p.host_fit,
             "fits": p.fits, "advice": p.advice, "notes": p.notes}
 
-# %% ../nbs/01_memory.ipynb 132
+# %% ../nbs/01_memory.ipynb 134
 def format_plan(p:Plan, # a plan
                ) -> str: # a readable table
     "The plan as a table (GiB = 2³⁰ bytes)."
@@ -833,7 +834,7 @@ def format_plan(p:Plan, # a plan
     rows += [f"  - {a}" for a in p.advice]
     return "\n".join(rows)
 
-# %% ../nbs/01_memory.ipynb 135
+# %% ../nbs/01_memory.ipynb 137
 def plan_command(*overrides:str, # with --config: its fields, as --section.field=value
                  config:str|None=None, # plan a whole training config (YAML file or preset, `grpo_nb config --list`); other flags are then its overrides
                  model:str|None=None, # built-in name ({models}) or a HF model directory / config.json
@@ -889,7 +890,7 @@ def plan_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb plan --model NAME|PATH ...` or `grpo_nb plan --config CONFIG [--section.field=value ...]`: per-GPU memory, the verdict and the fix."
     return run_cli(plan_command, argv, "grpo_nb plan", epilog="GiB = 2^30 bytes.", fill={"models": ", ".join(ARCHS)})
 
-# %% ../nbs/01_memory.ipynb 138
+# %% ../nbs/01_memory.ipynb 140
 def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 model:str|ModelShape|None=None, # override `cfg.model.name_or_path` (e.g. a shape for a built-in tiny model)
                ) -> Plan:
@@ -908,7 +909,7 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 zero3_buckets=L.zero3_buckets, engines=R.num_engines, nodes=C.nodes, gpus_per_node=C.gpus_per_node if C.device != "cpu" else 0,
                 learners_per_node=max(C.learners_per_node), host_mem_gib=C.host_mem_gib, colocated=R.placement == "colocated")
 
-# %% ../nbs/01_memory.ipynb 140
+# %% ../nbs/01_memory.ipynb 142
 @dataclass
 class ColocatedMemory:
     "Per-GPU memory of a learner and an engine that share the GPU, phase by phase."
@@ -920,7 +921,7 @@ class ColocatedMemory:
     phase:str # "generate" | "learn": which phase sets the peak
     cache_kept:bool=False # the learner keeps its CUDA cache while the engine generates (the engine fits beside it)
 
-# %% ../nbs/01_memory.ipynb 142
+# %% ../nbs/01_memory.ipynb 144
 RELEASE_MARGIN = 0.05   # share of the GPU kept free beyond the engine's budget before a colocated learner keeps its cache
 
 def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo_nb.memory.learner_memory`)
@@ -938,7 +939,7 @@ def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo
     gen, learn = resident + engine.budget_bytes, learner.total_bytes + asleep
     return ColocatedMemory(gen, learn, max(gen, learn), cap, max(gen, learn) <= cap, "generate" if gen >= learn else "learn", kept)
 
-# %% ../nbs/01_memory.ipynb 143
+# %% ../nbs/01_memory.ipynb 145
 def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement="colocated"`
                    model=None, # override the model (a built-in name or `ModelShape`), as in `grpo_nb.memory.plan_config`
                   ) -> ColocatedMemory:
@@ -946,7 +947,7 @@ def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement
     p = plan_config(cfg, model)
     return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
 
-# %% ../nbs/01_memory.ipynb 152
+# %% ../nbs/01_memory.ipynb 154
 def _share(cfg) -> tuple[int, int]:
     "A sequence's longest length, and the sequences one learner trains per optimizer step."
     d = derive(cfg)
@@ -990,7 +991,7 @@ def pack_advice(cfg, # a `grpo_nb.config.TrainConfig`
             "(fewer, longer micro-batches keep the GPU busier; see the learner page)") if P and best < now else None
     return {"per_step": now, "pack_length": cfg.learner.pack_length, "longest_pack": P, "per_step_at_longest": best, "advice": line}
 
-# %% ../nbs/01_memory.ipynb 156
+# %% ../nbs/01_memory.ipynb 158
 def sleep_advice(cfg, # a `grpo_nb.config.TrainConfig`
                  model:str|ModelShape|None=None, # override the model, as in `plan_config`
                  headroom:float=0.1, # share of the GPU left free, as in `longest_pack`
@@ -1003,7 +1004,7 @@ def sleep_advice(cfg, # a `grpo_nb.config.TrainConfig`
     return (f"colocated: --rollout.sleep_level=0 still fits ({awake.peak_bytes / GiB:.1f} of {cfg.cluster.gpu_mem_gib:.1f} GiB a GPU): "
             "the engine keeps its weights and KV cache while the learner steps, and no step pays a sleep and a wake")
 
-# %% ../nbs/01_memory.ipynb 158
+# %% ../nbs/01_memory.ipynb 160
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -1031,7 +1032,7 @@ def _plan_config_cli(source:str, # YAML file or preset
     if out.get("sleep_advice"): print(out["sleep_advice"])
     return 0
 
-# %% ../nbs/01_memory.ipynb 162
+# %% ../nbs/01_memory.ipynb 164
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -1054,7 +1055,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(units.get(sweep, sweep)); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=9, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 166
+# %% ../nbs/01_memory.ipynb 168
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."

@@ -91,9 +91,9 @@ def test_state_terms_by_hand():
 
 def test_activation_terms_by_hand():
     h, q, kv, i, a = 8, 8, 4, 16, 2
-    per = 16 * h + 10 * q + 8 * kv + 8 * i + 4 * a + 8
+    per = 16 * h + 4 * q + 4 * kv + 8 * i + 4 * a + 8
     assert layer_activation_bytes(TOY, 10) == per
-    assert layer_activation_bytes(TOY, 10, "eager") == per + 6 * a * 10
+    assert layer_activation_bytes(TOY, 10, "eager") == 16 * h + 8 * q + 8 * i + 8 + 6 * a * 10   # repeated KV heads, o_proj's copy; no lse
     no = activations_bytes(TOY, tokens=6, seq_len=3, grad_ckpt=False)
     assert no["saved"] == 6 * (2 * per + 8 * h) and no["working"] == 6 * (6 * i + 4 * h)
     ck = activations_bytes(TOY, tokens=6, seq_len=3, grad_ckpt=True)
@@ -220,10 +220,10 @@ def test_accuracy_table(tmp_path):
 
 def test_score_head_is_one_model_for_both_seed002_tables():
     """Seed 002's reward model: `learner_memory(head="score")` is what `classifier_memory` reports (its numbers are
-    pinned from before the score head moved into the planner), and the LM head would predict more."""
+    pinned: the activation count of autograd's saved tensors, page 01), and the LM head would predict more."""
     from grpo_nb.memory import learner_memory
     from grpo_nb.reward_model import classifier_memory, seed_table
-    pinned = {(4, 2, 3): (24157373440, 28183723520, "step"), (8, 2, 2): (19897729664, 23498115366, "backward_end")}
+    pinned = {(4, 2, 3): (24157373440, 28183723520, "step"), (8, 2, 2): (19664159360, 23241188032, "backward_end")}
     for (n, p, z), want in pinned.items():
         m = classifier_memory("Qwen3-4B", gpus=n, micro_batch_pairs=p, seq_len=2048, zero=z)
         s = learner_memory("Qwen3-4B", learners=n, zero=z, micro_batch=2 * p, seq_len=2048, head="score")
