@@ -13,6 +13,9 @@ GPU (one or two H100/H200; DeepSpeed carried in /tmp/site; about 4 minutes on on
     PYTHONPATH=$PWD:/tmp/site python3 bench/memory_accuracy.py
 CPU smoke test (no GPU; peak = live bytes of the CPU allocator from the torch profiler's memory events):
     .venv/bin/python bench/memory_accuracy.py --smoke --out /tmp/memory_accuracy.json
+After a change to the planner (CPU only, nothing is measured):
+    .venv/bin/python bench/memory_accuracy.py --repredict    # every record's prediction from today's planner; the one it was
+                                                              # measured with stays as predicted_bytes_recorded
 Output: bench/results/memory_accuracy.json = {"meta": {...}, "records": [{config..., "predicted_bytes",
 "measured_bytes", "device", "error", "terms": {...}, "phases_measured": {...}, ...}, ...]}.
 """
@@ -74,6 +77,22 @@ def predict(cfg:dict, smoke:bool) -> dict:
                        adam="single-tensor" if smoke else "fused")  # the learner's config asks for fused AdamW on CUDA only
     return {"predicted_bytes": m.peak_bytes, "predicted_phase": m.peak_phase, "terms": {k: getattr(m, k) for k in TERMS},
             "phases_predicted": {k: sum(v.values()) for k, v in m.phases.items()}, "phase_terms": m.phases}
+
+
+def repredict(path:Path) -> list:
+    """Rewrite every record's prediction in `path` with today's planner, for the record's own configuration (CPU only; the
+    measurements are not touched). The prediction a record was made with stays as `predicted_bytes_recorded` (and
+    `predicted_phase_recorded`). Returns (name, before, after) for each record rewritten."""
+    d, done = json.loads(path.read_text()), []
+    if d.get("meta", {}).get("smoke"): return done   # the smoke run's predictions use its own knobs and overheads
+    for r in d["records"]:
+        r.setdefault("predicted_bytes_recorded", r["predicted_bytes"]); r.setdefault("predicted_phase_recorded", r["predicted_phase"])
+        before = r["predicted_bytes"]
+        r.update(predict(r, smoke=False))
+        if r.get("measured_bytes"): r["error"] = (r["predicted_bytes"] - r["measured_bytes"]) / r["measured_bytes"]
+        done.append((r["name"], before, r["predicted_bytes"]))
+    path.write_text(json.dumps(d, indent=1))
+    return done
 
 
 # ---------------------------------------------------------------- child: one configuration in this process
@@ -273,9 +292,14 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="comma-separated substrings of configuration names to run")
     ap.add_argument("--budget-s", type=float, default=330, help="skip configurations not started within this many seconds")
     ap.add_argument("--timeout-s", type=float, default=None, help="kill one configuration after this many seconds (180 on GPU, 900 with --smoke)")
+    ap.add_argument("--repredict", action="store_true", help="CPU only: rewrite every record's prediction in --out with "
+                    "today's planner (the one it was measured with stays as predicted_bytes_recorded); runs nothing")
     ap.add_argument("--one", help=argparse.SUPPRESS); ap.add_argument("--result", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one: return child(json.loads(a.one), a.result, a.smoke)
+    if a.repredict:
+        for name, before, after in repredict(Path(a.out)): print(f"{name:<34} predicted {before / 2**30:7.2f} GiB -> {after / 2**30:7.2f} GiB")
+        return 0
     if a.timeout_s is None: a.timeout_s = 900 if a.smoke else 180
 
     import torch

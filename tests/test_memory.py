@@ -256,3 +256,19 @@ def test_config_plan_names_the_longest_pack_that_fits():
     assert rc == 0 and "still fits and runs" not in out   # already the longest: no pack to suggest (the engine's sleep has its own line)
     rc, out, _ = run(["--config", "demo", "--json"])
     assert "micro_batches" not in json.loads(out)   # CPU runs: no GPU to fill
+
+
+def test_memory_accuracy_repredict_keeps_the_measured_prediction(tmp_path):
+    "bench/memory_accuracy.py --repredict: today's planner in predicted_bytes, the prediction the run had kept, measurements untouched."
+    import shutil, subprocess, sys
+    from pathlib import Path
+    ROOT = Path(__file__).resolve().parents[1]
+    f = tmp_path / "memory_accuracy.json"
+    shutil.copy(ROOT / "bench/results/memory_accuracy.json", f)
+    d = json.loads(f.read_text())
+    r = next(r for r in d["records"] if r.get("measured_bytes"))
+    r.pop("predicted_bytes_recorded", None); r["predicted_bytes"] = 123; f.write_text(json.dumps(d))
+    subprocess.run([sys.executable, str(ROOT / "bench/memory_accuracy.py"), "--repredict", "--out", str(f)], check=True, capture_output=True)
+    new = next(x for x in json.loads(f.read_text())["records"] if x["name"] == r["name"])
+    want = learner_memory(r["model"], **{k: r[k] for k in ("learners", "zero", "micro_batch", "seq_len", "grad_ckpt", "logits", "logprob_chunk", "attn")})
+    assert (new["predicted_bytes"], new["predicted_bytes_recorded"], new["measured_bytes"]) == (want.peak_bytes, 123, r["measured_bytes"])
