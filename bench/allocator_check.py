@@ -45,9 +45,8 @@ def check(nbytes:int=256 << 20) -> dict:
     phase("expandable")
     with fixed_segments(): phase("fixed")
     phase("after")
-    ok = (all(out["expandable"]["new_segments_expandable"]) and out["expandable"]["new_segments_expandable"] != []
-          and not any(out["fixed"]["new_segments_expandable"]) and out["fixed"]["new_segments_expandable"] != []
-          and all(out["after"]["new_segments_expandable"]) and out["after"]["new_segments_expandable"] != [])
+    want = {"expandable": True, "fixed": False, "after": True}   # each phase reserved at least one segment, all of this kind
+    ok = all(out[k]["new_segments_expandable"] and all(f == v for f in out[k]["new_segments_expandable"]) for k, v in want.items())
     has_getter = hasattr(torch._C, "_accelerator_getAllocatorSettings")
     return {"ok": ok, "phases": out, "torch": torch.__version__, "torch_reports_settings": has_getter,
             "device": torch.cuda.get_device_name(), "bytes_per_allocation": nbytes}

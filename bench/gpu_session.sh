@@ -128,22 +128,23 @@ lane_mfu1p5() {
 }
 # one GPU, about a minute: the log-prob head's peak memory, naive against chunked, and the chunk-size sweep (bench/logprob_memory.py)
 lane_lpmem0() { run logprob_memory 200 "${1:-0}" python3 bench/logprob_memory.py --out "$OUT/logprob_memory.json"; }
-# one GPU: the checkpointed ZeRO-1 learner of the 0.5B shape (the record the planner under-predicts; the benchmark checkpoints only
-# the largest model it is given), with what is live at its step's peak
+# one GPU: the checkpointed ZeRO-1 learner of the 0.5B shape (the benchmark checkpoints only the largest model it is given), with
+# what is live at its step's peak
 lane_mfumem0() { run learner_mfu_memory_peak 300 "${1:-0}" python3 bench/learner_mfu.py --part 1gpu --models Qwen2.5-0.5B --only 'ckpt$' \
                    --memory-peak --skip-check --budget-s 260 --variant-limit-s 130 --out "$OUT/learner_mfu_memory_peak.json"; }
-# 3B on one GPU (an H200: without checkpointing it does not fit an H100 at useful row lengths), eager then Liger
-# one GPU: the learner's step in fewer, longer micro-batches against the 4-pack step, 8 timed steps each, one after another on
-# the same GPU (1.5B: 2 packs of 32,768 tokens; 3B: 3 packs of 16,384), Liger's kernels on; the allocator check first
+# one GPU: the learner's step in fewer, longer micro-batches against the default 4-pack step, 8 timed steps each, one after
+# another on the same GPU (1.5B: 2 packs of 32,768 tokens; 3B: 3 packs of 16,384), Liger's kernels on; the allocator check first
 lane_mfufew0() {
   local g=${1:-0} few=(python3 bench/learner_mfu.py --part 1gpu --skip-check --steps 8 --budget-s 130 --variant-limit-s 125)
   lane_alloc0 "$g"
   run learner_mfu_1p5b_4mb 135 "$g" "${few[@]}" --models Qwen2.5-1.5B --only 'zero1 liger$' --out "$OUT/learner_mfu_few.json"
   run learner_mfu_1p5b_2mb 135 "$g" "${few[@]}" --models Qwen2.5-1.5B --only 'zero1 liger 2mb' --pack 32768 --micro-batches 2 --out "$OUT/learner_mfu_few.json"
   run learner_mfu_3b_3mb 135 "$g" "${few[@]}" --models Qwen2.5-3B --only 'zero1 liger 3mb' --pack 16384 --micro-batches 3 --out "$OUT/learner_mfu_few.json"
+  run learner_mfu_3b_4mb 135 "$g" "${few[@]}" --models Qwen2.5-3B --only 'zero1 liger$' --out "$OUT/learner_mfu_few.json"
 }
 # one GPU: does learner.allocator=expandable take effect with this torch (the allocator's own segment list)
 lane_alloc0() { run allocator_check 60 "${1:-0}" python3 bench/allocator_check.py --out "$OUT/allocator_gpu.json"; }
+# 3B on one GPU (an H200: without checkpointing it does not fit an H100 at useful row lengths), eager then Liger
 lane_mfu3b() { run learner_mfu_3b 200 0 python3 bench/learner_mfu.py --part 1gpu --models Qwen2.5-3B --only 'zero1$,zero1 liger' --skip-check \
                  --budget-s 150 --variant-limit-s 110 --out "$OUT/learner_mfu_3b.json"; }
 # both GPUs: the seed-004 2-GPU preset's placement with 3B policy and guidance (frozen models in CPU memory)
