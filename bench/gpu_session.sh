@@ -4,7 +4,7 @@
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw; trlcoloc) single1
 #                                                        split01 (or its parts split01a/b/c, and split01w),
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
-#                                                        mfufew0 alloc0
+#                                                        mfufew0 alloc0 head0 head1p5 head3b headckpt
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2 mix4
 #                                                        s7colocx s7olmocolocx (expandable segments) mfuolmo2pack
@@ -142,6 +142,29 @@ lane_mfufew0() {
   run learner_mfu_3b_3mb 135 "$g" "${few[@]}" --models Qwen2.5-3B --only 'zero1 liger 3mb' --pack 16384 --micro-batches 3 --out "$OUT/learner_mfu_few.json"
   run learner_mfu_3b_4mb 135 "$g" "${few[@]}" --models Qwen2.5-3B --only 'zero1 liger$' --out "$OUT/learner_mfu_few.json"
 }
+# one GPU: the log-prob head alone, the loop of torch ops against the fused Triton kernels (bench/logprob_head.py)
+lane_head0() { run logprob_head 150 "${1:-0}" python3 bench/logprob_head.py --out "$OUT/logprob_head.json"; }
+# one GPU, one model a lane: the learner's step with the loop head ('... torch-head') and with the default (the fused head), for
+# the default step (four packs' worth) and for fewer, longer packs (1.5B: 2 of 32,768 tokens; 3B: 3 of 16,384), Liger's kernels
+# on, 8 timed steps each, one after another on the same GPU; the default step's packs are pinned to what the loop head's planner
+# picks (the fused head's smaller buffers would let the 3B shape take longer ones), so that each pair differs in the head only
+head_steps() {   # head_steps MODEL NAME DEFAULT_PACK FEW PACK
+  local g=0 n=$2 p4=$3 few=$4 pack=$5 cmd=(python3 bench/learner_mfu.py --part 1gpu --skip-check --steps 8 --budget-s 130 --variant-limit-s 125 --models "$1")
+  run "learner_mfu_${n}_torchhead" 135 $g "${cmd[@]}" --only 'zero1 liger torch-head$' --pack "$p4" --logprob-kernel torch --out "$OUT/learner_mfu_head.json"
+  run "learner_mfu_${n}" 135 $g "${cmd[@]}" --only 'zero1 liger$' --pack "$p4" --out "$OUT/learner_mfu_head.json"
+  run "learner_mfu_${n}_${few}mb_torchhead" 135 $g "${cmd[@]}" --only "zero1 liger ${few}mb" --pack "$pack" --micro-batches "$few" \
+      --logprob-kernel torch --out "$OUT/learner_mfu_head.json"
+  run "learner_mfu_${n}_${few}mb" 135 $g "${cmd[@]}" --only "zero1 liger ${few}mb" --pack "$pack" --micro-batches "$few" --out "$OUT/learner_mfu_head.json"
+}
+# one GPU: the checkpointed 1.5B step (whose peak is the log-prob head's, so the planner's count of the head's buffers is what
+# the record checks), with the loop head and with the fused one
+lane_headckpt() {
+  local cmd=(python3 bench/learner_mfu.py --part 1gpu --skip-check --steps 3 --budget-s 130 --variant-limit-s 125 --models Qwen2.5-1.5B --only 'zero1 ckpt')
+  run learner_mfu_1p5b_ckpt_torchhead 135 0 "${cmd[@]}" --logprob-kernel torch --out "$OUT/learner_mfu_headckpt.json"
+  run learner_mfu_1p5b_ckpt 135 0 "${cmd[@]}" --out "$OUT/learner_mfu_headckpt.json"
+}
+lane_head1p5() { head_steps Qwen2.5-1.5B 1p5b 16384 2 32768; }
+lane_head3b() { head_steps Qwen2.5-3B 3b 12288 3 16384; }
 # one GPU: does learner.allocator=expandable take effect with this torch (the allocator's own segment list)
 lane_alloc0() { run allocator_check 60 "${1:-0}" python3 bench/allocator_check.py --out "$OUT/allocator_gpu.json"; }
 # 3B on one GPU (an H200: without checkpointing it does not fit an H100 at useful row lengths), eager then Liger

@@ -75,12 +75,13 @@ def longest_row(batch, gpus:int, pack:int) -> int:
 def predicted(v:dict, seq_len:int) -> int|None:
     "The planner's peak (bytes) for this variant with micro-batches of `seq_len` tokens."
     try:
-        from grpo_nb.memory import ZERO3_BUCKETS, elementwise_fused, learner_memory, shape_from_hf
+        from grpo_nb.memory import ZERO3_BUCKETS, elementwise_fused, head_logits_mode, learner_memory, shape_from_hf
         model = shape_from_hf(hf_config("tiny")) if v["model"] == "tiny" else v["model"]
+        logits = head_logits_mode(v.get("head", "auto"), triton_runs=False if v["model"] == "tiny" else None)   # the tiny model runs on CPU
         # varlen and per-sequence sdpa keep what flash attention keeps (no [L, L] scores)
         return int(learner_memory(model, learners=v["gpus"], zero=v["zero"], micro_batch=1, seq_len=seq_len, grad_ckpt=v["ckpt"],
                                   knobs=ZERO3_BUCKETS[v.get("buckets", "deepspeed")],
-                                  attn="flash_attention_2", logits="chunked", logprob_chunk=v["chunk"], adam="fused",
+                                  attn="flash_attention_2", logits=logits, logprob_chunk=v["chunk"], adam="fused",
                                   fused=elementwise_fused(v.get("kernels", "torch"), v["compile"])).peak_bytes)
     except Exception as e:
         print(f"planner: {type(e).__name__}: {e}", flush=True); return None
@@ -120,7 +121,7 @@ def spec_for(v:dict, device:str):
     from grpo_nb.config import LearnerConfig
     from grpo_nb.learner import LearnerSpec
     L = LearnerConfig(learning_rate=1e-6, zero_stage=v["zero"], micro_batch_size=100_000, gradient_accumulation_steps=1, zero3_buckets=v.get("buckets", "deepspeed"),
-                      pack_length=v["pack"], logprob_chunk=v["chunk"], max_grad_norm=1.0)
+                      pack_length=v["pack"], logprob_chunk=v["chunk"], logprob_kernel=v.get("head", "auto"), max_grad_norm=1.0)
     return LearnerSpec(model=hf_config(v["model"]), learner=L, device=device, dtype=v.get("dtype", "auto"), gradient_checkpointing=v["ckpt"],
                        compile=v["compile"], kernels=v.get("kernels", "torch"), temperature=1.0, norm_len=v["hi"], peak_flops=None if device == "cpu" else PEAK)
 
@@ -245,12 +246,18 @@ def time_breakdown(step_fn, batch, cuda:bool) -> dict:
             "top_kernels": [[n, round(sec, 5), c] for n, sec, c in top[:15]]}
 
 
+def head_in_use(v:dict) -> str:
+    "The log-prob head a variant runs: its `head` setting, with auto resolved as the learner resolves it (triton on a GPU that has it)."
+    from grpo_nb.memory import head_logits_mode
+    return "triton" if head_logits_mode(v.get("head", "auto"), triton_runs=False if v["model"] == "tiny" else None) == "chunked-triton" else "torch"
+
+
 def record(v:dict, device_name:str, info:dict|None, res:dict|None, err:str|None) -> dict:
     r = {"model": v["model"], "gpus": v["gpus"], "zero": v["zero"], "tokens_per_s": None, "mfu": None, "measured_bytes": None,
          "predicted_bytes": None, "device": device_name, "variant": v["variant"], "pack_length": v["pack"],
          "grad_ckpt": v["ckpt"], "compile": v["compile"], "attention": (info or {}).get("attention_kernel"),
          "launcher": v.get("launcher"), "zero3_buckets": v.get("buckets", "deepspeed") if v["zero"] == 3 else None, "kernels": v.get("kernels", "torch"),
-         "logprob_chunk": v["chunk"], "micro_batches": v.get("micro_batches", 4)}
+         "logprob_chunk": v["chunk"], "micro_batches": v.get("micro_batches", 4), "logprob_kernel": head_in_use(v)}
     if v.get("note"): r["note"] = v["note"]
     if res: r.update(res)
     if r.get("measured_bytes") and r.get("predicted_bytes"): r["predicted_over_measured"] = r["predicted_bytes"] / r["measured_bytes"]
@@ -410,9 +417,10 @@ def run_variant(v:dict) -> dict:
 
 
 def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smoke_compile:bool, pack:int=0, skip_check:bool=False,
-             micro_batches:int=4, steps:int=3) -> list:
+             micro_batches:int=4, steps:int=3, head:str="auto") -> list:
     """The measurements of a part, most important first (`pack` > 0: rows of that many tokens instead of the planner's choice;
-    `micro_batches`: packs a learner trains each step, so a step holds `micro_batches` x `pack` tokens per GPU)."""
+    `micro_batches`: packs a learner trains each step, so a step holds `micro_batches` x `pack` tokens per GPU; `head`: the
+    log-prob head, `learner.logprob_kernel`)."""
     out = []
     if part in ("1gpu", "all"):
         if smoke:
@@ -439,14 +447,15 @@ def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smo
         if gone: print(f"liger-kernel is not installed: {len(gone)} Liger variant(s) left out (pip install liger-kernel)", flush=True)
         out = [v for v in out if v.get("kernels") != "liger"]
     for v in out:
-        v.update(chunk=256 if smoke else 2048, launcher=launcher if v["gpus"] > 1 else "local", profile=v["gpus"] == 1 or launcher == "mp")
+        v.update(chunk=256 if smoke else 2048, launcher=launcher if v["gpus"] > 1 else "local", profile=v["gpus"] == 1 or launcher == "mp", head=head)
         if smoke: v["pack"] = 256
         elif pack: given_pack(v, pack, gpu_bytes)
         else: fit_variant(v, gpu_bytes)
         v["skip_check"] = skip_check
         v.update(variant=f"{v['model']} {v['gpus']}gpu zero{v['zero']}" + (" compiled" if v["compile"] else "") + (" ckpt" if v["ckpt"] else "")
                          + (f" {v['kernels']}" if v.get("kernels", "torch") != "torch" else "") + (" large-buckets" if v.get("buckets") == "large" else "")
-                         + (f" {micro_batches}mb" if micro_batches != 4 else ""),   # another step shape: its own record, beside the 4-pack one
+                         + (f" {micro_batches}mb" if micro_batches != 4 else "")   # another step shape: its own record, beside the 4-pack one
+                         + (" torch-head" if head == "torch" and not smoke else ""),   # the loop head where the default (auto) runs the fused one
                  warmup=2 if v["compile"] else 1, steps=1 if smoke else steps, micro_batches=micro_batches,
                  prompt=16 if smoke else 256, lo=8 if smoke else 256, hi=64 if smoke else 1792)
         # the default 4 packs keep their token count (and so their records); another count leaves one longest sequence of room
@@ -491,6 +500,7 @@ def variant_of(r:dict) -> dict:
     "The planner's inputs of a record: its model, GPUs, ZeRO stage, checkpointing, kernels (those in use), buckets and log-prob chunk."
     return {"model": r["model"], "gpus": r["gpus"], "zero": r["zero"], "ckpt": bool(r.get("grad_ckpt")), "compile": bool(r.get("compile")),
             "kernels": r.get("kernels") or "torch", "buckets": r.get("zero3_buckets") or "deepspeed",
+            "head": r.get("logprob_kernel") or "torch",   # records made before the fused head ran the loop
             "chunk": r.get("logprob_chunk") or (256 if r["model"] == "tiny" else 2048)}   # the chunk every variant has run with
 
 
@@ -529,6 +539,8 @@ def main(argv=None) -> int:
                    "packing spreads over 4 or 5 packs; any other count leaves room to land on exactly that many); fewer, longer micro-batches pay "
                    "ZeRO-3's gathers fewer times: e.g. --pack 16384 --micro-batches 1")
     p.add_argument("--steps", type=int, default=3, help="timed steps per variant, after the warm-up (default 3)")
+    p.add_argument("--logprob-kernel", choices=["auto", "torch", "triton"], default="auto", help="the log-prob head (learner.logprob_kernel; "
+                   "default auto, as the trainer: the fused Triton kernels on a GPU); torch names its variants '... torch-head'")
     p.add_argument("--skip-check", action="store_true", help="no log-prob check of fused kernels before timing (its models were seen to keep GPU memory on an 80 GB GPU)")
     p.add_argument("--memory-peak", action="store_true", help="one more step per one-GPU variant with the allocator's history on: what is live at the peak, "
                    "grouped by where it was allocated (`memory_at_peak` in the record)")
@@ -572,7 +584,7 @@ def main(argv=None) -> int:
         print("one GPU visible: the 2-GPU part is left out", flush=True); part = "1gpu"
     if a.micro_batches < 1: print(f"--micro-batches {a.micro_batches}: give at least 1", file=sys.stderr); return 2
     vs = variants(part, a.smoke, ["tiny"] if a.smoke else a.models.split(","), gpu_bytes, launcher, a.smoke_compile, a.pack, a.skip_check,
-                  a.micro_batches, a.steps)
+                  a.micro_batches, a.steps, a.logprob_kernel)
     if a.only: vs = [v for v in vs if any(v["variant"].endswith(x[:-1]) if x.endswith("$") else x in v["variant"] for x in a.only.split(","))]
     for v in vs: v["memory_peak"] = a.memory_peak and v["gpus"] == 1 and not a.smoke   # the allocator's history is a CUDA feature
     meta = {"versions": versions(), "command": " ".join(sys.argv)}

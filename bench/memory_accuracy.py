@@ -141,17 +141,17 @@ def _replica_policy_class():
     from grpo_nb.loss import token_logprobs
 
     class LogProbHead(torch.nn.Linear):
-        def forward(self, hidden, targets=None, chunk=1024):
+        def forward(self, hidden, targets=None, chunk=1024, kernel="auto"):
             if targets is None: return super().forward(hidden)
-            return token_logprobs(hidden, self.weight, targets, chunk), None
+            return token_logprobs(hidden, self.weight, targets, chunk, kernel=kernel), None
 
     class PolicyLogProbs(torch.nn.Module):
         "grpo_nb.learner.PolicyLogProbs without varlen attention: log-probs of the scored tokens of a packed row."
         def __init__(self, policy):
             super().__init__(); policy.get_output_embeddings().__class__ = LogProbHead; self.policy = policy
-        def forward(self, input_ids, position_ids, score_idx, targets, chunk=1024):
+        def forward(self, input_ids, position_ids, score_idx, targets, chunk=1024, kernel="auto"):
             h = self.policy.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state  # [1, L, h]
-            return self.policy.get_output_embeddings()(h[0, score_idx], targets, chunk)
+            return self.policy.get_output_embeddings()(h[0, score_idx], targets, chunk, kernel=kernel)
     return PolicyLogProbs
 
 
@@ -195,7 +195,7 @@ def child(cfg:dict, result_path:str, smoke:bool):
     except ImportError:
         PolicyLogProbs, ds_config, code = ReplicaPolicyLogProbs, replica_ds_config, "bench replica of grpo_nb.learner"
     T, B = cfg["seq_len"], cfg["micro_batch"]
-    if cfg["logits"] == "chunked":
+    if cfg["logits"].startswith("chunked"):
         module = PolicyLogProbs(lm)  # the output projection becomes a LogProbHead (chunked log-probs inside the module)
         # B sequences in one row [1, B·T]. Positions run on through the row: restarting them would make HF build an explicit
         # [L, L] packed-sequence mask, which sends sdpa to repeat_kv + a masked kernel; the learner's varlen flash path does not.
@@ -220,9 +220,10 @@ def child(cfg:dict, result_path:str, smoke:bool):
     for k in range(cfg["steps"]):
         x = torch.randint(0, shape.vocab, (B, T), generator=g).to(dev)
         mark(f"s{k}")
-        if cfg["logits"] == "chunked":
+        if cfg["logits"].startswith("chunked"):   # "chunked": the loop of torch ops; "chunked-triton": the fused kernels
             row = x.reshape(1, -1)
-            logp, _ = engine(row, pos, score, row[0, score + 1], chunk=cfg["logprob_chunk"])
+            logp, _ = engine(row, pos, score, row[0, score + 1], chunk=cfg["logprob_chunk"],
+                             kernel="triton" if cfg["logits"] == "chunked-triton" else "torch")
             loss = -logp.mean()
         else:
             loss = engine(input_ids=x, labels=x).loss

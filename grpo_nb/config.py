@@ -109,6 +109,7 @@ class LearnerConfig:
     entropy_coef:float=0.0 # entropy bonus coefficient
     tis_cap:Optional[float]=2.0 # truncated importance-sampling cap for engine-vs-learner log-probs; None disables
     logprob_chunk:int=1024 # tokens per chunk in the chunked log-prob (bounds the fp32 logits)
+    logprob_kernel:Literal["auto","torch","triton"]="auto" # the log-prob head's arithmetic: a loop of torch ops over fp32 logits ("torch"), two fused Triton kernels over the bf16 logits ("triton": GPU only, fewer passes over memory, a quarter of the chunk buffers), or triton where it can run ("auto")
     ref_policy:Literal["none","gpu","cpu"]="none" # where a reference policy lives when kl_beta > 0
     seed:int=0 # learner seed (rank r uses seed + r)
 

@@ -4,17 +4,17 @@
 
 # %% ../nbs/03_loss.ipynb 4
 from __future__ import annotations
-import math
+import functools, importlib.util, math
 from typing import Callable, Literal
 import torch
 from torch import Tensor
 
 # %% auto 0
-__all__ = ['ADVANTAGES', 'AGGREGATIONS', 'KL_ESTIMATORS', 'register_in', 'pick', 'adv_std', 'adv_none', 'adv_rloo',
-           'zero_variance_groups', 'group_advantages', 'kl_k1', 'kl_k2', 'kl_k3', 'kl_penalty', 'agg_counts',
-           'agg_token_mean', 'agg_seq_mean_token_mean', 'agg_seq_mean_token_sum_norm', 'clipped_pg', 'tis_weights',
-           'policy_loss', 'loss_kwargs', 'ChunkedLogProbs', 'token_logprobs', 'entropy_from_logits',
-           'token_logprobs_naive']
+__all__ = ['ADVANTAGES', 'AGGREGATIONS', 'KL_ESTIMATORS', 'LOGPROB_KERNELS', 'register_in', 'pick', 'adv_std', 'adv_none',
+           'adv_rloo', 'zero_variance_groups', 'group_advantages', 'kl_k1', 'kl_k2', 'kl_k3', 'kl_penalty',
+           'agg_counts', 'agg_token_mean', 'agg_seq_mean_token_mean', 'agg_seq_mean_token_sum_norm', 'clipped_pg',
+           'tis_weights', 'policy_loss', 'loss_kwargs', 'ChunkedLogProbs', 'head_kernel', 'token_logprobs',
+           'entropy_from_logits', 'token_logprobs_naive']
 
 # %% ../nbs/03_loss.ipynb 7
 ADVANTAGES:dict[str, Callable] = {}
@@ -304,14 +304,21 @@ def _chunk_logits(h:Tensor, weight:Tensor, temperature:float, acc:torch.dtype) -
 
 # %% ../nbs/03_loss.ipynb 72
 class ChunkedLogProbs(torch.autograd.Function):
-    "Log-probs (and entropy) of chosen tokens, chunk by chunk; backward recomputes each chunk's logits."
+    "Log-probs (and entropy) of chosen tokens, chunk by chunk; backward recomputes each chunk's logits (`kernel`: the loop below, or the fused Triton kernels)."
     @staticmethod
-    def forward(ctx, hidden, weight, tokens, temperature, chunk, with_entropy):
+    def forward(ctx, hidden, weight, tokens, temperature, chunk, with_entropy, kernel="torch"):
         acc = torch.promote_types(hidden.dtype, torch.float32)
         N, valid = hidden.shape[0], tokens >= 0
         tok = tokens.clamp(min=0)
         logp, lse = hidden.new_empty(N, dtype=acc), hidden.new_empty(N, dtype=acc)
         ent = hidden.new_empty(N if with_entropy else 0, dtype=acc)
+        ctx.temperature, ctx.chunk, ctx.with_entropy, ctx.kernel = temperature, chunk, with_entropy, kernel
+        ctx.set_materialize_grads(False)
+        if kernel == "triton":
+            _triton_head_forward(hidden, weight, tok, temperature, chunk, logp, lse, ent)
+            logp = torch.where(valid, logp, 0)
+            ctx.save_for_backward(hidden, weight, tok, valid, lse, ent)
+            return logp, ent
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
             z = _chunk_logits(hidden[s:e], weight, temperature, acc)  # [c, V]
@@ -324,8 +331,6 @@ class ChunkedLogProbs(torch.autograd.Function):
             del z
         logp = torch.where(valid, logp, 0)
         ctx.save_for_backward(hidden, weight, tok, valid, lse, ent)
-        ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy
-        ctx.set_materialize_grads(False)
         return logp, ent
 
     @staticmethod
@@ -333,11 +338,14 @@ class ChunkedLogProbs(torch.autograd.Function):
         hidden, weight, tok, valid, lse, ent = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[:2]
         if g_ent is not None and not ctx.with_entropy: g_ent = None
-        if (g_logp is None and g_ent is None) or not (need_h or need_w): return None, None, None, None, None, None
+        if (g_logp is None and g_ent is None) or not (need_h or need_w): return None, None, None, None, None, None, None
         acc, N = lse.dtype, hidden.shape[0]
         if g_logp is not None: g_logp = torch.where(valid, g_logp.to(acc), 0)
         gh = torch.empty_like(hidden) if need_h else None
         gw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None  # fp32 accumulator [V, H]
+        if ctx.kernel == "triton":
+            _triton_head_backward(hidden, weight, tok, ctx.temperature, ctx.chunk, lse, ent, g_logp, g_ent, gh, gw)
+            return gh, (gw.to(weight.dtype) if need_w else None), None, None, None, None, None
         for s in range(0, N, ctx.chunk):
             e = min(s + ctx.chunk, N)
             h = hidden[s:e]
@@ -354,15 +362,114 @@ class ChunkedLogProbs(torch.autograd.Function):
             if need_h: gh[s:e] = gz @ weight
             if need_w: gw.add_(gz.t() @ h)
             del gz
-        return gh, (gw.to(weight.dtype) if need_w else None), None, None, None, None
+        return gh, (gw.to(weight.dtype) if need_w else None), None, None, None, None, None
 
-# %% ../nbs/03_loss.ipynb 73
+# %% ../nbs/03_loss.ipynb 74
+LOGPROB_KERNELS = ("auto", "torch", "triton")
+"Named implementations of the log-prob head (`learner.logprob_kernel`)."
+
+@functools.cache
+def _triton_installed() -> bool: return importlib.util.find_spec("triton") is not None   # asked once a process, not at every call
+
+def head_kernel(kernel:str, # "auto" | "torch" | "triton"
+                hidden:Tensor|None=None, # the hidden states it will run on (None: only check the name)
+               ) -> str: # "torch" or "triton"
+    "The log-prob head's implementation for these hidden states: `auto` resolves to triton on CUDA when triton is installed."
+    if kernel not in LOGPROB_KERNELS:
+        raise ValueError(f"logprob kernel must be one of {LOGPROB_KERNELS} (got {kernel!r}). Fix: --learner.logprob_kernel=auto")
+    has_triton = _triton_installed()
+    if kernel == "triton" and not has_triton:
+        raise ValueError("logprob kernel 'triton' needs the triton package, which is not installed. "
+                         "Fix: pip install triton, or --learner.logprob_kernel=torch")
+    fits = hidden is None or hidden.dtype in (torch.bfloat16, torch.float16, torch.float32)
+    if kernel == "triton" and not fits:
+        raise ValueError(f"logprob kernel 'triton' computes in fp32 from bf16, fp16 or fp32 logits (got {hidden.dtype}). "
+                         "Fix: --learner.logprob_kernel=torch (or auto) for float64")
+    if kernel != "auto": return kernel
+    return "triton" if hidden is not None and hidden.is_cuda and fits and has_triton else "torch"
+
+# %% ../nbs/03_loss.ipynb 76
+@functools.cache
+def _triton_head_kernels():
+    "The fused head's two Triton kernels, built on first use (triton is imported here only)."
+    import triton, triton.language as tl
+
+    @triton.jit
+    def head_fwd(z, stride, tok, lse_out, logp_out, ent_out, V, temperature, WITH_ENT: tl.constexpr, BLOCK: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)   # one row of the chunk's logits
+        row = z + r * stride
+        m, s, t = float("-inf"), 0.0, 0.0   # running max, Σ e^(x-m), Σ e^(x-m)·x
+        for v0 in range(0, V, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            inb = offs < V
+            x = tl.load(row + offs, mask=inb, other=float("-inf")).to(tl.float32) / temperature
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            scale, e = tl.exp(m - m_new), tl.exp(x - m_new)
+            s = s * scale + tl.sum(e, axis=0)
+            if WITH_ENT: t = t * scale + tl.sum(e * tl.where(inb, x, 0.0), axis=0)
+            m = m_new
+        lse = m + tl.log(s)
+        tl.store(lse_out + r, lse)
+        tl.store(logp_out + r, tl.load(row + tl.load(tok + r)).to(tl.float32) / temperature - lse)
+        if WITH_ENT: tl.store(ent_out + r, lse - t / s)
+
+    @triton.jit
+    def head_bwd(z, stride, tok, lse_in, ent_in, g_logp, g_ent, V, temperature, HAS_ENT: tl.constexpr, BLOCK: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        row = z + r * stride
+        lse, y, gl = tl.load(lse_in + r), tl.load(tok + r), tl.load(g_logp + r)
+        ge, h = 0.0, 0.0
+        if HAS_ENT:
+            ge, h = tl.load(g_ent + r), tl.load(ent_in + r)
+        for v0 in range(0, V, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            inb = offs < V
+            lp = tl.load(row + offs, mask=inb, other=0.0).to(tl.float32) / temperature - lse   # log p
+            p = tl.exp(lp)
+            g = tl.where(offs == y, gl, 0.0) - gl * p           # d log p_y / dx = 1[v = y] - p
+            if HAS_ENT: g = g - ge * p * (lp + h)                # dH/dx = -p (log p + H)
+            tl.store(row + offs, (g / temperature).to(z.dtype.element_ty), mask=inb)   # dz = dx / τ, in place
+
+    return head_fwd, head_bwd, triton.next_power_of_2
+
+# %% ../nbs/03_loss.ipynb 78
+_HEAD_BLOCK = 4096   # vocabulary entries per block of a row (a power of two)
+
+def _triton_head_forward(hidden, weight, tok, temperature, chunk, logp, lse, ent):
+    "Fill logp, lse (and ent when it has N entries) chunk by chunk with the fused forward kernel."
+    fwd, _, p2 = _triton_head_kernels()
+    N, V = hidden.shape[0], weight.shape[0]
+    for s in range(0, N, chunk):
+        e = min(s + chunk, N)
+        z = hidden[s:e] @ weight.t()   # [c, V] in the weights' dtype
+        fwd[(e - s,)](z, z.stride(0), tok[s:e], lse[s:e], logp[s:e], ent[s:e] if ent.numel() else lse[s:e], V, temperature,
+                      WITH_ENT=ent.numel() > 0, BLOCK=min(_HEAD_BLOCK, p2(V)), num_warps=8)
+
+def _triton_head_backward(hidden, weight, tok, temperature, chunk, lse, ent, g_logp, g_ent, gh, gw):
+    "Gradients into gh [N, H] and the fp32 gw [V, H] (either may be None) with the fused backward kernel."
+    _, bwd, p2 = _triton_head_kernels()
+    N, V = hidden.shape[0], weight.shape[0]
+    g_logp = lse.new_zeros(N) if g_logp is None else g_logp.contiguous()   # None: an entropy-only gradient
+    if g_ent is not None: g_ent = g_ent.to(lse.dtype).contiguous()   # autograd may hand an expanded (stride-0) gradient
+    for s in range(0, N, chunk):
+        e = min(s + chunk, N)
+        h = hidden[s:e]
+        z = h @ weight.t()   # recomputed logits [c, V]; the kernel turns them into dz in place
+        bwd[(e - s,)](z, z.stride(0), tok[s:e], lse[s:e], ent[s:e] if g_ent is not None else lse[s:e],
+                      g_logp[s:e], g_ent[s:e] if g_ent is not None else lse[s:e], V, temperature,
+                      HAS_ENT=g_ent is not None, BLOCK=min(_HEAD_BLOCK, p2(V)), num_warps=8)
+        if gh is not None: gh[s:e] = z @ weight
+        if gw is not None: gw.add_(z.t() @ h)
+        del z
+
+# %% ../nbs/03_loss.ipynb 81
 def token_logprobs(hidden:Tensor, # final hidden states [N, H] or [B, T, H] (bf16 on GPU)
                    lm_head_weight:Tensor, # output projection [V, H] (tied embeddings: the embedding matrix)
                    tokens:Tensor, # next-token ids [N] or [B, T] (tokens[t] = input_ids[t+1]); < 0: ignored
                    chunk:int=1024, # tokens per chunk (config `learner.logprob_chunk`); bounds the [chunk, V] buffers
                    temperature:float=1.0, # sampling temperature τ of the engine; logits are divided by it
                    with_entropy:bool=False, # also return the per-token entropy of softmax(z/τ)
+                   kernel:str="auto", # "torch" | "triton" (fused, CUDA or Triton's interpreter) | "auto": triton where it runs (config `learner.logprob_kernel`)
                   ): # log-probs like `tokens` (fp32), or (log-probs, entropy) with `with_entropy`
     "Log-probs of the chosen tokens, chunk by chunk, never holding the [N, V] logits; gradients to hidden and weight."
     if hidden.shape[:-1] != tokens.shape:
@@ -370,18 +477,19 @@ def token_logprobs(hidden:Tensor, # final hidden states [N, H] or [B, T, H] (bf1
     if lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != hidden.shape[-1]:
         raise ValueError(f"lm_head_weight must be [V, H] with H = {hidden.shape[-1]} (got {tuple(lm_head_weight.shape)}).")
     if chunk < 1 or temperature <= 0: raise ValueError(f"need chunk >= 1 and temperature > 0 (got {chunk}, {temperature}).")
+    kernel = head_kernel(kernel, hidden)
     logp, ent = ChunkedLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), lm_head_weight, tokens.reshape(-1),
-                                      float(temperature), int(chunk), bool(with_entropy))
+                                      float(temperature), int(chunk), bool(with_entropy), kernel)
     return (logp.view(tokens.shape), ent.view(tokens.shape)) if with_entropy else logp.view(tokens.shape)
 
-# %% ../nbs/03_loss.ipynb 75
+# %% ../nbs/03_loss.ipynb 83
 def entropy_from_logits(logits:Tensor, # [..., V]
                        ) -> Tensor: # [...], in fp32 (float64 for float64 logits)
     "Entropy of softmax(logits): logsumexp(z) - Σ softmax(z)·z."
     z = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
 
-# %% ../nbs/03_loss.ipynb 77
+# %% ../nbs/03_loss.ipynb 85
 def token_logprobs_naive(hidden:Tensor, # [N, H] or [B, T, H]
                          lm_head_weight:Tensor, # [V, H]
                          tokens:Tensor, # next-token ids like hidden's leading dims; < 0: ignored

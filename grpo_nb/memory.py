@@ -17,12 +17,13 @@ __all__ = ['GiB', 'Family', 'ARCHS', 'PUBLISHED', 'Zero', 'Offload', 'Optimizer'
            'matches_published', 'shape_from_hf', 'get_shape', 'shape_to_hf', 'weights_bytes', 'moment_bytes_per_param',
            'optimizer_bytes', 'ZeroKnobs', 'zero3_settings', 'grads_bytes', 'buffers_bytes', 'embedding_grad_bytes',
            'step_transient_bytes', 'layer_activation_bytes', 'backward_working_bytes', 'fused_saving_bytes',
-           'activations_bytes', 'elementwise_fused', 'logits_bytes', 'zero3_gathered', 'persistent_params', 'Overheads',
-           'ref_policy_bytes', 'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu', 'valid_tps', 'kv_bytes_per_token',
-           'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory', 'engine_memory', 'min_learner_gpus',
-           'min_engine_tp', 'Plan', 'gpu_budget', 'host_budget', 'plan', 'plan_json', 'format_plan', 'plan_command',
-           'plan_cli', 'plan_config', 'ColocatedMemory', 'colocated_memory', 'colocated_plan', 'micro_batches_per_step',
-           'longest_pack', 'pack_advice', 'sleep_advice', 'plot_terms', 'planner_widget']
+           'activations_bytes', 'elementwise_fused', 'logits_bytes', 'head_logits_mode', 'zero3_gathered',
+           'persistent_params', 'Overheads', 'ref_policy_bytes', 'LearnerMemory', 'learner_memory', 'kv_heads_per_gpu',
+           'valid_tps', 'kv_bytes_per_token', 'engine_weights_bytes', 'engine_activation_bytes', 'EngineMemory',
+           'engine_memory', 'min_learner_gpus', 'min_engine_tp', 'Plan', 'gpu_budget', 'host_budget', 'plan',
+           'plan_json', 'format_plan', 'plan_command', 'plan_cli', 'plan_config', 'ColocatedMemory', 'colocated_memory',
+           'colocated_plan', 'micro_batches_per_step', 'longest_pack', 'pack_advice', 'sleep_advice', 'plot_terms',
+           'planner_widget']
 
 # %% ../nbs/01_memory.ipynb 7
 GiB = 2**30
@@ -340,21 +341,32 @@ def elementwise_fused(kernels:str="torch", # the learner's kernels (`model.kerne
 
 
 # %% ../nbs/01_memory.ipynb 73
-LogitsMode = Literal["chunked", "full"]
+LogitsMode = Literal["chunked", "chunked-triton", "full"]
 
 def logits_bytes(tokens:int, # B·T tokens in the micro-batch
                  vocab:int, # `V`
                  hidden:int, # `h`
-                 mode:str="chunked", # "chunked" (grpo_nb.loss.token_logprobs) | "full" (HF labels= loss)
+                 mode:str="chunked", # "chunked" (grpo_nb.loss.token_logprobs) | "chunked-triton" (its fused kernels) | "full" (HF labels= loss)
                  chunk:int=1024, # tokens per chunk (learner.logprob_chunk)
                  keep_logits:bool=False, # "full": the caller still holds the model output's bf16 logits in backward
                 ) -> int: # peak bytes of the loss head during forward + backward
     "Peak memory of computing per-token log-probs (or the LM loss) and their gradient."
     if mode == "full": return tokens * vocab * (14 if keep_logits else 12)
-    if mode == "chunked": return 8 * min(chunk, tokens) * vocab + 6 * vocab * hidden + 2 * tokens * hidden
-    raise ValueError(f"logits mode must be 'chunked' or 'full' (got {mode!r}).")
+    per_entry = {"chunked": 8, "chunked-triton": 2}.get(mode)   # bytes per [chunk, V] entry: two fp32 buffers, or one bf16
+    if per_entry: return per_entry * min(chunk, tokens) * vocab + 6 * vocab * hidden + 2 * tokens * hidden
+    raise ValueError(f"logits mode must be one of {LogitsMode.__args__} (got {mode!r}).")
 
-# %% ../nbs/01_memory.ipynb 76
+# %% ../nbs/01_memory.ipynb 75
+def head_logits_mode(logprob_kernel:str="auto", # `learner.logprob_kernel`: "auto" | "torch" | "triton"
+                     triton_runs:bool|None=None, # "auto" only: the Triton kernels can run where the learner starts; None: triton is installed here
+                    ) -> str: # "chunked" or "chunked-triton", the `logits` argument of `learner_memory` and `plan`
+    "The planner's logits mode for the learner's log-prob head."
+    if logprob_kernel not in ("auto", "torch", "triton"):
+        raise ValueError(f"logprob_kernel must be auto, torch or triton (got {logprob_kernel!r}). Fix: --learner.logprob_kernel=auto")
+    if logprob_kernel == "auto" and triton_runs is None: triton_runs = importlib.util.find_spec("triton") is not None
+    return "chunked-triton" if logprob_kernel == "triton" or (logprob_kernel == "auto" and triton_runs) else "chunked"
+
+# %% ../nbs/01_memory.ipynb 79
 def _trace(s:ModelShape, grad_ckpt:bool, threshold:int) -> list[tuple[str, int, int]]:
     "(module, partitioned elements, its largest parameter) in the order a step uses them."
     mods = layer_modules(s)
@@ -395,14 +407,14 @@ def zero3_gathered(s:ModelShape, # the model
     at = [live(t) for t in range(len(tr))]
     return {"loss": at[L + 2], "backward_start": at[L + 3], "backward_end": at[len(tr) - 2], "peak": max(at)}
 
-# %% ../nbs/01_memory.ipynb 78
+# %% ../nbs/01_memory.ipynb 81
 def persistent_params(s:ModelShape, # the model
                       threshold:int=100_000, # stage3_param_persistence_threshold
                      ) -> int: # elements
     "Parameters ZeRO-3 never partitions (smaller than the threshold: norms, biases)."
     return sum(n for n in layer_modules(s).values() if n < threshold) * s.layers + s.hidden
 
-# %% ../nbs/01_memory.ipynb 81
+# %% ../nbs/01_memory.ipynb 84
 @dataclass(frozen=True)
 class Overheads:
     "Memory outside the formulas: inside the allocator (fixed) and outside it (context, NCCL, fragmentation)."
@@ -412,7 +424,7 @@ class Overheads:
     fragmentation:float=1.10 # reserved / allocated of PyTorch's caching allocator
     engine_cuda_graph_bytes:int=GiB // 2 # vLLM CUDA graphs (0 with enforce_eager)
 
-# %% ../nbs/01_memory.ipynb 83
+# %% ../nbs/01_memory.ipynb 86
 RefPolicy = Literal["none", "gpu", "cpu"]
 
 def ref_policy_bytes(n_params:int, # `P`
@@ -424,7 +436,7 @@ def ref_policy_bytes(n_params:int, # `P`
     if where != "gpu": return 0
     return 2 * (math.ceil(n_params / learners) if zero == 3 else n_params)
 
-# %% ../nbs/01_memory.ipynb 85
+# %% ../nbs/01_memory.ipynb 88
 @dataclass
 class LearnerMemory:
     "Per-GPU memory of one learner; the terms are their values at the peak phase and sum to `peak_bytes`."
@@ -444,11 +456,11 @@ class LearnerMemory:
     host_bytes:int # CPU memory for offloaded states and a CPU reference policy
     phases:dict # phase -> {term: bytes}
 
-# %% ../nbs/01_memory.ipynb 87
+# %% ../nbs/01_memory.ipynb 90
 TERMS = ["params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
          "gathered_params_bytes", "buffers_bytes", "step_transient_bytes", "ref_policy_bytes", "fixed_bytes"]
 
-# %% ../nbs/01_memory.ipynb 89
+# %% ../nbs/01_memory.ipynb 92
 def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelShape`
                    learners:int=1, # `N`: learner GPUs (ZeRO data-parallel world)
                    zero:int=3, # ZeRO stage 0-3
@@ -457,7 +469,7 @@ def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or
                    seq_len:int=2048, # `T`: tokens per sequence (the pack length with packing)
                    grad_ckpt:bool=True, # gradient checkpointing
                    attn:str="sdpa", # "sdpa" | "flash_attention_2" | "eager"
-                   logits:str="chunked", # "chunked" (grpo-nb) | "full" (HF labels= loss)
+                   logits:str="chunked", # "chunked" (grpo-nb) | "chunked-triton" (its fused kernels, GPU) | "full" (HF labels= loss)
                    logprob_chunk:int=1024, # tokens per chunk of the chunked log-probs
                    optimizer:str="adamw", # "adamw" | "adamw-8bit"
                    ref_policy:str="none", # "none" | "gpu" | "cpu"
@@ -510,7 +522,7 @@ def learner_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or
            + (2 * own if offload == "all" else 0) + (2 * P if ref_policy == "cpu" else 0)  # states + fp32 grads; bf16 params
     return LearnerMemory(**phases[phase], peak_bytes=peak, peak_phase=phase, total_bytes=total, host_bytes=host, phases=phases)
 
-# %% ../nbs/01_memory.ipynb 91
+# %% ../nbs/01_memory.ipynb 94
 def _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, chunk, optimizer, ref_policy):
     if zero not in (0, 1, 2, 3): raise ValueError(f"zero must be 0, 1, 2 or 3 (got {zero}).")
     if offload not in ("none", "optimizer", "all"): raise ValueError(f"offload must be none, optimizer or all (got {offload!r}).")
@@ -519,11 +531,11 @@ def _check_learner(zero, offload, learners, micro_batch, seq_len, attn, logits, 
     for n, v in [("learners", learners), ("micro_batch", micro_batch), ("seq_len", seq_len), ("logprob_chunk", chunk)]:
         if v < 1: raise ValueError(f"{n} must be at least 1 (got {v}).")
     if attn not in ("sdpa", "flash_attention_2", "eager"): raise ValueError(f"attn must be sdpa, flash_attention_2 or eager (got {attn!r}).")
-    if logits not in ("chunked", "full"): raise ValueError(f"logits must be 'chunked' or 'full' (got {logits!r}).")
+    if logits not in LogitsMode.__args__: raise ValueError(f"logits must be one of {LogitsMode.__args__} (got {logits!r}).")
     moment_bytes_per_param(optimizer)
     if ref_policy not in ("none", "gpu", "cpu"): raise ValueError(f"ref_policy must be none, gpu or cpu (got {ref_policy!r}).")
 
-# %% ../nbs/01_memory.ipynb 100
+# %% ../nbs/01_memory.ipynb 103
 def kv_heads_per_gpu(s:ModelShape, # the model
                      tp:int=1, # GPUs of one engine
                     ) -> int:
@@ -538,14 +550,14 @@ def kv_heads_per_gpu(s:ModelShape, # the model
                                          f"valid TP: {', '.join(str(t) for t in valid_tps(s))}.")
     return s.kv_heads // tp
 
-# %% ../nbs/01_memory.ipynb 102
+# %% ../nbs/01_memory.ipynb 105
 def valid_tps(s:ModelShape, # the model
               limit:int=64, # largest TP considered
              ) -> list[int]:
     "Tensor-parallel sizes vLLM accepts for `s`."
     return [t for t in range(1, limit + 1) if s.heads % t == 0 and (s.kv_heads % t == 0 if t < s.kv_heads else t % s.kv_heads == 0)]
 
-# %% ../nbs/01_memory.ipynb 104
+# %% ../nbs/01_memory.ipynb 107
 def kv_bytes_per_token(s:ModelShape, # the model
                        tp:int=1, # GPUs of one engine
                        dtype_bytes:int=2, # 2 for bf16/fp16 cache, 1 for fp8
@@ -553,7 +565,7 @@ def kv_bytes_per_token(s:ModelShape, # the model
     "KV-cache bytes one token costs on each engine GPU: 2·L·(k/TP)·d·dtype_bytes."
     return 2 * s.layers * kv_heads_per_gpu(s, tp) * s.head_dim * dtype_bytes
 
-# %% ../nbs/01_memory.ipynb 107
+# %% ../nbs/01_memory.ipynb 110
 def engine_weights_bytes(s:ModelShape, # the model
                          tp:int=1, # GPUs of one engine
                          dtype_bytes:int=2, # bf16 weights
@@ -569,7 +581,7 @@ def engine_weights_bytes(s:ModelShape, # the model
     n = vocab * h * (1 if s.tie_word_embeddings else 2) + s.layers * layer + h
     return n * dtype_bytes
 
-# %% ../nbs/01_memory.ipynb 109
+# %% ../nbs/01_memory.ipynb 112
 def engine_activation_bytes(s:ModelShape, # the model
                             tp:int=1, # GPUs of one engine
                             max_num_batched_tokens:int=8192, # tokens of vLLM's profiling forward
@@ -579,7 +591,7 @@ def engine_activation_bytes(s:ModelShape, # the model
     per_token = 2 * (2 * s.hidden) + 2 * (3 * math.ceil(s.intermediate / tp))  # residual + normed; gate_up + act
     return max_num_batched_tokens * per_token + 2 * 4 * max_num_seqs * s.vocab
 
-# %% ../nbs/01_memory.ipynb 111
+# %% ../nbs/01_memory.ipynb 114
 @dataclass
 class EngineMemory:
     "Per-GPU memory of one rollout engine (vLLM) and what its KV cache holds."
@@ -597,7 +609,7 @@ class EngineMemory:
     sync_buffer_bytes:int # the weight sync's receive buffers, allocated beside vLLM's budget (two buckets in flight)
     total_bytes:int # budget + sync buffers: what the engine GPU must have
 
-# %% ../nbs/01_memory.ipynb 113
+# %% ../nbs/01_memory.ipynb 116
 SYNC_BUCKET_BYTES = 1 << 30   # the weight sync's bucket (grpo_nb.weight_sync.DEFAULT_BUCKET_BYTES)
 
 def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelShape`
@@ -629,7 +641,7 @@ def engine_memory(model:str|ModelShape, # built-in name, HF dir/config.json, or 
     return EngineMemory(tp, w, act, over, budget, kvt, cache, max_tokens, per_seq,
                         min(max_num_seqs, max_tokens // per_seq), fits, sync, budget + sync)
 
-# %% ../nbs/01_memory.ipynb 116
+# %% ../nbs/01_memory.ipynb 119
 def _learner_fits(m:LearnerMemory, gpu_mem_gib:float) -> bool: return m.total_bytes <= gpu_mem_gib * GiB
 
 def min_learner_gpus(model:str|ModelShape, # the model
@@ -647,7 +659,7 @@ def min_learner_gpus(model:str|ModelShape, # the model
         lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
     return lo
 
-# %% ../nbs/01_memory.ipynb 118
+# %% ../nbs/01_memory.ipynb 121
 def min_engine_tp(model:str|ModelShape, # the model
                   **kw, # any other `engine_memory` argument (gpu_memory_utilization, gpu_mem_gib, seq_len, ...)
                  ) -> Optional[int]: # smallest valid TP that fits, or None
@@ -655,7 +667,7 @@ def min_engine_tp(model:str|ModelShape, # the model
     s = get_shape(model)
     return next((t for t in valid_tps(s) if engine_memory(s, tp=t, **kw).fits), None)
 
-# %% ../nbs/01_memory.ipynb 120
+# %% ../nbs/01_memory.ipynb 123
 @dataclass
 class Plan:
     "A whole job's verdict: learner and engine memory per GPU, whether they fit, and what to change."
@@ -673,7 +685,7 @@ class Plan:
     @property
     def fits(self) -> bool: return self.learner_fits and self.engine_fits and self.gpus_fit and self.host_fit
 
-# %% ../nbs/01_memory.ipynb 121
+# %% ../nbs/01_memory.ipynb 124
 def _gib(b) -> str: return f"{b / GiB:.1f} GiB"
 
 def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool) -> list[str]:
@@ -714,7 +726,7 @@ def _advice(s, st:dict, lm:LearnerMemory, em:EngineMemory, lfit:bool, efit:bool)
                    + f"; each engine holds {em.max_concurrent_seqs} sequences of {st['engine_seq_len']} tokens")
     return out
 
-# %% ../nbs/01_memory.ipynb 124
+# %% ../nbs/01_memory.ipynb 127
 def gpu_budget(learners:int, # learner GPUs
                engines:int, # rollout engines
                tp:int, # GPUs per engine
@@ -735,7 +747,7 @@ def gpu_budget(learners:int, # learner GPUs
                       else "more learners ") + "would use them")
     return True, f"GPUs: learners and engines use all {have}"
 
-# %% ../nbs/01_memory.ipynb 126
+# %% ../nbs/01_memory.ipynb 129
 def host_budget(host_bytes:int, # offloaded bytes of one learner (`LearnerMemory.host_bytes`)
                 learners_per_node:int, # learners on the busiest node
                 host_mem_gib:float=0, # memory of one node in GiB (0: unknown, nothing checked)
@@ -749,7 +761,7 @@ def host_budget(host_bytes:int, # offloaded bytes of one learner (`LearnerMemory
                        "Fix: --offload none (learner.offload), fewer learners a node, or nodes with more memory")
     return True, f"host memory: {_gib(need)} of offloaded states a node, of {host_mem_gib:.0f} GiB"
 
-# %% ../nbs/01_memory.ipynb 128
+# %% ../nbs/01_memory.ipynb 131
 _LEARNER_ARGS = ("learners", "zero", "offload", "micro_batch", "seq_len", "grad_ckpt", "attn", "logits",
                  "logprob_chunk", "optimizer", "ref_policy", "fused")
 
@@ -764,7 +776,7 @@ def plan(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelS
          gpu_memory_utilization:float=0.9, # vLLM's `U`
          gpu_mem_gib:float=80.0, # memory of one GPU in GiB
          attn:str="sdpa", # learner attention implementation
-         logits:str="chunked", # "chunked" | "full"
+         logits:str="chunked", # "chunked" | "chunked-triton" | "full"
          logprob_chunk:int=1024, # tokens per log-prob chunk
          optimizer:str="adamw", # "adamw" | "adamw-8bit"
          ref_policy:str="none", # "none" | "gpu" | "cpu"
@@ -795,7 +807,7 @@ def plan(model:str|ModelShape, # built-in name, HF dir/config.json, or a `ModelS
     advice = [a.replace("fits:", "memory per GPU fits:", 1) if not (gfit and hfit) else a for a in _advice(s, st, lm, em, lfit, efit)]
     return Plan(s, st, lm, em, lfit, efit, advice, gfit, hfit, [n for n in (gnote, hnote) if n])
 
-# %% ../nbs/01_memory.ipynb 132
+# %% ../nbs/01_memory.ipynb 135
 def plan_json(p:Plan, # a plan
              ) -> dict: # JSON-ready
     "The plan as plain data with the documented keys."
@@ -807,7 +819,7 @@ def plan_json(p:Plan, # a plan
             "learner_fits": p.learner_fits, "engine_fits": p.engine_fits, "gpus_fit": p.gpus_fit, "host_fit": p.host_fit,
             "fits": p.fits, "advice": p.advice, "notes": p.notes}
 
-# %% ../nbs/01_memory.ipynb 134
+# %% ../nbs/01_memory.ipynb 137
 def format_plan(p:Plan, # a plan
                ) -> str: # a readable table
     "The plan as a table (GiB = 2³⁰ bytes)."
@@ -834,7 +846,7 @@ def format_plan(p:Plan, # a plan
     rows += [f"  - {a}" for a in p.advice]
     return "\n".join(rows)
 
-# %% ../nbs/01_memory.ipynb 137
+# %% ../nbs/01_memory.ipynb 140
 def plan_command(*overrides:str, # with --config: its fields, as --section.field=value
                  config:str|None=None, # plan a whole training config (YAML file or preset, `grpo_nb config --list`); other flags are then its overrides
                  model:str|None=None, # built-in name ({models}) or a HF model directory / config.json
@@ -848,7 +860,7 @@ def plan_command(*overrides:str, # with --config: its fields, as --section.field
                  gpu_memory_utilization:float=0.9, # vLLM's fraction of an engine GPU
                  gpu_mem_gib:float=80.0, # memory of one GPU in GiB (2^30 bytes)
                  gpu:str="", # a GPU name (GH200-96GB, H100-80GB, H200, ...): its capacity as nvidia-smi reports it, instead of --gpu-mem-gib
-                 logits:Literal["chunked", "full"]="chunked", # chunked log-probs (grpo-nb) or HF's full-logits loss
+                 logits:Literal["chunked", "chunked-triton", "full"]="chunked", # chunked log-probs (grpo-nb), the same with its fused Triton kernels (GPU), or HF's full-logits loss
                  logprob_chunk:int=1024, # tokens per log-prob chunk
                  optimizer:Literal["adamw", "adamw-8bit"]="adamw", # optimizer state format
                  ref_policy:Literal["none", "gpu", "cpu"]="none", # where a KL reference policy lives
@@ -890,7 +902,7 @@ def plan_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb plan --model NAME|PATH ...` or `grpo_nb plan --config CONFIG [--section.field=value ...]`: per-GPU memory, the verdict and the fix."
     return run_cli(plan_command, argv, "grpo_nb plan", epilog="GiB = 2^30 bytes.", fill={"models": ", ".join(ARCHS)})
 
-# %% ../nbs/01_memory.ipynb 140
+# %% ../nbs/01_memory.ipynb 143
 def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
                 model:str|ModelShape|None=None, # override `cfg.model.name_or_path` (e.g. a shape for a built-in tiny model)
                ) -> Plan:
@@ -905,11 +917,11 @@ def plan_config(cfg, # a `grpo_nb.config.TrainConfig`
         else: raise ValueError(f"model.name_or_path: {e} Fix: point --model.name_or_path at a HF directory, or pass model= to plan_config.") from None
     return plan(s, derive(cfg).learner_world_size, L.zero_stage, L.offload, B, T, cfg.model.gradient_checkpointing,
                 R.tensor_parallel_size, R.gpu_memory_utilization, C.gpu_mem_gib, cfg.model.attn_implementation,
-                "chunked", L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq, fused=elementwise_fused(cfg.model.kernels, liger_runs=False if C.device == "cpu" else None),
+                head_logits_mode(L.logprob_kernel, triton_runs=False if C.device == "cpu" else None), L.logprob_chunk, "adamw", L.ref_policy, engine_seq_len=seq, fused=elementwise_fused(cfg.model.kernels, liger_runs=False if C.device == "cpu" else None),
                 zero3_buckets=L.zero3_buckets, engines=R.num_engines, nodes=C.nodes, gpus_per_node=C.gpus_per_node if C.device != "cpu" else 0,
                 learners_per_node=max(C.learners_per_node), host_mem_gib=C.host_mem_gib, colocated=R.placement == "colocated")
 
-# %% ../nbs/01_memory.ipynb 142
+# %% ../nbs/01_memory.ipynb 145
 @dataclass
 class ColocatedMemory:
     "Per-GPU memory of a learner and an engine that share the GPU, phase by phase."
@@ -921,7 +933,7 @@ class ColocatedMemory:
     phase:str # "generate" | "learn": which phase sets the peak
     cache_kept:bool=False # the learner keeps its CUDA cache while the engine generates (the engine fits beside it)
 
-# %% ../nbs/01_memory.ipynb 144
+# %% ../nbs/01_memory.ipynb 147
 RELEASE_MARGIN = 0.05   # share of the GPU kept free beyond the engine's budget before a colocated learner keeps its cache
 
 def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo_nb.memory.learner_memory`)
@@ -939,7 +951,7 @@ def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo
     gen, learn = resident + engine.budget_bytes, learner.total_bytes + asleep
     return ColocatedMemory(gen, learn, max(gen, learn), cap, max(gen, learn) <= cap, "generate" if gen >= learn else "learn", kept)
 
-# %% ../nbs/01_memory.ipynb 145
+# %% ../nbs/01_memory.ipynb 148
 def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement="colocated"`
                    model=None, # override the model (a built-in name or `ModelShape`), as in `grpo_nb.memory.plan_config`
                   ) -> ColocatedMemory:
@@ -947,7 +959,7 @@ def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement
     p = plan_config(cfg, model)
     return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
 
-# %% ../nbs/01_memory.ipynb 154
+# %% ../nbs/01_memory.ipynb 157
 def _share(cfg) -> tuple[int, int]:
     "A sequence's longest length, and the sequences one learner trains per optimizer step."
     d = derive(cfg)
@@ -991,7 +1003,7 @@ def pack_advice(cfg, # a `grpo_nb.config.TrainConfig`
             "(fewer, longer micro-batches keep the GPU busier; see the learner page)") if P and best < now else None
     return {"per_step": now, "pack_length": cfg.learner.pack_length, "longest_pack": P, "per_step_at_longest": best, "advice": line}
 
-# %% ../nbs/01_memory.ipynb 158
+# %% ../nbs/01_memory.ipynb 161
 def sleep_advice(cfg, # a `grpo_nb.config.TrainConfig`
                  model:str|ModelShape|None=None, # override the model, as in `plan_config`
                  headroom:float=0.1, # share of the GPU left free, as in `longest_pack`
@@ -1004,7 +1016,7 @@ def sleep_advice(cfg, # a `grpo_nb.config.TrainConfig`
     return (f"colocated: --rollout.sleep_level=0 still fits ({awake.peak_bytes / GiB:.1f} of {cfg.cluster.gpu_mem_gib:.1f} GiB a GPU): "
             "the engine keeps its weights and KV cache while the learner steps, and no step pays a sleep and a wake")
 
-# %% ../nbs/01_memory.ipynb 160
+# %% ../nbs/01_memory.ipynb 163
 def _plan_config_cli(source:str, # YAML file or preset
                      overrides:list[str], # `--section.field=value`
                      as_json:bool=False, # JSON instead of text
@@ -1032,7 +1044,7 @@ def _plan_config_cli(source:str, # YAML file or preset
     if out.get("sleep_advice"): print(out["sleep_advice"])
     return 0
 
-# %% ../nbs/01_memory.ipynb 164
+# %% ../nbs/01_memory.ipynb 167
 def plot_terms(model:str|ModelShape, # the model
                sweep:str, # the `learner_memory` argument to vary, e.g. "seq_len" or "learners"
                values:list, # its values
@@ -1055,7 +1067,7 @@ def plot_terms(model:str|ModelShape, # the model
     ax.set_xlabel(units.get(sweep, sweep)); ax.set_ylabel("GiB per GPU (at the peak phase)"); ax.legend(fontsize=9, ncol=2)
     return ax
 
-# %% ../nbs/01_memory.ipynb 168
+# %% ../nbs/01_memory.ipynb 171
 def planner_widget(model:str="Qwen2.5-7B", # initial model
                   ):
     "An ipywidgets form around `plan` (returns the widget; display it in Jupyter)."

@@ -4,7 +4,7 @@
 
 # %% ../nbs/15_results.ipynb 3
 from __future__ import annotations
-import json
+import json, re
 from pathlib import Path
 from .memory import GiB
 
@@ -90,7 +90,9 @@ def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench
     def line(r):
         variant = (("compiled" if r.get("compile") else "Liger kernels" if r.get("kernels") == "liger" else "eager")
                    + (", checkpointing" if r.get("grad_ckpt") else "") + (", larger ZeRO-3 buckets" if r.get("zero3_buckets") == "large" else "")
-                   + (", one micro-batch a step" if r.get("micro_batches") == 1 else ""))
+                   + (", one micro-batch a step" if r.get("micro_batches") == 1 else "")
+                   + (f", {n[1]} micro-batches a step" if (n := re.search(r" ([2-9])mb\b", r.get("variant") or "")) else "")   # a step shape of its own
+                   + (", fused log-prob head" if r.get("logprob_kernel") == "triton" else ""))
         start = f"| {r['model']} | {r['gpus']} | {r['zero']} | {variant} | {r.get('attention') or '–'} | {r['device']} | {r.get('pack_length', '')} | "
         if not r.get("tokens_per_s"): return start + f"{r.get('error', '?')[:80]} | | | | | |"
         pred = r.get("predicted_bytes")

@@ -30,6 +30,14 @@ def test_four_gpu_part():
         assert all(v.get("kernels", "torch") == "torch" for v in vs)
 
 
+def test_the_loop_head_is_its_own_variant_and_old_records_ran_it():
+    auto, loop = (M.variants("1gpu", False, ["Qwen2.5-1.5B"], H100, "ray", False, head=h)[0] for h in ("auto", "torch"))
+    assert loop["variant"] == auto["variant"] + " torch-head" and loop["head"] == "torch"
+    assert M.head_in_use(loop) == "torch" and M.head_in_use({**auto, "head": "triton"}) == "triton"
+    assert M.variant_of({"model": "Qwen2.5-1.5B", "gpus": 1, "zero": 1})["head"] == "torch"   # records made before the fused head
+    assert M.predicted({**loop, "head": "torch"}, 16384) - M.predicted({**loop, "head": "triton"}, 16384) == 6 * 2048 * 151936
+
+
 def test_record_keeps_the_note():
     v = M.variants("2gpu", False, ["Qwen2.5-7B"], H100, "ray", False)[0]
     assert M.record(v, "2 × NVIDIA H100 80GB HBM3", None, None, None)["note"] == v["note"]

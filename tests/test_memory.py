@@ -105,6 +105,7 @@ def test_logits_terms_by_hand():
     assert logits_bytes(10, 100, 4, "full", keep_logits=True) == 10 * 100 * 14
     assert logits_bytes(10, 100, 4, "chunked", chunk=4) == 8 * 4 * 100 + 6 * 100 * 4 + 2 * 10 * 4
     assert logits_bytes(10, 100, 4, "chunked", chunk=64) == logits_bytes(10, 100, 4, "chunked", chunk=10)
+    assert logits_bytes(10, 100, 4, "chunked-triton", chunk=4) == 2 * 4 * 100 + 6 * 100 * 4 + 2 * 10 * 4   # one bf16 [chunk, V] buffer
     with pytest.raises(ValueError): logits_bytes(10, 100, 4, "half")
 
 
@@ -164,6 +165,16 @@ def test_plan_config_reads_train_config():
     assert p.settings["engine_seq_len"] == cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
     assert plan_config(load_config("default")).fits   # a built-in tiny policy is planned from its config, without building it
     with pytest.raises(ValueError, match="model.name_or_path"): plan_config(load_config("default", ["--model.name_or_path=no-such-model"]))
+
+
+def test_plan_config_follows_the_logprob_kernel():
+    from grpo_nb.config import load_config
+    base = ["--model.name_or_path=Qwen2.5-1.5B", "--learner.pack_length=8192", "--learner.logprob_chunk=2048", "--cluster.device=cuda"]
+    loop, fused = (plan_config(load_config("default", [*base, f"--learner.logprob_kernel={k}"])) for k in ("torch", "triton"))
+    assert (loop.settings["logits"], fused.settings["logits"]) == ("chunked", "chunked-triton")
+    assert loop.learner.phases["loss"]["logits_bytes"] - fused.learner.phases["loss"]["logits_bytes"] == 6 * 2048 * 151936
+    cpu = plan_config(load_config("default", [*base[:-1], "--cluster.device=cpu"]))   # auto on a CPU learner: the loop
+    assert cpu.settings["logits"] == "chunked"
 
 
 # ---------------------------------------------------------------- the command

@@ -23,5 +23,9 @@ grep -v -E '^(torchvision|torchaudio|torchcodec|triton|rfc3987-syntax)==' requir
 DS_BUILD_OPS=0 "$venv/bin/uv" pip install -q --compile-bytecode --python "$venv/bin/python" "${links[@]}" --no-deps -r "$venv/cpu.lock.filtered"
 "$venv/bin/uv" pip uninstall -q --python "$venv/bin/python" torchvision torchaudio torchcodec triton rfc3987-syntax 2>/dev/null || true
 "$venv/bin/uv" pip install -q --python "$venv/bin/python" --no-deps -e .
+# triton on the side, for tests/test_logprob_triton.py only: it runs the learner's Triton kernels in Triton's interpreter on
+# the CPU, in a child process that puts this directory on its path (importable in the venv itself, it would break vLLM's CPU build)
+triton_pin=$(grep -E '^triton==' requirements/cpu.lock || true)
+[ -z "$triton_pin" ] || "$venv/bin/uv" pip install -q --python "$venv/bin/python" --no-deps --target "$venv/triton-interp" "$triton_pin"
 echo "$want" > "$stamp"
 echo "setup_venv: done"
