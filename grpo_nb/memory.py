@@ -1078,7 +1078,7 @@ def planner_widget(model:str="Qwen2.5-7B", # initial model
                offload=W.Dropdown(options=["none", "optimizer", "all"], value="none", description="offload"),
                micro_batch=W.IntSlider(1, 1, 32, description="micro-batch"),
                seq_len=W.Dropdown(options=[512, 1024, 2048, 4096, 8192, 16384, 32768], value=4096, description="seq len"),
-               grad_ckpt=W.Checkbox(True, description="checkpointing"), logits=W.Dropdown(options=["chunked", "full"], value="chunked", description="log-probs"),
+               grad_ckpt=W.Checkbox(True, description="checkpointing"), logits=W.Dropdown(options=["chunked", "chunked-triton", "full"], value="chunked", description="log-probs"),
                engine_tp=W.Dropdown(options=[1, 2, 4, 8], value=1, description="engine TP"),
                gpu_memory_utilization=W.FloatSlider(0.9, min=0.3, max=0.98, step=0.01, description="vLLM U"),
                gpu_mem_gib=W.Dropdown(options=[24, 40, 48, 80, 94, 96, 141, 192], value=80, description="GPU GiB"))
