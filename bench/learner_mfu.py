@@ -25,7 +25,7 @@ Every variant runs in its own process group with a time limit (a crash, an OOM o
 only); the results file is rewritten after every variant, records of other parts and variants are kept.
 Variants run most important first; those that no longer fit into --budget-s are recorded as skipped.
 """
-import argparse, importlib.util, json, os, signal, subprocess, sys, time, traceback
+import argparse, importlib.util, json, os, signal, subprocess, sys, time, traceback, typing
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,7 +257,7 @@ def record(v:dict, device_name:str, info:dict|None, res:dict|None, err:str|None)
          "predicted_bytes": None, "device": device_name, "variant": v["variant"], "pack_length": v["pack"],
          "grad_ckpt": v["ckpt"], "compile": v["compile"], "attention": (info or {}).get("attention_kernel"),
          "launcher": v.get("launcher"), "zero3_buckets": v.get("buckets", "deepspeed") if v["zero"] == 3 else None, "kernels": v.get("kernels", "torch"),
-         "logprob_chunk": v["chunk"], "micro_batches": v.get("micro_batches", 4), "logprob_kernel": head_in_use(v)}
+         "logprob_chunk": v["chunk"], "micro_batches": v.get("micro_batches", 4), "logprob_kernel": (info or {}).get("logprob_kernel") or head_in_use(v)}   # what the learner ran, where it said
     if v.get("note"): r["note"] = v["note"]
     if res: r.update(res)
     if r.get("measured_bytes") and r.get("predicted_bytes"): r["predicted_over_measured"] = r["predicted_bytes"] / r["measured_bytes"]
@@ -455,7 +455,7 @@ def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smo
         v.update(variant=f"{v['model']} {v['gpus']}gpu zero{v['zero']}" + (" compiled" if v["compile"] else "") + (" ckpt" if v["ckpt"] else "")
                          + (f" {v['kernels']}" if v.get("kernels", "torch") != "torch" else "") + (" large-buckets" if v.get("buckets") == "large" else "")
                          + (f" {micro_batches}mb" if micro_batches != 4 else "")   # another step shape: its own record, beside the 4-pack one
-                         + (" torch-head" if head == "torch" and not smoke else ""),   # the loop head where the default (auto) runs the fused one
+                         + (f" {head}-head" if head != "auto" else ""),   # a head asked for by name: its own record beside the default's
                  warmup=2 if v["compile"] else 1, steps=1 if smoke else steps, micro_batches=micro_batches,
                  prompt=16 if smoke else 256, lo=8 if smoke else 256, hi=64 if smoke else 1792)
         # the default 4 packs keep their token count (and so their records); another count leaves one longest sequence of room
@@ -539,8 +539,10 @@ def main(argv=None) -> int:
                    "packing spreads over 4 or 5 packs; any other count leaves room to land on exactly that many); fewer, longer micro-batches pay "
                    "ZeRO-3's gathers fewer times: e.g. --pack 16384 --micro-batches 1")
     p.add_argument("--steps", type=int, default=3, help="timed steps per variant, after the warm-up (default 3)")
-    p.add_argument("--logprob-kernel", choices=["auto", "torch", "triton"], default="auto", help="the log-prob head (learner.logprob_kernel; "
-                   "default auto, as the trainer: the fused Triton kernels on a GPU); torch names its variants '... torch-head'")
+    from grpo_nb.config import LearnerConfig   # (no torch: the config module is light)
+    p.add_argument("--logprob-kernel", choices=typing.get_args(typing.get_type_hints(LearnerConfig)["logprob_kernel"]), default="auto",
+                   help="the log-prob head (learner.logprob_kernel; default auto, as the trainer: the fused Triton kernels on a GPU); "
+                   "torch or triton name their variants '... torch-head', '... triton-head'")
     p.add_argument("--skip-check", action="store_true", help="no log-prob check of fused kernels before timing (its models were seen to keep GPU memory on an 80 GB GPU)")
     p.add_argument("--memory-peak", action="store_true", help="one more step per one-GPU variant with the allocator's history on: what is live at the peak, "
                    "grouped by where it was allocated (`memory_at_peak` in the record)")

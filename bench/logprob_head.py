@@ -4,8 +4,8 @@ vocabulary, the hidden sizes of 1.5B / 3B / 7B, a 16,384-token micro-batch in ch
 autograd function the learner calls.
 
 For each shape and kernel: seconds per forward + backward over timed repetitions (mean, median, p90, after a warm-up),
-the peak memory the head adds, and how far the kernels' log-probs, entropies and gradients are from the loop's and from a
-float64 reference on the first rows. Results: bench/results/logprob_head.json.
+the peak memory the head adds, and how far the kernels' log-probs, entropies and gradients are from the loop's, and
+their log-probs from float64 references on the first rows (of the exact logits, and of the logits as the matmul rounds them). Results: bench/results/logprob_head.json.
 
     python bench/logprob_head.py                    # one GPU, about a minute
     python bench/logprob_head.py --smoke            # CPU: small shapes; the Triton kernels in Triton's interpreter when triton is installed
@@ -58,12 +58,15 @@ def one_shape(torch, name:str, hidden:int, vocab:int, tokens:int, chunk:int, rep
     names = ("logp", "entropy", "grad_hidden", "grad_weight")
     out["max_abs_diff_triton_vs_torch"] = {n: (a - b).abs().max().item() for n, a, b in zip(names, res["torch"], res["triton"]) if a is not None}
     out["max_abs"] = {n: a.abs().max().item() for n, a in zip(names, res["torch"]) if a is not None}
-    # float64 reference on the first rows: both kernels against exact arithmetic on the same bf16 inputs
+    # float64 references on the first rows: from the exact product of the bf16 inputs (what rounding the logits to the
+    # weights' dtype costs both heads alike), and from the logits as the matmul rounds them (the heads' own arithmetic)
     r = slice(0, ref_rows)
-    z = (h0[r].double() @ W0.double().t())                             # [rows, V]
-    lsm = torch.log_softmax(z, -1)
-    ref_lp = torch.where(y[r] >= 0, lsm.gather(1, y[r].clamp(min=0)[:, None])[:, 0], 0)
-    out["max_abs_err_vs_float64"] = {k: (res[k][0][r].double() - ref_lp).abs().max().item() for k in res}
+    def ref(z):   # [rows, V] float64 logits -> log-probs of the chosen tokens
+        lsm = torch.log_softmax(z, -1)
+        return torch.where(y[r] >= 0, lsm.gather(1, y[r].clamp(min=0)[:, None])[:, 0], 0)
+    exact, rounded = ref(h0[r].double() @ W0.double().t()), ref((h0[r] @ W0.t()).double())
+    out["max_abs_err_vs_float64"] = {k: (res[k][0][r].double() - exact).abs().max().item() for k in res}
+    out["max_abs_err_vs_float64_of_rounded_logits"] = {k: (res[k][0][r].double() - rounded).abs().max().item() for k in res}
     t, f = out["kernels"]["torch"]["step_s"]["mean"], out["kernels"]["triton"]["step_s"]["mean"]
     out["speedup_mean"] = t / f if f else None
     return out

@@ -86,8 +86,8 @@ def repredict(path:Path) -> list:
     d, done = json.loads(path.read_text()), []
     if d.get("meta", {}).get("smoke"): return done   # the smoke run's predictions use its own knobs and overheads
     for r in d["records"]:
-        r.setdefault("predicted_bytes_recorded", r["predicted_bytes"]); r.setdefault("predicted_phase_recorded", r["predicted_phase"])
-        before = r["predicted_bytes"]
+        r.setdefault("predicted_bytes_recorded", r.get("predicted_bytes")); r.setdefault("predicted_phase_recorded", r.get("predicted_phase"))
+        before = r.get("predicted_bytes")
         r.update(predict(r, smoke=False))
         if r.get("measured_bytes"): r["error"] = (r["predicted_bytes"] - r["measured_bytes"]) / r["measured_bytes"]
         done.append((r["name"], before, r["predicted_bytes"]))
@@ -299,7 +299,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.one: return child(json.loads(a.one), a.result, a.smoke)
     if a.repredict:
-        for name, before, after in repredict(Path(a.out)): print(f"{name:<34} predicted {before / 2**30:7.2f} GiB -> {after / 2**30:7.2f} GiB")
+        for name, before, after in repredict(Path(a.out)): print(f"{name:<34} predicted {(before or 0) / 2**30:7.2f} GiB -> {after / 2**30:7.2f} GiB")
         return 0
     if a.timeout_s is None: a.timeout_s = 900 if a.smoke else 180
 

@@ -30,7 +30,7 @@ from .checkpoint import (CheckpointError, checkpoint_files, checkpoint_name, com
 
 # %% auto 0
 __all__ = ['logger', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch', 'pack_sequences', 'MicroBatch',
-           'make_micro_batch', 'LogProbHead', 'resolve_head', 'use_logprob_head', 'PolicyLogProbs', 'per_sequence_sdpa',
+           'make_micro_batch', 'LogProbHead', 'use_logprob_head', 'PolicyLogProbs', 'per_sequence_sdpa',
            'varlen_attention', 'check_varlen', 'pick_attention', 'attention_kernel', 'step_counts', 'micro_batch_loss',
            'ds_config', 'lr_factor', 'LearnerSpec', 'model_source', 'build_policy', 'LearnerWorker', 'freeze_heap',
            'compile_layers', 'apply_kernels', 'check_kernels', 'train_flops', 'release_tensors', 'shard_batch',
@@ -171,19 +171,7 @@ class LogProbHead(nn.Linear):
         out = token_logprobs(hidden, self.weight, targets, chunk, temperature, with_entropy, kernel)
         return out if with_entropy else (out, None)
 
-# %% ../nbs/07_learner.ipynb 27
-def resolve_head(kernel:str, # `learner.logprob_kernel`: "auto" | "torch" | "triton"
-                 device:str|torch.device, # the learner's device
-                 dtype:torch.dtype, # its compute dtype
-                ) -> str: # "torch" or "triton"
-    "The log-prob head a learner on `device` runs; a clear error where `triton` was asked for and cannot launch."
-    k = head_kernel(kernel, torch.empty(0, device=device, dtype=dtype))
-    if k == "triton" and torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"learner.logprob_kernel=triton launches on CUDA GPUs (or in Triton's interpreter, TRITON_INTERPRET=1); this learner runs on {device}. "
-                         "Fix: --learner.logprob_kernel=auto")
-    return k
-
-# %% ../nbs/07_learner.ipynb 29
+# %% ../nbs/07_learner.ipynb 26
 def use_logprob_head(model:nn.Module, # a HF causal LM
                     ) -> nn.Module: # the same model, its output projection now a `LogProbHead`
     "Turn the model's output projection into a `LogProbHead` in place (weights, names and tying untouched)."
@@ -195,7 +183,7 @@ def use_logprob_head(model:nn.Module, # a HF causal LM
     head.__class__ = LogProbHead
     return model
 
-# %% ../nbs/07_learner.ipynb 31
+# %% ../nbs/07_learner.ipynb 28
 class PolicyLogProbs(nn.Module):
     "The learner's module: a causal LM whose forward returns log-probs (and entropy) of the scored tokens of a packed row."
     def __init__(self, policy:nn.Module, # a HF causal LM (its head becomes a `LogProbHead`)
@@ -216,7 +204,7 @@ class PolicyLogProbs(nn.Module):
         h = self.policy.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **attn_kwargs).last_hidden_state  # [1, L, H]
         return self.policy.get_output_embeddings()(h[0, score_idx], targets, chunk, temperature, with_entropy, kernel)
 
-# %% ../nbs/07_learner.ipynb 37
+# %% ../nbs/07_learner.ipynb 34
 def _flash_varlen_fn():
     "torch's varlen flash attention as f(q, k, v, cu, max_len, scale) on [L, heads, d] tensors, or None."
     import inspect
@@ -233,7 +221,7 @@ def _flash_varlen_fn():
 
 _VARLEN = {"fn": None, "repeat_kv": False}  # set by `pick_attention`: the checked kernel (None: one sdpa call per sequence)
 
-# %% ../nbs/07_learner.ipynb 39
+# %% ../nbs/07_learner.ipynb 36
 def per_sequence_sdpa(module:nn.Module, # the attention module
                       query:Tensor, # [1, heads, L, d]
                       key:Tensor, # [1, kv_heads, L, d]
@@ -247,7 +235,7 @@ def per_sequence_sdpa(module:nn.Module, # the attention module
                                              scaling=scaling, is_causal=True)[0]
                       for a, b in zip(bounds[:-1], bounds[1:])], dim=1)
 
-# %% ../nbs/07_learner.ipynb 41
+# %% ../nbs/07_learner.ipynb 38
 @torch.compiler.disable
 def _attend_within(module, query, key, value, cu, max_len, scaling) -> Tensor:
     "[1, heads, L, d] q/k/v -> [1, L, heads, d]: the varlen kernel for `cu` on the GPU, one sdpa per sequence for `cu` on the CPU."
@@ -258,7 +246,7 @@ def _attend_within(module, query, key, value, cu, max_len, scaling) -> Tensor:
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
     return _VARLEN["fn"](q, k, v, cu, max_len, scaling)[None]
 
-# %% ../nbs/07_learner.ipynb 43
+# %% ../nbs/07_learner.ipynb 40
 def varlen_attention(module:nn.Module, # the attention module (transformers passes it)
                      query:Tensor, # [1, heads, L, d]
                      key:Tensor, # [1, kv_heads, L, d]
@@ -275,7 +263,7 @@ def varlen_attention(module:nn.Module, # the attention module (transformers pass
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     return _attend_within(module, query, key, value, cu, kwargs.get("max_length_q"), scaling), None
 
-# %% ../nbs/07_learner.ipynb 45
+# %% ../nbs/07_learner.ipynb 42
 def check_varlen(device:str|torch.device="cuda", # where to check
                  dtype:torch.dtype=torch.bfloat16, # dtype of q, k, v
                  repeat_kv:bool=False, # expand KV heads before the kernel instead of passing grouped heads
@@ -306,7 +294,7 @@ def check_varlen(device:str|torch.device="cuda", # where to check
     errs = [float((a.detach().float() - b.detach().float()).abs().max()) / max(1.0, float(b.detach().abs().max())) for a, b in zip((out, *grads), (ref, *rgrads))]
     return None if max(errs) <= atol else f"mismatch against sdpa: relative errors (out, dq, dk, dv) {[f'{e:.1e}' for e in errs]}"
 
-# %% ../nbs/07_learner.ipynb 47
+# %% ../nbs/07_learner.ipynb 44
 def pick_attention(requested:str, # ModelConfig.attn_implementation ("sdpa", "flash_attention_2", "eager")
                    device:str, # "cuda" or "cpu"
                   ) -> str: # the transformers attention name the learner uses
@@ -324,14 +312,14 @@ def pick_attention(requested:str, # ModelConfig.attn_implementation ("sdpa", "fl
     _VARLEN.update(fn=None, repeat_kv=False)
     return "grpo_varlen"
 
-# %% ../nbs/07_learner.ipynb 49
+# %% ../nbs/07_learner.ipynb 46
 def attention_kernel(attn:str, # what `pick_attention` returned
                     ) -> str: # "varlen", "per-sequence sdpa", "sdpa with a block-diagonal mask", or `attn`
     "How packed rows are attended, in words (for logs and benchmark records)."
     if attn == "grpo_varlen": return "varlen" + (" (repeated KV)" if _VARLEN["repeat_kv"] else "") if _VARLEN["fn"] else "per-sequence sdpa"
     return "sdpa with a block-diagonal mask" if attn == "sdpa" else attn
 
-# %% ../nbs/07_learner.ipynb 56
+# %% ../nbs/07_learner.ipynb 53
 def step_counts(mbs:Sequence[MicroBatch], # this rank's micro-batches of one optimizer step
                 group=None, # torch.distributed group to all-reduce over; None: no reduction (one process)
                ) -> Tensor: # int64 [2]: (scored tokens N, sequences S) of the whole optimizer step
@@ -342,7 +330,7 @@ def step_counts(mbs:Sequence[MicroBatch], # this rank's micro-batches of one opt
         c = c.to(dev); torch.distributed.all_reduce(c, group=group); c = c.cpu()
     return c
 
-# %% ../nbs/07_learner.ipynb 58
+# %% ../nbs/07_learner.ipynb 55
 def micro_batch_loss(logp:Tensor, # [N] log-probs of the scored tokens (with gradient)
                      entropy:Tensor|None, # [N] entropies, or None
                      mb:MicroBatch, # the micro-batch they came from
@@ -355,7 +343,7 @@ def micro_batch_loss(logp:Tensor, # [N] log-probs of the scored tokens (with gra
                        norm_len=norm_len, seq_ids=mb.seq_ids, rollout_logp=mb.rollout_logp, ref_logp=mb.ref_logp,
                        entropy=entropy, **loss_kw)
 
-# %% ../nbs/07_learner.ipynb 62
+# %% ../nbs/07_learner.ipynb 59
 def ds_config(zero_stage:int, # 0-3
               dtype:Literal["bfloat16","float16","float32"], # parameter dtype (bf16 on GPU)
               device:Literal["cuda","cpu"], # where the learner runs
@@ -381,7 +369,7 @@ def ds_config(zero_stage:int, # 0-3
     if dtype == "bfloat16" and zero_stage == 1: cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     return merge(cfg, overrides or {})   # the config's deep merge (grpo_nb.config)
 
-# %% ../nbs/07_learner.ipynb 63
+# %% ../nbs/07_learner.ipynb 60
 def lr_factor(step:int, # optimizer steps taken so far
               warmup:int=0, # linear warm-up steps
               total:int=0, # total optimizer steps (decaying schedules; 0: constant after warm-up)
@@ -393,7 +381,7 @@ def lr_factor(step:int, # optimizer steps taken so far
     frac = min(1.0, (step - warmup) / max(1, total - warmup))
     return 1.0 - frac if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * frac))
 
-# %% ../nbs/07_learner.ipynb 68
+# %% ../nbs/07_learner.ipynb 65
 @dataclass
 class LearnerSpec:
     "What every learner rank builds: the policy, the optimisation, the device (plain data, sent to each actor)."
@@ -419,7 +407,7 @@ class LearnerSpec:
         return {"auto": torch.bfloat16 if self.device == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
                 "float16": torch.float16, "float32": torch.float32}[self.dtype]
 
-# %% ../nbs/07_learner.ipynb 71
+# %% ../nbs/07_learner.ipynb 68
 def model_source(model:str|dict, # HF directory, tiny model name, or config dict
                 ) -> str|dict:
     "Resolve a `grpo_nb.tiny` name to its (cached) directory; anything else is returned as it is."
@@ -428,7 +416,7 @@ def model_source(model:str|dict, # HF directory, tiny model name, or config dict
         raise FileNotFoundError(f"model {model!r} is neither a directory nor a built-in tiny model. Fix: --model.name_or_path=<local HF dir>.")
     return model
 
-# %% ../nbs/07_learner.ipynb 73
+# %% ../nbs/07_learner.ipynb 70
 def build_policy(model:str|dict, # HF directory or config dict (see `model_source`)
                  dtype:torch.dtype, # parameter dtype
                  attn:str, # transformers attention implementation
@@ -455,7 +443,7 @@ def build_policy(model:str|dict, # HF directory or config dict (see `model_sourc
     m = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation=attn)
     return m, keep
 
-# %% ../nbs/07_learner.ipynb 74
+# %% ../nbs/07_learner.ipynb 71
 class LearnerWorker(WeightSyncSource):
     "One learner rank: a DeepSpeed engine around `PolicyLogProbs`, its optimizer, and its share of every step."
     def __init__(self, rank:int, # rank in the learner world
@@ -476,7 +464,7 @@ class LearnerWorker(WeightSyncSource):
 
     def learner_rank(self) -> int: return self.rank
 
-# %% ../nbs/07_learner.ipynb 76
+# %% ../nbs/07_learner.ipynb 73
 @patch
 def init_distributed(self:LearnerWorker,
                      master_addr:str, # rank 0's node IP
@@ -493,7 +481,7 @@ def init_distributed(self:LearnerWorker,
     if backend == "gloo": sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
 
-# %% ../nbs/07_learner.ipynb 79
+# %% ../nbs/07_learner.ipynb 76
 def freeze_heap(force:bool=False, # freeze outside a Ray actor too (the caller owns the whole process)
                ) -> int: # objects in the permanent generation afterwards (0: not frozen)
     "In a learner's own process: collect once, then move every live object out of the collector's reach (`gc.freeze`)."
@@ -502,7 +490,7 @@ def freeze_heap(force:bool=False, # freeze outside a Ray actor too (the caller o
     gc.collect(); gc.freeze()
     return gc.get_freeze_count()
 
-# %% ../nbs/07_learner.ipynb 82
+# %% ../nbs/07_learner.ipynb 79
 @patch
 def setup(self:LearnerWorker,
           spec:LearnerSpec, # what to build
@@ -527,7 +515,7 @@ def setup(self:LearnerWorker,
     self.kernels = apply_kernels(policy, spec.kernels, spec.device)
     if spec.compile: compile_layers(policy, L.zero_stage)
     module = PolicyLogProbs(policy)
-    self.logprob_kernel = resolve_head(L.logprob_kernel, self.device, dtype)
+    self.logprob_kernel = head_kernel(L.logprob_kernel, torch.empty(0, device=self.device, dtype=dtype))   # resolved once; refused where it cannot launch
     sched = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, partial(lr_factor, warmup=L.warmup_steps, total=spec.total_optimizer_steps,
                                                                          schedule=L.lr_schedule))
     self.engine, *_ = deepspeed.initialize(model=module, config=self.ds_cfg, model_parameters=[p for p in module.parameters() if p.requires_grad],
@@ -541,7 +529,7 @@ def setup(self:LearnerWorker,
             "device": str(self.device), "zero_stage": L.zero_stage, "dtype": dname, "allocator": self.allocator,
             "gc_frozen": freeze_heap()}   # last: everything built above lives as long as the run
 
-# %% ../nbs/07_learner.ipynb 84
+# %% ../nbs/07_learner.ipynb 81
 @patch
 def _build_ref(self:LearnerWorker, spec:LearnerSpec):
     "A frozen copy of the initial policy as a DeepSpeed inference engine."
@@ -560,7 +548,7 @@ def _build_ref(self:LearnerWorker, spec:LearnerSpec):
     self._ref_keep = keep
     return eng
 
-# %% ../nbs/07_learner.ipynb 86
+# %% ../nbs/07_learner.ipynb 83
 def compile_layers(policy:nn.Module, # the HF causal LM
                    zero_stage:int, # ZeRO-3's parameter hooks and torch.compile do not mix: refused
                   ) -> int: # layers compiled
@@ -571,7 +559,7 @@ def compile_layers(policy:nn.Module, # the HF causal LM
     for layer in layers: layer.compile(dynamic=True)
     return len(layers)
 
-# %% ../nbs/07_learner.ipynb 88
+# %% ../nbs/07_learner.ipynb 85
 KERNELS = ("auto", "torch", "liger")
 "`model.kernels`: the learner's elementwise kernels."
 
@@ -597,7 +585,7 @@ def apply_kernels(policy:nn.Module, # the HF causal LM, before DeepSpeed wraps i
     fn(**{k: v for k, v in want.items() if k in inspect.signature(fn).parameters})
     return "liger"
 
-# %% ../nbs/07_learner.ipynb 91
+# %% ../nbs/07_learner.ipynb 88
 def check_kernels(saved:str|None, # the kernels a checkpoint was trained with ("torch" | "liger"; None: not recorded)
                   in_use:str, # the kernels this run applied (`apply_kernels`' result)
                   asked:str, # `model.kernels` of this run: "auto" switches silently, a name is a choice
@@ -610,14 +598,14 @@ def check_kernels(saved:str|None, # the kernels a checkpoint was trained with ("
                           + f". Fix: {keep} to keep the checkpoint's kernels, or --model.kernels={in_use} to switch on purpose"
                           + " (log-probs shift by bf16 rounding).")
 
-# %% ../nbs/07_learner.ipynb 93
+# %% ../nbs/07_learner.ipynb 90
 def _flop_params(policy:nn.Module) -> int:
     "Parameters that do matmul work on every token: all but the input embedding and the output projection."
     emb, head = policy.get_input_embeddings().weight, policy.get_output_embeddings().weight
     total = sum(full_numel(p) for p in policy.parameters())  # a tied matrix is counted once
     return total - full_numel(emb) - (0 if head is emb else full_numel(head))
 
-# %% ../nbs/07_learner.ipynb 95
+# %% ../nbs/07_learner.ipynb 92
 def train_flops(body_params:int, # parameters doing matmul work per token (no embedding, no output projection)
                 vocab:int, # V
                 hidden:int, # H
@@ -629,7 +617,7 @@ def train_flops(body_params:int, # parameters doing matmul work per token (no em
     T = sum(seq_lens)
     return 6.0 * body_params * T + 6.0 * vocab * hidden * scored + 6.0 * layers * hidden * sum(s * s for s in seq_lens)
 
-# %% ../nbs/07_learner.ipynb 98
+# %% ../nbs/07_learner.ipynb 95
 @patch
 def _forward(self:LearnerWorker, engine, mb:MicroBatch, with_entropy:bool=False):
     "Log-probs (and entropy) of one micro-batch's scored tokens through `engine`."
@@ -639,7 +627,7 @@ def _forward(self:LearnerWorker, engine, mb:MicroBatch, with_entropy:bool=False)
         cu = mb.cu_seqlens if _VARLEN["fn"] is not None else host_cu
         kw = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=mb.max_len, max_length_k=mb.max_len)
     return engine(mb.input_ids, mb.position_ids, mb.score_idx, mb.targets, chunk=self.spec.learner.logprob_chunk,
-                  temperature=self.spec.temperature, with_entropy=with_entropy, kernel=self.spec.learner.logprob_kernel, **kw)
+                  temperature=self.spec.temperature, with_entropy=with_entropy, kernel=self.logprob_kernel, **kw)
 
 @patch
 def _micro_batches(self:LearnerWorker, batch:TrainBatch, idx:Sequence[int]) -> list[MicroBatch]:
@@ -663,7 +651,7 @@ def _score(self:LearnerWorker, engine, batch:TrainBatch) -> list[Tensor]:
         for i in sid[mb.mask].unique().tolist(): out[i] = lp[(sid == i) & mb.mask]
     return [torch.zeros(0) if o is None else o for o in out]
 
-# %% ../nbs/07_learner.ipynb 100
+# %% ../nbs/07_learner.ipynb 97
 _MEAN_KEYS = ("clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "entropy",
               "tis_weight_mean", "tis_clip_frac", "rollout_kl")
 
@@ -701,7 +689,7 @@ def _metric_sums(ms:list[dict], # `policy_loss` metrics of every micro-batch (te
     out.update({f"{k}_sum": sum(x * t for x, t in zip(v[k], n)) for k in _MEAN_KEYS if k in v})
     return out
 
-# %% ../nbs/07_learner.ipynb 101
+# %% ../nbs/07_learner.ipynb 98
 def _grad_norm(module:nn.Module) -> float:
     "L2 norm of all gradients of `module` (replicated parameters: ZeRO-0)."
     gs = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
@@ -741,7 +729,7 @@ def _flops(self:LearnerWorker, seq_lens, scored) -> float:
     c = self.sync_module().config
     return train_flops(self.flop_params, c.vocab_size, c.hidden_size, c.num_hidden_layers, seq_lens, scored)
 
-# %% ../nbs/07_learner.ipynb 103
+# %% ../nbs/07_learner.ipynb 100
 @patch
 def save(self:LearnerWorker,
          tmp:str, # temporary directory (the same on every rank, on a shared filesystem)
@@ -787,7 +775,7 @@ def load(self:LearnerWorker,
     self.step = int(meta["step"])
     return meta
 
-# %% ../nbs/07_learner.ipynb 105
+# %% ../nbs/07_learner.ipynb 102
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                     "tokenizer.model", "chat_template.jinja", "chat_template.json", "added_tokens.json", "generation_config.json")
 
@@ -823,7 +811,7 @@ def export(self:LearnerWorker,
             if (Path(src) / f).exists(): shutil.copy2(Path(src) / f, out / f)
     return {"files": sorted(p.name for p in out.iterdir()), "bytes": total}
 
-# %% ../nbs/07_learner.ipynb 107
+# %% ../nbs/07_learner.ipynb 104
 @patch
 def state_digest(self:LearnerWorker) -> dict:
     "Bit-exact fingerprints of this rank's parameters (its ZeRO partition), optimizer state, schedule and RNG states."
@@ -833,7 +821,7 @@ def state_digest(self:LearnerWorker) -> dict:
             "scheduler": tree_digest(sched), "rng": tree_digest(rng_state()), "step": self.step,
             "optimizer_steps": int(self.engine.global_steps)}
 
-# %% ../nbs/07_learner.ipynb 109
+# %% ../nbs/07_learner.ipynb 106
 _FOLLOW = ("deepspeed", "torch.nn", "torch.optim", "torch.distributed", "grpo_nb", "transformers", "liger_kernel", "collections")
 
 def release_tensors(*roots, # objects whose tensors may go: a DeepSpeed engine, a module, an optimizer
@@ -860,7 +848,7 @@ def release_tensors(*roots, # objects whose tensors may go: a DeepSpeed engine, 
             stack.extend(gc.get_referents(o))
     return sum(storages.values())
 
-# %% ../nbs/07_learner.ipynb 111
+# %% ../nbs/07_learner.ipynb 108
 @patch
 def close(self:LearnerWorker) -> None:
     "Give the model's, the reference's and the optimizer's memory back, and leave the process group (the actor can then be killed cleanly)."
@@ -875,7 +863,7 @@ def close(self:LearnerWorker) -> None:
         import deepspeed.comm
         deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups, so a new world can be made here
 
-# %% ../nbs/07_learner.ipynb 113
+# %% ../nbs/07_learner.ipynb 110
 def shard_batch(lengths:Sequence[int], # tokens of each sequence
                 world_size:int, # ranks W
                ) -> list[list[int]]: # sequence indices of each rank
@@ -887,7 +875,7 @@ def shard_batch(lengths:Sequence[int], # tokens of each sequence
         out[r].append(i); tok[r] += lengths[i]; big += len(out[r]) == base + 1
     return [sorted(o) for o in out]
 
-# %% ../nbs/07_learner.ipynb 116
+# %% ../nbs/07_learner.ipynb 113
 PEAK_BF16_TFLOPS:dict[str, float] = {"GH200": 989.4, "H200": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
                                      "A100": 312.0, "L40S": 362.1, "V100": 125.0}
 "Dense (no sparsity) bf16 tensor-core peak per GPU, by a substring of `torch.cuda.get_device_name()`, most specific first (V100: fp16)."
@@ -900,7 +888,7 @@ def peak_flops_for(device_name:str|None, # e.g. "NVIDIA H100 80GB HBM3"
     return None
 
 
-# %% ../nbs/07_learner.ipynb 118
+# %% ../nbs/07_learner.ipynb 115
 def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
                     peak_flops:float|None=None, # per-GPU peak FLOP/s for MFU
                    ) -> dict:
@@ -922,7 +910,7 @@ def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
     if peak_flops: out["mfu"] = out["flops"] / out["time_s"] / (peak_flops * W)
     return out
 
-# %% ../nbs/07_learner.ipynb 119
+# %% ../nbs/07_learner.ipynb 116
 _PASS_ENV = ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "TORCH_EXTENSIONS_DIR", "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "DS_BUILD_OPS",
              "TORCH_CUDA_ARCH_LIST", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "GRPO_NB_CACHE")
 
@@ -942,7 +930,7 @@ class LearnerGroup:
         return (f"LearnerGroup({self.world_size} × {i['device']}, ZeRO-{i['zero_stage']}, {i['dtype']}, {i['params'] / 1e6:.2f}M params, "
                 f"attention {i['attention']}, step {self.step_count})")
 
-# %% ../nbs/07_learner.ipynb 121
+# %% ../nbs/07_learner.ipynb 118
 def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
          method:str, # the method to call on every rank
          *args, # the same arguments for every rank ...
@@ -954,7 +942,7 @@ def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
     if len(actors) == 1 and isinstance(actors[0], LearnerWorker): return [getattr(actors[0], method)(*argv[0])]
     return gather([submit(a, method, *av) for a, av in zip(actors, argv)], timeout_s)
 
-# %% ../nbs/07_learner.ipynb 122
+# %% ../nbs/07_learner.ipynb 119
 def create_learner_group(spec:LearnerSpec, # what every rank builds
                          world_size:int, # learner ranks W
                          groups=None, # `grpo_nb.placement.PlacementGroups`: actors go into the learner bundles
@@ -990,14 +978,14 @@ def create_learner_group(spec:LearnerSpec, # what every rank builds
         raise
     return LearnerGroup(actors, spec, info)
 
-# %% ../nbs/07_learner.ipynb 124
+# %% ../nbs/07_learner.ipynb 121
 @patch
 def minibatches(self:LearnerGroup, n:int) -> int:
     "Optimizer steps per epoch for a step of `n` sequences: `num_mini_batches`, or n / (micro_batch_size × gradient_accumulation_steps × W)."
     L = self.spec.learner
     return L.num_mini_batches or max(1, n // (L.micro_batch_size * L.gradient_accumulation_steps * self.world_size))
 
-# %% ../nbs/07_learner.ipynb 126
+# %% ../nbs/07_learner.ipynb 123
 @patch
 def step(self:LearnerGroup,
          batch:TrainBatch, # all sequences of the step
@@ -1011,7 +999,7 @@ def step(self:LearnerGroup,
     self.step_count += 1
     return combine_metrics(parts, self.spec.peak_flops)
 
-# %% ../nbs/07_learner.ipynb 128
+# %% ../nbs/07_learner.ipynb 125
 @patch
 def save(self:LearnerGroup,
          ckpt_dir:str|Path, # the run's checkpoint directory
@@ -1030,7 +1018,7 @@ def save(self:LearnerGroup,
     each(self.actors, "save", str(tmp), str(final), step, data_state, keep_last)
     return final
 
-# %% ../nbs/07_learner.ipynb 129
+# %% ../nbs/07_learner.ipynb 126
 @patch
 def load(self:LearnerGroup,
          path:str|Path, # a checkpoint directory
@@ -1041,7 +1029,7 @@ def load(self:LearnerGroup,
     self.step_count = int(metas[0]["step"])
     return metas[0]
 
-# %% ../nbs/07_learner.ipynb 130
+# %% ../nbs/07_learner.ipynb 127
 @patch
 def resume(self:LearnerGroup,
            ckpt_dir:str|Path, # the run's checkpoint directory
@@ -1051,7 +1039,7 @@ def resume(self:LearnerGroup,
     if p is None: return None
     return {**self.load(p), "path": str(p)}
 
-# %% ../nbs/07_learner.ipynb 131
+# %% ../nbs/07_learner.ipynb 128
 @patch
 def export(self:LearnerGroup,
            out_dir:str|Path, # the HF directory to create (replaced if it exists)
@@ -1065,13 +1053,13 @@ def export(self:LearnerGroup,
     os.rename(tmp, out)
     return out
 
-# %% ../nbs/07_learner.ipynb 132
+# %% ../nbs/07_learner.ipynb 129
 @patch
 def digests(self:LearnerGroup) -> list[dict]:
     "Every rank's `state_digest` (bit-exact fingerprints of parameters, optimizer, schedule, RNG)."
     return each(self.actors, "state_digest")
 
-# %% ../nbs/07_learner.ipynb 133
+# %% ../nbs/07_learner.ipynb 130
 @patch
 def shutdown(self:LearnerGroup,
              kill:bool=False, # True: kill the actors at once (no clean exit), as a crash would
@@ -1085,7 +1073,7 @@ def shutdown(self:LearnerGroup,
         for a in self.actors: ray.kill(a, no_restart=True)
     self.actors = []
 
-# %% ../nbs/07_learner.ipynb 144
+# %% ../nbs/07_learner.ipynb 141
 @patch(cls_method=True)
 def from_config(cls:LearnerGroup,
                 cfg, # a `grpo_nb.config.TrainConfig`

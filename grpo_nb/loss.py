@@ -4,10 +4,11 @@
 
 # %% ../nbs/03_loss.ipynb 4
 from __future__ import annotations
-import functools, importlib.util, math
-from typing import Callable, Literal
+import functools, importlib.util, math, os
+from typing import Callable, Literal, get_args, get_type_hints
 import torch
 from torch import Tensor
+from .config import LearnerConfig
 
 # %% auto 0
 __all__ = ['ADVANTAGES', 'AGGREGATIONS', 'KL_ESTIMATORS', 'LOGPROB_KERNELS', 'register_in', 'pick', 'adv_std', 'adv_none',
@@ -365,28 +366,30 @@ class ChunkedLogProbs(torch.autograd.Function):
         return gh, (gw.to(weight.dtype) if need_w else None), None, None, None, None, None
 
 # %% ../nbs/03_loss.ipynb 74
-LOGPROB_KERNELS = ("auto", "torch", "triton")
-"Named implementations of the log-prob head (`learner.logprob_kernel`)."
+LOGPROB_KERNELS = get_args(get_type_hints(LearnerConfig)["logprob_kernel"])
+"Named implementations of the log-prob head: the choices of the config field `learner.logprob_kernel`."
 
 @functools.cache
 def _triton_installed() -> bool: return importlib.util.find_spec("triton") is not None   # asked once a process, not at every call
 
 def head_kernel(kernel:str, # "auto" | "torch" | "triton"
-                hidden:Tensor|None=None, # the hidden states it will run on (None: only check the name)
+                hidden:Tensor, # the hidden states it will run on (an empty tensor of their device and dtype will do)
                ) -> str: # "torch" or "triton"
     "The log-prob head's implementation for these hidden states: `auto` resolves to triton on CUDA when triton is installed."
     if kernel not in LOGPROB_KERNELS:
         raise ValueError(f"logprob kernel must be one of {LOGPROB_KERNELS} (got {kernel!r}). Fix: --learner.logprob_kernel=auto")
-    has_triton = _triton_installed()
+    has_triton, fits = _triton_installed(), hidden.dtype in (torch.bfloat16, torch.float16, torch.float32)
     if kernel == "triton" and not has_triton:
         raise ValueError("logprob kernel 'triton' needs the triton package, which is not installed. "
                          "Fix: pip install triton, or --learner.logprob_kernel=torch")
-    fits = hidden is None or hidden.dtype in (torch.bfloat16, torch.float16, torch.float32)
     if kernel == "triton" and not fits:
         raise ValueError(f"logprob kernel 'triton' computes in fp32 from bf16, fp16 or fp32 logits (got {hidden.dtype}). "
                          "Fix: --learner.logprob_kernel=torch (or auto) for float64")
+    if kernel == "triton" and not hidden.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"logprob kernel 'triton' launches on CUDA GPUs (or in Triton's interpreter, TRITON_INTERPRET=1); these tensors are on "
+                         f"{hidden.device}. Fix: --learner.logprob_kernel=auto")
     if kernel != "auto": return kernel
-    return "triton" if hidden is not None and hidden.is_cuda and fits and has_triton else "torch"
+    return "triton" if hidden.is_cuda and fits and has_triton else "torch"
 
 # %% ../nbs/03_loss.ipynb 76
 @functools.cache
@@ -430,24 +433,24 @@ def _triton_head_kernels():
             if HAS_ENT: g = g - ge * p * (lp + h)                # dH/dx = -p (log p + H)
             tl.store(row + offs, (g / temperature).to(z.dtype.element_ty), mask=inb)   # dz = dx / τ, in place
 
-    return head_fwd, head_bwd, triton.next_power_of_2
+    return head_fwd, head_bwd
 
 # %% ../nbs/03_loss.ipynb 78
-_HEAD_BLOCK = 4096   # vocabulary entries per block of a row (a power of two)
+def _head_block(V:int) -> int: return min(4096, 1 << (V - 1).bit_length())   # vocabulary entries per block of a row: a power of two, at most 4,096
 
 def _triton_head_forward(hidden, weight, tok, temperature, chunk, logp, lse, ent):
     "Fill logp, lse (and ent when it has N entries) chunk by chunk with the fused forward kernel."
-    fwd, _, p2 = _triton_head_kernels()
+    fwd, _ = _triton_head_kernels()
     N, V = hidden.shape[0], weight.shape[0]
     for s in range(0, N, chunk):
         e = min(s + chunk, N)
         z = hidden[s:e] @ weight.t()   # [c, V] in the weights' dtype
         fwd[(e - s,)](z, z.stride(0), tok[s:e], lse[s:e], logp[s:e], ent[s:e] if ent.numel() else lse[s:e], V, temperature,
-                      WITH_ENT=ent.numel() > 0, BLOCK=min(_HEAD_BLOCK, p2(V)), num_warps=8)
+                      WITH_ENT=ent.numel() > 0, BLOCK=_head_block(V), num_warps=8)
 
 def _triton_head_backward(hidden, weight, tok, temperature, chunk, lse, ent, g_logp, g_ent, gh, gw):
     "Gradients into gh [N, H] and the fp32 gw [V, H] (either may be None) with the fused backward kernel."
-    _, bwd, p2 = _triton_head_kernels()
+    _, bwd = _triton_head_kernels()
     N, V = hidden.shape[0], weight.shape[0]
     g_logp = lse.new_zeros(N) if g_logp is None else g_logp.contiguous()   # None: an entropy-only gradient
     if g_ent is not None: g_ent = g_ent.to(lse.dtype).contiguous()   # autograd may hand an expanded (stride-0) gradient
@@ -457,7 +460,7 @@ def _triton_head_backward(hidden, weight, tok, temperature, chunk, lse, ent, g_l
         z = h @ weight.t()   # recomputed logits [c, V]; the kernel turns them into dz in place
         bwd[(e - s,)](z, z.stride(0), tok[s:e], lse[s:e], ent[s:e] if g_ent is not None else lse[s:e],
                       g_logp[s:e], g_ent[s:e] if g_ent is not None else lse[s:e], V, temperature,
-                      HAS_ENT=g_ent is not None, BLOCK=min(_HEAD_BLOCK, p2(V)), num_warps=8)
+                      HAS_ENT=g_ent is not None, BLOCK=_head_block(V), num_warps=8)
         if gh is not None: gh[s:e] = z @ weight
         if gw is not None: gw.add_(z.t() @ h)
         del z

@@ -4,11 +4,11 @@
 
 # %% ../nbs/01_memory.ipynb 4
 from __future__ import annotations
-import functools, importlib.util, json, math, sys
+import functools, importlib.util, json, math, sys, typing
 from dataclasses import dataclass, field, asdict, replace
 from pathlib import Path
 from typing import Literal, Optional
-from .config import ConfigError, gpu_mem_gib_of, derive, load_config, run_cli
+from .config import ConfigError, LearnerConfig, gpu_mem_gib_of, derive, load_config, run_cli
 from .tiny import builtin_model, tiny_config
 
 # %% auto 0
@@ -352,7 +352,7 @@ def logits_bytes(tokens:int, # B·T tokens in the micro-batch
                 ) -> int: # peak bytes of the loss head during forward + backward
     "Peak memory of computing per-token log-probs (or the LM loss) and their gradient."
     if mode == "full": return tokens * vocab * (14 if keep_logits else 12)
-    per_entry = {"chunked": 8, "chunked-triton": 2}.get(mode)   # bytes per [chunk, V] entry: two fp32 buffers, or one bf16
+    per_entry = {"chunked": 8, "chunked-triton": 2}.get(mode)   # bytes per [chunk, V] entry: two fp32 buffers, or one in the weights' dtype (bf16, as learners run on GPUs)
     if per_entry: return per_entry * min(chunk, tokens) * vocab + 6 * vocab * hidden + 2 * tokens * hidden
     raise ValueError(f"logits mode must be one of {LogitsMode.__args__} (got {mode!r}).")
 
@@ -361,8 +361,9 @@ def head_logits_mode(logprob_kernel:str="auto", # `learner.logprob_kernel`: "aut
                      triton_runs:bool|None=None, # "auto" only: the Triton kernels can run where the learner starts; None: triton is installed here
                     ) -> str: # "chunked" or "chunked-triton", the `logits` argument of `learner_memory` and `plan`
     "The planner's logits mode for the learner's log-prob head."
-    if logprob_kernel not in ("auto", "torch", "triton"):
-        raise ValueError(f"logprob_kernel must be auto, torch or triton (got {logprob_kernel!r}). Fix: --learner.logprob_kernel=auto")
+    names = typing.get_args(typing.get_type_hints(LearnerConfig)["logprob_kernel"])   # the config field's choices
+    if logprob_kernel not in names:
+        raise ValueError(f"logprob_kernel must be one of {names} (got {logprob_kernel!r}). Fix: --learner.logprob_kernel=auto")
     if logprob_kernel == "auto" and triton_runs is None: triton_runs = importlib.util.find_spec("triton") is not None
     return "chunked-triton" if logprob_kernel == "triton" or (logprob_kernel == "auto" and triton_runs) else "chunked"
 

@@ -30,12 +30,16 @@ def test_four_gpu_part():
         assert all(v.get("kernels", "torch") == "torch" for v in vs)
 
 
-def test_the_loop_head_is_its_own_variant_and_old_records_ran_it():
-    auto, loop = (M.variants("1gpu", False, ["Qwen2.5-1.5B"], H100, "ray", False, head=h)[0] for h in ("auto", "torch"))
-    assert loop["variant"] == auto["variant"] + " torch-head" and loop["head"] == "torch"
-    assert M.head_in_use(loop) == "torch" and M.head_in_use({**auto, "head": "triton"}) == "triton"
+def test_a_head_named_is_its_own_variant_and_old_records_ran_the_loop(monkeypatch):
+    auto, loop, fused = (M.variants("1gpu", False, ["Qwen2.5-1.5B"], H100, "ray", False, head=h)[0] for h in ("auto", "torch", "triton"))
+    assert (loop["variant"], fused["variant"]) == (auto["variant"] + " torch-head", auto["variant"] + " triton-head")
+    find = importlib.util.find_spec   # auto resolves as the learner does: triton where it is installed, never for the CPU's tiny model
+    for installed, want in ((False, "torch"), (True, "triton")):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: (object() if installed else None) if n == "triton" else find(n, *a))
+        assert M.head_in_use(auto) == want and M.head_in_use({**auto, "model": "tiny"}) == "torch"
+    monkeypatch.setattr(importlib.util, "find_spec", find)
     assert M.variant_of({"model": "Qwen2.5-1.5B", "gpus": 1, "zero": 1})["head"] == "torch"   # records made before the fused head
-    assert M.predicted({**loop, "head": "torch"}, 16384) - M.predicted({**loop, "head": "triton"}, 16384) == 6 * 2048 * 151936
+    assert M.record(loop, "cpu", {"logprob_kernel": "torch"}, None, None)["logprob_kernel"] == "torch"   # what the learner said it ran
 
 
 def test_record_keeps_the_note():

@@ -114,8 +114,10 @@ def test_triton_head_matches_the_loop(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[7:])
     for c in out["cases"]:
-        tol = 1e-4 if "float32" in c["dtype"] else 2e-2   # fp32: the order of the sums (the entropy is a difference); bf16: dz rounded to bf16
-        assert all(r is None or r < tol for r in c["rel"]), c
+        logp, ent, gh, gw = c["rel"]   # relative to the loop's largest value
+        assert logp < 1e-6 and (ent is None or ent < 1e-4), c   # the entropy is a difference of two sums: their order shows
+        g_tol = 1e-4 if "float32" in c["dtype"] else 1.5e-2     # bf16: dz is rounded to bf16 (one rounding, about 4e-3 relative)
+        assert gh < g_tol and gw < g_tol, c
         assert c["ignored_logp"] == 0.0
     assert max(out["entropy_only_rel"]) < 1e-5 and max(out["logp_sum_rel"]) < 1e-5, out
     assert "Fix: --learner.logprob_kernel=torch" in out["float64"], out["float64"]
@@ -131,4 +133,4 @@ def test_logprob_head_bench_smoke(tmp_path):
     assert [r["with_entropy"] for r in recs] == [False, True]
     for r in recs:
         assert set(r["kernels"]) == {"torch", "triton"} and all(set(k["step_s"]) == {"mean", "median", "p90"} for k in r["kernels"].values())
-        assert r["max_abs_diff_triton_vs_torch"]["logp"] < 1e-4
+        assert r["max_abs_diff_triton_vs_torch"]["logp"] < 1e-5
