@@ -39,7 +39,7 @@ nbtest: venv
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/nbdev_test --n_workers 2 --timing
 
 pytest: venv
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q --durations=40 -n 2 --dist loadfile tests $(PYTEST_ARGS)
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q --durations=40 -n 2 --dist loadfile --no-loadscope-reorder tests $(PYTEST_ARGS)
 
 docs: venv
 	PATH=$(abspath $(BIN)):$$PATH bash tools/build_site.sh

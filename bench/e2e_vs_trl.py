@@ -112,7 +112,7 @@ def ours_overrides(layout:str, mode:str, shape:dict, model_dir:Path, data:Path, 
     if layout == "colocated": over += ["--rollout.gpu_memory_utilization=0.3"] + ([] if gpu else ["--rollout.sleep_level=0", "--rollout.kv_cache_mib=64"])
     else: over += [f"--rollout.gpu_memory_utilization={0.85 if gpu else 0.5}"] + ([] if gpu else ["--rollout.kv_cache_mib=64"])
     if not gpu: over += ["--model.dtype=float32", "--rollout.enforce_eager=true"]
-    return over
+    return over + shlex.split(os.environ.get("E2E_OURS_EXTRA", ""))   # --ours-extra: a variant of ours (its command records it)
 
 
 def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:Path, device:str, timeout:float, keep_log:Path|None=None) -> dict:
@@ -462,8 +462,10 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="CPU-sized runs of ours (and TRL if installed)")
     ap.add_argument("--dry-run", action="store_true", help="print every run's command, arguments and files; run nothing")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    ap.add_argument("--ours-extra", default="", help="overrides added to every run of ours, e.g. --ours-extra=--rollout.sleep_level=2 (a variant: give it an --out-dir of its own)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.ours_extra: os.environ["E2E_OURS_EXTRA"] = a.ours_extra   # the children inherit it
     if a.child:
         child(a.child, a.smoke, Path(a.out), a.timeout); return
     if a.merge:

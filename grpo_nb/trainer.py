@@ -24,13 +24,13 @@ from .plugins import PluginError, check_registered, import_plugins, load_plugins
 from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend
 from .weight_sync import connect_weight_sync, sync_plan, sync_weights, WeightSyncError, verify_weight_sync, vllm_load_mode
 from .rollout import check_tensor_parallel
-from .memory import plan_config, colocated_plan, pack_advice, sleep_advice, RELEASE_MARGIN
+from .memory import plan_config, colocated_plan, pack_advice, sleep_advice, get_shape, RELEASE_MARGIN
 
 # %% auto 0
 __all__ = ['encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'preflight_run', 'start_ray', 'Actors',
            'start_actors', 'stop_actors', 'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'check_fits',
-           'plan_notes', 'process_age_s', 'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict',
-           'demo_command', 'demo_cli']
+           'plan_notes', 'process_age_s', 'first_sleep_level', 'stays_awake', 'train', 'train_command', 'train_cli',
+           'plot_curve', 'demo_verdict', 'demo_command', 'demo_cli']
 
 # %% ../nbs/08_trainer.ipynb 8
 def encode_prompts(rows:list[dict], # `{'prompt', 'answer'}` rows
@@ -175,6 +175,7 @@ def _plugin_env(cfg:TrainConfig) -> dict|None:
     specs = [*cfg.data.plugins, *cfg.reward.plugins]
     return {"worker_process_setup_hook": worker_hook(specs)} if specs else None
 
+# %% ../nbs/08_trainer.ipynb 31
 def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
     R, M = cfg.rollout, cfg.model
     if R.backend == "transformers":
@@ -185,9 +186,15 @@ def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
     if R.kv_cache_mib: kw["kv_cache_memory_bytes"] = R.kv_cache_mib << 20
     if R.chunked_prefill != "auto": kw["enable_chunked_prefill"] = R.chunked_prefill == "on"
     if R.placement == "colocated" and R.sleep_level and device == "cuda": kw["enable_sleep_mode"] = True
+    if R.placement == "colocated" and device == "cuda" and not R.kv_cache_mib and _plannable(cfg.model.name_or_path):
+        kw["kv_cache"] = "plan"   # sized by the planner on the engine's GPU: it loads while its learner starts (`planned_kv_cache_bytes`)
     return kw
 
-# %% ../nbs/08_trainer.ipynb 31
+def _plannable(model:str) -> bool:
+    try: get_shape(model); return True
+    except (ValueError, KeyError, OSError): return False   # an architecture the planner cannot read: vLLM profiles it, after the learner is up
+
+# %% ../nbs/08_trainer.ipynb 34
 @dataclass
 class Actors:
     "Everything the run started on the cluster."
@@ -196,7 +203,7 @@ class Actors:
     engines:list # engine actor handles
     sync_info:dict # `connect_weight_sync`'s report
 
-# %% ../nbs/08_trainer.ipynb 33
+# %% ../nbs/08_trainer.ipynb 36
 def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolved to a directory)
                  layout, # its `Layout`
                 ) -> Actors:
@@ -207,13 +214,15 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
     engines, learner = [], None
     try:
         opts = [placed_actor_options(groups, "engine", i) for i in range(R.num_engines)]
-        colocated = R.placement == "colocated"
+        colocated, ekw = R.placement == "colocated", _engine_kwargs(cfg, layout.device)
         def learners():   # the learner group, and the seconds it took to start
             t1 = time.perf_counter(); g = LearnerGroup.from_config(cfg, groups); return g, time.perf_counter() - t1
-        defer = colocated and R.backend == "vllm"   # a colocated engine sizes its memory next to its learner: it loads after it
-        if colocated and not defer: learner, learners_s = learners()   # (an engine that cannot defer its load starts after it)
+        sized = R.backend == "vllm" and (layout.device != "cuda" or ekw.get("kv_cache_memory_bytes") or ekw.get("kv_cache") == "plan")
+        after = colocated and not sized   # an engine that profiles its GPU's free memory loads after the learner beside it is up
+        defer = after and R.backend == "vllm"   # (vLLM imports meanwhile; an engine that cannot defer its load starts after the learner)
+        if after and not defer: learner, learners_s = learners()
         engines = create_engines(cfg.model.name_or_path, R.num_engines, R.tensor_parallel_size, R.backend, layout.device,
-                                 actor_options=opts, wait=False, **_engine_kwargs(cfg, layout.device), **({"defer_load": True} if defer else {}))
+                                 actor_options=opts, wait=False, **ekw, **({"defer_load": True} if defer else {}))
         t0 = time.perf_counter()
         if learner is None: learner, learners_s = learners()   # meanwhile split engines load, and deferred ones import vLLM
         if defer: gather([e.load.remote() for e in engines], timeout_s=R.startup_timeout_s)
@@ -227,6 +236,7 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         for k in sorted({k for i in infos for k in i.get("load_phases") or {}}):   # vLLM's own phases of the load, the slowest engine's
             info["startup"][f"startup/engine_{k}"] = max((i.get("load_phases") or {}).get(k, 0.0) for i in infos)
         info["engine_logs"] = [i.get("load_log") or "" for i in infos]   # `Run.start` keeps them in the run's directory
+        info["gpu_bytes"] = min((i["gpu_bytes"] for i in infos if i.get("gpu_bytes")), default=None)   # the smallest engine GPU (None on CPUs)
         return Actors(groups, learner, engines, info)
     except BaseException:
         if learner is not None: learner.shutdown(kill=True)
@@ -234,7 +244,7 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         _remove_groups(groups)
         raise
 
-# %% ../nbs/08_trainer.ipynb 35
+# %% ../nbs/08_trainer.ipynb 38
 def _remove_groups(groups):
     from ray.util.placement_group import remove_placement_group
     for pg in (groups.learners, groups.engines):
@@ -248,7 +258,7 @@ def stop_actors(a:Actors|None) -> None:
     with contextlib.suppress(Exception): shutdown_engines(a.engines)
     _remove_groups(a.groups)
 
-# %% ../nbs/08_trainer.ipynb 38
+# %% ../nbs/08_trainer.ipynb 41
 @dataclass
 class Rollout:
     "One step's prompts, samples and rewards."
@@ -265,7 +275,7 @@ class Rollout:
     engine_s:float=0.0 # seconds the slowest engine spent generating them (its own clock: what one-step-off overlaps with the learner)
     reward_s:float=0.0 # seconds scoring them
 
-# %% ../nbs/08_trainer.ipynb 40
+# %% ../nbs/08_trainer.ipynb 43
 def start_rollout(engines:list, # engine handles
                   prompts:list[list[int]], # every prompt's token ids
                   order:PromptOrder, # the data order
@@ -283,7 +293,7 @@ def start_rollout(engines:list, # engine handles
     calls = [submit(e, "generate", ps[a:b], s, a) for e, (a, b) in zip(engines, split_evenly(len(ps), len(engines))) if b > a]
     return Rollout(step, start, idx, calls, t_submit, version)
 
-# %% ../nbs/08_trainer.ipynb 42
+# %% ../nbs/08_trainer.ipynb 45
 def finish_rollout(ro:Rollout, # from `start_rollout`
                    answers:list, # every prompt's reference answer
                    functions:dict[str, float], # `reward.functions`
@@ -302,7 +312,7 @@ def finish_rollout(ro:Rollout, # from `start_rollout`
     ro.reward_s = time.perf_counter() - t1
     return ro
 
-# %% ../nbs/08_trainer.ipynb 44
+# %% ../nbs/08_trainer.ipynb 47
 def evaluate(engines:list, # engine handles
              prompts:list[list[int]], # held-out prompts' token ids
              answers:list, # their references
@@ -318,7 +328,7 @@ def evaluate(engines:list, # engine handles
     return {f"eval/{k}": v for k, v in m.items() if k in ("reward_mean", "response_len_mean") or k.startswith("reward/")} | \
            {"eval/num_prompts": len(prompts), "time/eval": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 46
+# %% ../nbs/08_trainer.ipynb 49
 class Run:
     "One training run: data, actors, metrics, the loop's state."
     def __init__(self, cfg:TrainConfig, # a validated config
@@ -333,8 +343,9 @@ class Run:
         self.resume_record = None     # the resumed checkpoint's own step record (see MetricsLog)
         self.events:list[str] = []    # what happened, for the summary
         self.checks = 0               # checks of the engines' weights made by this process (a resumed run starts again at 0)
+        self.sleep_level, self.awake_check, self.gpu_bytes = 0, False, None   # colocated: the engines' level this step (`first_sleep_level`), the GPU's memory
 
-# %% ../nbs/08_trainer.ipynb 47
+# %% ../nbs/08_trainer.ipynb 50
 @patch
 def load_data(self:Run):
     "Tokenizer, training and evaluation prompts, the data order."
@@ -352,7 +363,7 @@ def load_data(self:Run):
         self.eval_prompts, ekept, _ = encode_prompts(erows, self.tok, D.template, D.max_prompt_tokens)
         self.eval_answers = [r["answer"] for r in ekept]
 
-# %% ../nbs/08_trainer.ipynb 49
+# %% ../nbs/08_trainer.ipynb 52
 def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                device:str, # the layout's device: only "cuda" is checked
               ) -> None:
@@ -372,7 +383,7 @@ def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
         raise ConfigError("cluster.gpu", f"the memory plan does not fit the {gpu} (grpo_nb plan --config): {'; '.join(p.advice)}.",
                           "one of the changes above; --cluster.gpu=<your GPU> if the planner assumed another card")
 
-# %% ../nbs/08_trainer.ipynb 52
+# %% ../nbs/08_trainer.ipynb 55
 def plan_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                device:str, # the layout's device: only "cuda" gets advice
               ) -> list[str]: # the advice as run events, or nothing
@@ -382,7 +393,7 @@ def plan_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
     except ValueError: return []   # a model the planner cannot read has no advice
     return [a for a in out if a]
 
-# %% ../nbs/08_trainer.ipynb 55
+# %% ../nbs/08_trainer.ipynb 58
 def process_age_s() -> float|None:
     "Seconds since this process began (Linux `/proc`); None where that cannot be read."
     try:
@@ -397,7 +408,7 @@ def _keep_engine_logs(out:Path, # the run's directory
     for i, text in enumerate(logs):
         if text: (out / "logs").mkdir(exist_ok=True); (out / "logs" / f"engine{i}_load.log").write_text(text)
 
-# %% ../nbs/08_trainer.ipynb 57
+# %% ../nbs/08_trainer.ipynb 60
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
           ray_temp_dir:str|None=None, # local Ray session root
@@ -409,7 +420,8 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     self.layout = config_layout(self.cfg, C.cpus_per_learner, C.cpus_per_engine_worker)   # unplaceable: a ConfigError, exit 2, nothing started
     check_fills(self.layout, C.allow_idle_gpus)   # GPUs the job pays for and never uses: refused with the changes that fill them
     check_backend(self.cfg.rollout.backend)   # before Ray starts: a missing engine library or sleep mode is named with its fix
-    if self.cfg.rollout.placement == "colocated": check_sleep_mode(self.cfg.rollout.backend, self.layout.device, self.cfg.rollout.sleep_level)
+    self.sleep_level, self.awake_check = first_sleep_level(self.cfg, self.layout.device)
+    if self.cfg.rollout.placement == "colocated": check_sleep_mode(self.cfg.rollout.backend, self.layout.device, self.sleep_level)
     if self.cfg.rollout.backend == "vllm":   # "direct" loads on CPUs (quantized engines are named by the workers)
         try: vllm_load_mode(self.cfg.rollout.weight_load, None, self.layout.device)
         except WeightSyncError as e: raise ConfigError("rollout.weight_load", *str(e).split(" Fix: ", 1)) from None
@@ -420,7 +432,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     t1 = time.perf_counter()
     self.actors = start_actors(self.cfg, self.layout)
     self.startup = {"startup/launch_s": launch_s, "startup/ray_s": t1 - t0, **self.actors.sync_info.get("startup", {})}
-    self.consumed = 0
+    self.consumed, self.gpu_bytes = 0, self.actors.sync_info.get("gpu_bytes")   # the engines' GPUs as they measured them (colocated: the learners' too)
     self.sync_plan = sync_plan(self.actors.learner.actors)   # the same for every sync of the run: each sync then skips that round trip
     if resume_from:
         meta = self.actors.learner.load(resume_from)
@@ -438,7 +450,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     _keep_engine_logs(self.out, self.actors.sync_info.pop("engine_logs", []))   # what each engine logged while it loaded: where its time went
     self.startup["startup/total_s"] = time.perf_counter() - t0
 
-# %% ../nbs/08_trainer.ipynb 58
+# %% ../nbs/08_trainer.ipynb 61
 @patch
 def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept in the checkpoint (it is logged after the save)
               ) -> Path:
@@ -450,7 +462,7 @@ def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept 
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 59
+# %% ../nbs/08_trainer.ipynb 62
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -469,7 +481,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_reserved_gib"] = m.get("peak_reserved_bytes", 0) / 2**30   # the same peak with the allocator's cached blocks
     return info
 
-# %% ../nbs/08_trainer.ipynb 60
+# %% ../nbs/08_trainer.ipynb 63
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -485,23 +497,63 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 62
+# %% ../nbs/08_trainer.ipynb 65
+def first_sleep_level(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
+                      device:str, # the layout's device
+                     ) -> tuple[int, bool]: # the level of the first step, and whether that step's peak may keep the engines awake after it
+    "The sleep level a run starts at; `sleep_level='auto'` starts at 2 and is measured where the planner finds room to stay awake."
+    R = cfg.rollout
+    if R.placement != "colocated": return 0, False
+    if R.sleep_level != "auto": return R.sleep_level, False
+    if device != "cuda": return 0, False   # CPU engines have no GPU memory to give back
+    try: room = sleep_advice(cfg) is not None
+    except ValueError: room = False   # a model the planner cannot read: sleep, as at level 2
+    return 2, room
+
+def stays_awake(peak_reserved_bytes:int, # the learner's step peak, its allocator's cached blocks included (the largest rank's)
+                gpu_bytes:int, # memory of the shared GPU, as the engine measured it
+                gpu_memory_utilization:float, # the engine's share of it
+                margin:float=RELEASE_MARGIN, # share of the GPU left free beyond both (the wake-up's margin)
+               ) -> bool:
+    "Whether a learner that peaked at `peak_reserved_bytes` fits beside an awake engine's whole share, with `margin` of the GPU to spare."
+    return peak_reserved_bytes + (gpu_memory_utilization + margin) * gpu_bytes <= gpu_bytes
+
+
+# %% ../nbs/08_trainer.ipynb 67
+@patch
+def decide_awake(self:Run, step:int, # the step just taken (the engines slept through it)
+                 learn:dict, # its learner metrics (`Run.learn`)
+                ) -> None:
+    "After a measured first step (`sleep_level='auto'`): keep the engines awake from the next step where `stays_awake` agrees; say why either way."
+    self.awake_check = False
+    R, peak, gpu = self.cfg.rollout, learn.get("peak_gpu_reserved_gib", 0.0) * 2**30, self.gpu_bytes
+    seen = f"step {step}'s learner peak {peak / 2**30:.1f} GiB beside the engine's {R.gpu_memory_utilization:.0%} of {(gpu or 0) / 2**30:.1f} GiB"
+    if gpu and peak and stays_awake(peak, gpu, R.gpu_memory_utilization):
+        self.sleep_level = 0
+        self.events.append(f"colocated: from step {step + 1} the engines stay awake while the learners step (rollout.sleep_level=auto; {seen} "
+                           f"leaves more than {RELEASE_MARGIN:.0%} free)")
+    else:
+        self.events.append(f"colocated: the engines keep sleeping while the learners step (rollout.sleep_level=auto; {seen} "
+                           f"leaves less than {RELEASE_MARGIN:.0%} free, or was not measured)")
+
+
+# %% ../nbs/08_trainer.ipynb 70
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
     cfg, R = self.cfg, self.cfg.rollout
     P, off = R.prompts_per_step, R.mode == "one-step-off"
     eng = self.actors.engines
-    sleepy = R.placement == "colocated" and R.sleep_level > 0   # colocated engines sleep while their learners step
     if self.eval_prompts and self.step == 0: self.log_eval()
     pending, begun = None, self.step
     while self.step < cfg.total_steps and not self.stop:
         t_step = time.perf_counter()
-        step = self.step + 1
+        step, level = self.step + 1, self.sleep_level
+        sleepy = level > 0   # colocated engines sleep while their learners step
         ro = pending or start_rollout(eng, self.prompts, self.order, step, self.consumed, P, self.spec, self.version)
         sleeping = []   # colocated: the engines fall asleep while the driver scores the samples
         finish_rollout(ro, self.answers, cfg.reward.functions, self.ctx,
-                       (lambda: sleeping.extend(submit(e, "sleep", R.sleep_level) for e in eng)) if sleepy else None)
+                       (lambda: sleeping.extend(submit(e, "sleep", level) for e in eng)) if sleepy else None)
         pending = None
         if off and step < cfg.total_steps:   # the engines sample step+1 with the current weights while the learner trains
             pending = start_rollout(eng, self.prompts, self.order, step + 1, ro.start + P, P, self.spec, self.version)
@@ -532,6 +584,8 @@ def loop(self:Run):
         if sleepy: rec |= {"time/sleep": sleep_s, "time/wake": (t1 - t0) + (t5 - t3), "time/wake_weights": t1 - tr, "time/wake_kv": t5 - t4,
                            "time/release": (tr - t0) + (t4 - t3),   # wake = release + both wake-ups (the check after the sync is time/verify)
                            "colocate/released_before_weights": rel_w, "colocate/released_before_kv": rel_kv}   # learner ranks that gave their cache back
+        if R.placement == "colocated": rec["colocate/sleep_level"] = level
+        if self.awake_check: self.decide_awake(step, learn)   # sleep_level=auto: the first step's peak says whether the engines may stay awake
         if self.eval_prompts and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.total_steps):
             rec |= self.run_eval()
         E = cfg.checkpoint.every_steps
@@ -544,7 +598,7 @@ def loop(self:Run):
     if self.stop:   # a signal during start-up stops before the first step: nothing new to save
         self.events.append(f"stopped by {self.stop.reason} after step {self.step}" + (f" (checkpoint {self.last_ckpt.name})" if self.last_ckpt else ""))
 
-# %% ../nbs/08_trainer.ipynb 64
+# %% ../nbs/08_trainer.ipynb 72
 @patch
 def release_learner_cache(self:Run,
                           margin:float=RELEASE_MARGIN, # share of the GPU kept free beyond the engine's `gpu_memory_utilization` (the planner assumes the same)
@@ -553,7 +607,7 @@ def release_learner_cache(self:Run,
     need = min(1.0, self.cfg.rollout.gpu_memory_utilization + margin)
     return sum(bool(r) for r in gather([submit(l, "ws_release", need) for l in self.actors.learner.actors]))
 
-# %% ../nbs/08_trainer.ipynb 66
+# %% ../nbs/08_trainer.ipynb 74
 @patch
 def verify(self:Run, step:int) -> dict:
     "After a sync: check every engine against the learner (bit for bit, then log-probs); a stale engine is synced once more, a second mismatch raises with the fix."
@@ -579,19 +633,19 @@ def verify(self:Run, step:int) -> dict:
             "sync/stale_detected": stale, "sync/checksums_compared": rep.get("compared", 0), "sync/repacked": rep.get("repacked", 0),
             "sync/exact": int(bool(rep.get("exact"))), "time/verify": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 67
+# %% ../nbs/08_trainer.ipynb 75
 @patch
 def run_eval(self:Run) -> dict:
     "Evaluate the engines' current policy on the held-out prompts."
     return evaluate(self.actors.engines, self.eval_prompts, self.eval_answers, self.cfg.rollout, self.cfg.reward.functions, self.ctx)
 
-# %% ../nbs/08_trainer.ipynb 68
+# %% ../nbs/08_trainer.ipynb 76
 @patch
 def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 69
+# %% ../nbs/08_trainer.ipynb 77
 @patch
 def emit(self:Run, rec:dict):
     "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
@@ -605,7 +659,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 70
+# %% ../nbs/08_trainer.ipynb 78
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -616,7 +670,7 @@ def close(self:Run):
     if ray.is_initialized(): ray.shutdown()
     if self.cluster is not None: self.cluster.shutdown(); self.cluster = None   # the local cluster this run started
 
-# %% ../nbs/08_trainer.ipynb 71
+# %% ../nbs/08_trainer.ipynb 79
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
@@ -654,7 +708,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 73
+# %% ../nbs/08_trainer.ipynb 81
 def train_command(config:str, # YAML file or preset name (default, demo)
                   *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`)
                   resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
@@ -669,7 +723,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."
     return run_cli(train_command, argv, "grpo_nb train")
 
-# %% ../nbs/08_trainer.ipynb 76
+# %% ../nbs/08_trainer.ipynb 84
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -687,7 +741,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 78
+# %% ../nbs/08_trainer.ipynb 86
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -699,7 +753,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 81
+# %% ../nbs/08_trainer.ipynb 89
 def demo_command(*overrides:str, # fields of the demo preset, as --section.field=value
                  out:str="", # output directory (default: runs/demo/<date-time>, a new one each time)
                  start_below:float=0.2, # held-out reward at step 0 must be below this

@@ -137,17 +137,32 @@ class LocalSlurm:
                     "ray._private.runtime_env.agent.main", "ray._private.workers.default_worker", "grpo_nb.preflight", "grpo_nb.slurm"]
 
     def warm_start(self, python:str=sys.executable) -> subprocess.Popen:
-        """Compile the bytecode of what every Ray start imports into this cluster's cache, in the background
-        (run it while apt-get installs SLURM): the first job's Ray then starts as fast as the later ones."""
+        """Fill this cluster's bytecode cache with what every Ray start imports, in the background (run it while apt-get
+        installs SLURM): the first job's Ray then starts as fast as the later ones. The modules are imported with the
+        bytecode that sits beside their sources (the venv is installed with it), then each one's file is linked into
+        the cache; only modules without one (this repository's) are compiled. Python checks every cached file against
+        its source as usual and writes a fresh one in place of a link that has gone stale."""
         (self.root / "pycache").mkdir(parents=True, exist_ok=True); (self.root / "pyshadow").mkdir(exist_ok=True)
         (self.root / "pyshadow" / "rfc3987_syntax.py").write_text(SHADOW)
-        code = ("import importlib, pkgutil\n"
+        code = ("import importlib, importlib.util, os, pkgutil, py_compile, sys\n"
+                "prefix, sys.pycache_prefix, sys.dont_write_bytecode = sys.pycache_prefix, None, True\n"
                 f"for n in {self.WARM_MODULES!r}:\n"
                 "    try: importlib.import_module(n)\n"
                 "    except Exception: pass\n"
                 "import ray.dashboard.modules as m\n"
                 "for i in pkgutil.walk_packages(m.__path__, 'ray.dashboard.modules.'):\n"
                 "    try: importlib.import_module(i.name)\n"
+                "    except Exception: pass\n"
+                "for mod in list(sys.modules.values()):\n"
+                "    src = getattr(mod, '__file__', None)\n"
+                "    if not (isinstance(src, str) and src.endswith('.py') and os.path.isabs(src)): continue\n"
+                "    sys.pycache_prefix = None; beside = importlib.util.cache_from_source(src)\n"
+                "    sys.pycache_prefix = prefix; cached = importlib.util.cache_from_source(src)\n"
+                "    if os.path.exists(cached): continue\n"
+                "    try:\n"
+                "        os.makedirs(os.path.dirname(cached), exist_ok=True)\n"
+                "        if os.path.exists(beside): os.symlink(beside, cached)\n"
+                "        else: py_compile.compile(src, cfile=cached, doraise=True)\n"
                 "    except Exception: pass\n")
         self._warm = subprocess.Popen([python, "-c", code], env=self.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return self._warm

@@ -60,3 +60,17 @@ def test_stop_group_ends_an_own_child_and_its_children():
     p = _server_like(ignore_term=False)   # our own child this time: its exit is collected, no zombie keeps the group alive
     stop_group(p, grace=5)
     assert p.returncode is not None and not alive_group(p.pid)
+
+
+def test_a_variant_of_ours_adds_its_overrides_last(tmp_path, monkeypatch):
+    "--ours-extra reaches every run of ours (after the benchmark's own overrides, so it wins) and nothing else."
+    base = E.ours_overrides("colocated", "sync", E.SHAPES["bench"], tmp_path / "model", tmp_path / "p.jsonl", tmp_path, "cuda")
+    assert not any(o.startswith("--rollout.sleep_level") for o in base)   # the benchmark runs the default
+    monkeypatch.setenv("E2E_OURS_EXTRA", "--rollout.sleep_level=2 --learner.logprob_kernel=torch")
+    variant = E.ours_overrides("colocated", "sync", E.SHAPES["bench"], tmp_path / "model", tmp_path / "p.jsonl", tmp_path, "cuda")
+    assert variant == base + ["--rollout.sleep_level=2", "--learner.logprob_kernel=torch"]
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "e2e_vs_trl.py"), "--runs", "ours:colocated:sync:bench,trl:vllm-colocate:bench",
+                          "--dry-run", "--ours-extra=--rollout.sleep_level=2"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={k: v for k, v in os.environ.items() if k != "E2E_OURS_EXTRA"})
+    ours, trl = (l for l in out.stdout.splitlines() if l.startswith(("ours:", "trl ")))
+    assert out.returncode == 0 and ours.endswith("--rollout.sleep_level=2") and "sleep_level" not in trl, out.stdout + out.stderr
