@@ -288,6 +288,7 @@ class VllmEngine:
                  kv_cache:Literal["profile","plan"]="profile", # how a GPU engine without `kv_cache_memory_bytes` sizes its KV cache: vLLM's profile of the GPU's free memory while it loads (the GPU must be quiet), or `planned_kv_cache_bytes` (it may load beside a starting learner)
                  **llm_kwargs, # anything else `vllm.LLM` takes
                 ):
+        self.started_at, t0 = time.time(), time.perf_counter()   # when the actor began building it (the trainer times the actor's start against it)
         import vllm   # the import takes seconds: a deferred engine pays it here, while its learner starts
         kw = dict(model=str(model), tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
                   enforce_eager=enforce_eager, dtype=dtype, seed=seed, max_model_len=max_model_len,
@@ -300,13 +301,14 @@ class VllmEngine:
         self.tensor_parallel_size, self.weight_load, self.detokenize, self._llm_kwargs = tensor_parallel_size, weight_load, detokenize, kw
         self.kv_cache = kv_cache
         self.registered = register_in_process(model)   # the model's classes, inspected here rather than in a fresh Python
+        self.import_s = time.perf_counter() - t0   # vLLM's import and the model's classes: the seconds before `load` can start
         if not defer_load: self.load()
 
     def load(self) -> None:
         "Build the `vllm.LLM` (weights, memory profile, CUDA graphs); nothing when it is built already."
         if getattr(self, "llm", None) is not None: return
         from vllm import LLM
-        t0, marks, kw = time.perf_counter(), log_marks(), self._llm_kwargs
+        t0, marks, kw, self.load_started_at = time.perf_counter(), log_marks(), self._llm_kwargs, time.time()
         if self.kv_cache == "plan" and not kw.get("kv_cache_memory_bytes") and torch.cuda.is_available():   # sized here, on this engine's GPU
             kw = kw | {"kv_cache_memory_bytes": planned_kv_cache_bytes(kw["model"], kw["gpu_memory_utilization"], gpu_total_bytes(), kw["max_model_len"],
                                                                         kw["tensor_parallel_size"], kw.get("max_num_seqs") or 256, kw["enforce_eager"],
@@ -507,6 +509,8 @@ def info(self:HFEngine|VllmEngine) -> dict:
          "load_log": getattr(self, "load_log", ""),   # vLLM: the end of its log lines while it loaded (where `load_phases` came from)
          "kv_cache_bytes": getattr(self, "kv_cache_bytes", None),   # vLLM: the KV cache's size where it was given (a number, or planned), None where vLLM profiled it
          "gpu_bytes": gpu_total_bytes() if torch.cuda.is_available() else None,   # memory of the engine's (first) GPU
+         "started_at": getattr(self, "started_at", None), "import_s": getattr(self, "import_s", None),   # vLLM: the start of its construction (wall clock), and its import
+         "load_started_at": getattr(self, "load_started_at", None),   # vLLM: the start of `load` (wall clock)
          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         import ray

@@ -221,9 +221,9 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         after = colocated and not sized   # an engine that profiles its GPU's free memory loads after the learner beside it is up
         defer = after and R.backend == "vllm"   # (vLLM imports meanwhile; an engine that cannot defer its load starts after the learner)
         if after and not defer: learner, learners_s = learners()
+        t0, t0_wall = time.perf_counter(), time.time()
         engines = create_engines(cfg.model.name_or_path, R.num_engines, R.tensor_parallel_size, R.backend, layout.device,
                                  actor_options=opts, wait=False, **ekw, **({"defer_load": True} if defer else {}))
-        t0 = time.perf_counter()
         if learner is None: learner, learners_s = learners()   # meanwhile split engines load, and deferred ones import vLLM
         if defer: gather([e.load.remote() for e in engines], timeout_s=R.startup_timeout_s)
         infos = gather([e.info.remote() for e in engines], timeout_s=R.startup_timeout_s)
@@ -233,6 +233,10 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         info["startup"] = {"startup/placement_s": t["placement"] - t["start"], "startup/learners_s": learners_s,
                            "startup/engines_ready_s": t["engines"] - t0, "startup/engine_load_s": max(loads, default=None),
                            "startup/connect_s": time.perf_counter() - t["engines"]}
+        at = lambda k: max((i[k] - t0_wall for i in infos if i.get(k)), default=None)   # the slowest engine's moment, from their creation
+        if at("started_at") is not None:   # Ray's placement of the engine actors and their processes' start, vLLM's import, the load's start
+            info["startup"] |= {"startup/engine_actor_s": at("started_at"), "startup/engine_import_s": max(i.get("import_s") or 0.0 for i in infos),
+                                "startup/engine_load_start_s": at("load_started_at")}
         for k in sorted({k for i in infos for k in i.get("load_phases") or {}}):   # vLLM's own phases of the load, the slowest engine's
             info["startup"][f"startup/engine_{k}"] = max((i.get("load_phases") or {}).get(k, 0.0) for i in infos)
         info["engine_logs"] = [i.get("load_log") or "" for i in infos]   # `Run.start` keeps them in the run's directory
@@ -525,8 +529,9 @@ def decide_awake(self:Run, step:int, # the step just taken (the engines slept th
                  learn:dict, # its learner metrics (`Run.learn`)
                 ) -> None:
     "After a measured first step (`sleep_level='auto'`): keep the engines awake from the next step where `stays_awake` agrees; say why either way."
-    self.awake_check = False
     R, peak, gpu = self.cfg.rollout, learn.get("peak_gpu_reserved_gib", 0.0) * 2**30, self.gpu_bytes
+    if gpu and not peak: return   # a step without a learner update (every group's rewards equal) measured nothing: the next step decides
+    self.awake_check = False
     seen = f"step {step}'s learner peak {peak / 2**30:.1f} GiB beside the engine's {R.gpu_memory_utilization:.0%} of {(gpu or 0) / 2**30:.1f} GiB"
     if gpu and peak and stays_awake(peak, gpu, R.gpu_memory_utilization):
         self.sleep_level = 0

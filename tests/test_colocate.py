@@ -3,7 +3,7 @@
 - the transformers engine shares learner 0's bundle, sleeps while the learner steps and wakes for the sync; the
   weights cross through shared memory (`grpo_nb.colocate.IpcGroup`), and afterwards the engine computes exactly
   what the learner computes;
-- a real vLLM engine (CPU build, so no sleep mode: `sleep_level=0`) receives the same shared-memory sync through
+- a real vLLM engine (CPU build, so no sleep mode: the default `sleep_level="auto"` is 0 there) receives the same shared-memory sync through
   its worker extension (`reload_weights`), verified the same way;
 - what cannot work is refused before Ray starts, with the fix.
 """
@@ -52,6 +52,7 @@ def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tm
         parts = r["time/release"] + r["time/wake_weights"] + r["time/wake_kv"]
         assert abs(r["time/wake"] - parts) < 1e-6   # the wake is its parts, and nothing after them (the check is time/verify)
         assert r["colocate/released_before_weights"] == r["colocate/released_before_kv"] == 0   # CPU: no CUDA cache to give back
+        assert r["colocate/sleep_level"] == 1   # the level given, every step
         # the check after every sync, in its timed parts: checksums, log-probs, the cache release after it
         assert r["colocate/released_after_verify"] == 0 and r["verify/checksums_s"] >= 0 and r["verify/logprobs_s"] >= 0
         assert r["verify/checksums_s"] + r["verify/logprobs_s"] + r["verify/release_s"] <= r["time/verify"] + 1e-6
@@ -73,13 +74,18 @@ def test_two_zero3_learners_each_feed_the_engine_beside_them(tmp_path):
 
 def test_colocated_vllm_engine_reloads_through_shared_memory(tmp_path):
     pytest.importorskip("vllm")
-    recs, info = _run(tmp_path, "--rollout.backend=vllm", "--rollout.sleep_level=0", "--rollout.kv_cache_mib=64")
+    recs, info = _run(tmp_path, "--rollout.backend=vllm", "--rollout.kv_cache_mib=64")   # sleep_level "auto": 0 on CPUs
     assert [r["step"] for r in recs] == [1, 2]
-    assert "time/sleep" not in recs[0]   # level 0: the engine keeps its memory
+    assert "time/sleep" not in recs[0] and all(r["colocate/sleep_level"] == 0 for r in recs)   # the engine keeps its memory
     assert all(r["sync/recv_wait_s"] > 0 and r["sync/recv_copy_s"] > 0 for r in recs)   # vLLM's workers split their receive time too
     # the first step's line carries vLLM's own phases of the engine's load, read from the engine actor's log file
     assert 0 <= recs[0]["startup/engine_weights_s"] < recs[0]["startup/engine_load_s"], {k: v for k, v in recs[0].items() if k.startswith("startup/")}   # a tiny model: 0.00 s
     assert 0 < recs[0]["startup/engine_init_engine_s"] < recs[0]["startup/engine_load_s"]
+    s = {k.removeprefix("startup/"): v for k, v in recs[0].items() if k.startswith("startup/")}
+    # the engine's actor starting, vLLM's import, then its load, inside the wait for the engine; its cache's size was given, so
+    # the load began as soon as vLLM was imported, without waiting for the learner beside it
+    assert 0 <= s["engine_actor_s"] and 0 < s["engine_import_s"] and s["engine_load_start_s"] + s["engine_load_s"] <= s["engines_ready_s"] + 0.5, s
+    assert s["engine_actor_s"] + s["engine_import_s"] - 0.5 <= s["engine_load_start_s"] <= s["engine_actor_s"] + s["engine_import_s"] + 2, s
     assert info["check"]["max_abs_logprob_diff"] <= 1e-4
     kept = (tmp_path / "run" / "logs" / "engine0_load.log").read_text()   # the lines those phases came from stay with the run
     assert "init engine" in kept and len(kept) <= 1 << 16
