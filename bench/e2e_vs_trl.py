@@ -6,7 +6,7 @@ Each run is one subprocess with its own time limit and writes one JSON file; `--
 The committed run files are in bench/results/e2e_runs/ (`--merge bench/results/e2e_runs` rebuilds e2e_vs_trl.json).
 
   ours:<layout>:<mode>:<shape>   `python -m grpo_nb.cli train default ...` (Ray, DeepSpeed learner, vLLM engine)
-      layout  colocated (1 GPU: learner and engine share it, the engine sleeps while the learner steps)
+      layout  colocated (1 GPU: learner and engine share it; the engine stays awake where the GPU holds both, `rollout.sleep_level=auto`)
               split     (2 GPUs: learner on GPU 0, engine on GPU 1, NCCL weight sync)
       mode    sync | one-step-off (split only)
   trl:<backend>:<shape>          TRL 1.16 GRPOTrainer
@@ -30,6 +30,7 @@ same GPU model. A peer's failure lands in its `<peer>_error` (the tail of its lo
     python bench/e2e_vs_trl.py --runs ours:colocated:sync:bench,trl:vllm-colocate:bench --out-dir OUT   # on the GPU machine
     python bench/e2e_vs_trl.py --peers verl:hybrid,verl:separate-async --shapes bench,long --out-dir OUT --timeout 540
     python bench/e2e_vs_trl.py --peers verl:hybrid --dry-run       # print each run's command, arguments and files; run nothing
+    python bench/e2e_vs_trl.py --runs ours:colocated:sync:bench --ours-extra=--rollout.sleep_level=2 --out-dir OUT2   # a variant of ours (not merged)
     python bench/e2e_vs_trl.py --merge OUT --out bench/results/e2e_vs_trl.json
     python bench/e2e_vs_trl.py --smoke                                                                   # CPU-sized, here
 """
