@@ -1,7 +1,7 @@
 #!/bin/bash
 # bench/gpu_session.sh: the GPU benchmarks of grpo-nb in lanes that run in parallel on a node with two GPUs.
 #
-#   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw; trlcoloc) single1
+#   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw, peer first: colocbr coloclr colocwr; trlcoloc) single1
 #                                                        split01 (or its parts split01a/b/c, and split01w),
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
 #                                                        mfufew0 alloc0 head0 head1p5 head3b headckpt colocbsleep
@@ -56,6 +56,10 @@ e2e() {  # e2e RUN SECONDS GPUS: one run of bench/e2e_vs_trl.py into OUT/e2e/ (a
 lane_colocb() { e2e ours:colocated:sync:bench 270 0; e2e trl:vllm-colocate:bench 200 0; }
 lane_colocl() { e2e ours:colocated:sync:long 330 0; e2e trl:vllm-colocate:long 250 0; }
 lane_colocw() { e2e ours:colocated:sync:wide 300 0; e2e trl:vllm-colocate:wide 250 0; }
+# the same pairs with the peer first (a cold start's cost of being first on a fresh machine falls on the peer)
+lane_colocbr() { e2e trl:vllm-colocate:bench 200 0; e2e ours:colocated:sync:bench 270 0; }
+lane_coloclr() { e2e trl:vllm-colocate:long 250 0; e2e ours:colocated:sync:long 330 0; }
+lane_colocwr() { e2e trl:vllm-colocate:wide 250 0; e2e ours:colocated:sync:wide 300 0; }
 # ours alone, colocated on one GPU (a peer's run of the same shape on the same GPU model pairs with it at the merge)
 lane_ourscoloc() { e2e ours:colocated:sync:long 300 0; e2e ours:colocated:sync:wide 250 0; }
 lane_ourscolocb() { e2e ours:colocated:sync:bench 250 0; }
