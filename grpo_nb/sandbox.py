@@ -754,12 +754,18 @@ def _bound_names(body:list) -> set:
                 out |= _bound_names(getattr(st, block))
     return out
 
+_AST_LOCK = threading.Lock()
+
+def _parse(src:str) -> ast.Module:
+    "`ast.parse` one thread at a time. Rewards score completions on a pool of threads, and CPython 3.11 keeps the count its parser uses to convert a tree in state that all threads share: two parses at once can fail one of them (SystemError: AST constructor recursion depth mismatch)."
+    with _AST_LOCK: return ast.parse(src)
+
 # %% ../nbs/04a_sandbox.ipynb 73
 def program_names(program:str, # the untrusted source code
                   entry_point:str="", # the dataset's name for the function under test; may shadow a builtin
                  ) -> set:
     "Names a test may call in the program: what its top level binds, less Python's builtins (unless it is `entry_point`)."
-    names = _bound_names(ast.parse(program).body)   # SyntaxError: the caller reports it
+    names = _bound_names(_parse(program).body)   # SyntaxError: the caller reports it
     return {n for n in names if n == entry_point or not hasattr(builtins, n)}
 
 # %% ../nbs/04a_sandbox.ipynb 75
@@ -768,15 +774,15 @@ def calls_of(test:str, # one test: statements (asserts, a `check` function and i
              setup:str="", # the dataset's setup code (runs with the test, on the judge's side)
             ) -> set:
     "The program's names this test uses: those it loads and neither it nor `setup` binds at top level."
-    tree = ast.parse(test)
-    own = _bound_names(tree.body) | _bound_names(ast.parse(setup).body)
+    tree = _parse(test)
+    own = _bound_names(tree.body) | _bound_names(_parse(setup).body)
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} & names - own
 
 # %% ../nbs/04a_sandbox.ipynb 77
 def _module_imports(program:str) -> dict:
     "alias -> module of the program's top-level `import x [as y]`: the judge imports its own copy (tests that use `math` from the program's import)."
     out = {}
-    for st in ast.parse(program).body:
+    for st in _parse(program).body:
         if isinstance(st, ast.Import):
             for a in st.names: out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
     return out
@@ -998,7 +1004,7 @@ def _judged_tests(program:str, tests:list, setup:str, entry_point:str) -> tuple[
     try: names, modules = program_names(program, entry_point), _module_imports(program)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:   # a program Python cannot parse: nothing to run
         return [], {k: f"SyntaxError: {type(e).__name__}: {e}"[:300] for k in range(len(tests))}
-    try: ast.parse(setup)
+    try: _parse(setup)
     except SyntaxError as e: return [], {k: f"the setup code does not parse: {e}" for k in range(len(tests))}
     judged, refused = [], {}
     for k, t in enumerate(tests):
@@ -1006,7 +1012,7 @@ def _judged_tests(program:str, tests:list, setup:str, entry_point:str) -> tuple[
         except SyntaxError as e: refused[k] = f"the test does not parse: {e}"; continue
         if not used: refused[k] = (f"the test calls nothing the program defines (it defines: {', '.join(sorted(names)) or 'nothing'};"
                                    " a name that shadows a builtin counts only as the entry point)"); continue
-        pytest = [f.name for f in ast.parse(str(t)).body if isinstance(f, ast.FunctionDef) and f.name.startswith("test")
+        pytest = [f.name for f in _parse(str(t)).body if isinstance(f, ast.FunctionDef) and f.name.startswith("test")
                   and not f.args.args and not f.args.posonlyargs]   # pytest style: the judge calls each `def test_...()`
         judged.append({"k": k, "src": str(t), "names": sorted(used - set(modules)), "modules": {n: modules[n] for n in used & set(modules)},
                        "pytest": pytest})
