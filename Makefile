@@ -16,7 +16,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export HF_HUB_OFFLINE := 1
 export WANDB_MODE := offline
 
-.PHONY: demo test venv export sync-check nbtest pytest docs docs-test lock clean-site
+.PHONY: demo test venv export sync-check nbtest pytest pytest-slurm docs docs-test lock clean-site
 
 venv:
 	@bash tools/setup_venv.sh
@@ -40,6 +40,9 @@ nbtest: venv
 
 pytest: venv
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q --durations=40 -n 2 --dist loadfile --no-loadscope-reorder tests $(PYTEST_ARGS)
+
+pytest-slurm: venv
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q --durations=10 -p no:cacheprovider tests/test_slurm_cluster.py $(PYTEST_ARGS)
 
 docs: venv
 	PATH=$(abspath $(BIN)):$$PATH bash tools/build_site.sh
