@@ -91,7 +91,7 @@ def local_ray_node(num_cpus:int, # logical CPUs of the node
                    temp_dir:str|None=None, # the session root (None: Ray's default); attempt k uses <temp_dir>/k
                    attempts:int=3, # starts to try before giving up
                   ): # a started `ray.cluster_utils.Cluster`; `ray.init(address=c.address)` joins it, `c.shutdown()` stops it
-    "A one-node Ray cluster that comes up on a saturated machine too: agent ports chosen once, a longer agent wait, retries; a `RuntimeError` naming the cause after the last try."
+    "A one-node Ray cluster that comes up on a saturated machine too: agent ports chosen once, a longer agent wait, retries; a `RuntimeError` naming the cause after the last try. No autoscaler and no idle workers: their processes would only take CPU from the run."
     import os, psutil, tempfile
     import ray._private.services as svc
     from ray._private import ray_constants
@@ -109,7 +109,8 @@ def local_ray_node(num_cpus:int, # logical CPUs of the node
     # plus "ray"), which a fresh machine lacks when the session lives elsewhere
     os.makedirs(os.path.join(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp", "ray"), exist_ok=True)
     waits = {"RAY_agent_register_timeout_ms": "120000",     # the raylet's wait for its runtime-env agent (30 s)
-             "RAY_health_check_failure_threshold": "60"}    # health checks the only node may miss before it is declared dead (5)
+             "RAY_health_check_failure_threshold": "60",    # health checks the only node may miss before it is declared dead (5)
+             "RAY_prestart_worker_first_driver": "0"}       # no idle workers for the driver: each actor of a run starts its own (its runtime env)
     had, last = {k: os.environ.get(k) for k in waits}, None
     svc.start_ray_process = with_agent_port
     for k, v in waits.items(): os.environ.setdefault(k, v)   # read by the GCS and the raylet when they start
@@ -117,7 +118,8 @@ def local_ray_node(num_cpus:int, # logical CPUs of the node
         for k in range(attempts):
             before, c = _children(), Cluster(initialize_head=False)
             try:
-                c.add_node(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **ports,
+                c.add_node(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, no_monitor=True, **ports,   # one node: nothing to autoscale
+                           
                            **({"object_store_memory": object_store_bytes} if object_store_bytes else {}),
                            **({"temp_dir": f"{temp_dir}/{k}"} if temp_dir else {}))
                 return c

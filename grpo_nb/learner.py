@@ -236,7 +236,6 @@ def per_sequence_sdpa(module:nn.Module, # the attention module
                       for a, b in zip(bounds[:-1], bounds[1:])], dim=1)
 
 # %% ../nbs/07_learner.ipynb 38
-@torch.compiler.disable
 def _attend_within(module, query, key, value, cu, max_len, scaling) -> Tensor:
     "[1, heads, L, d] q/k/v -> [1, L, heads, d]: the varlen kernel for `cu` on the GPU, one sdpa per sequence for `cu` on the CPU."
     if cu.device.type == "cpu" and query.device.type != "cpu" or _VARLEN["fn"] is None:
@@ -555,6 +554,9 @@ def compile_layers(policy:nn.Module, # the HF causal LM
     "torch.compile each decoder layer with dynamic shapes (packed rows change length); the elementwise ops fuse."
     if zero_stage == 3:
         raise ValueError("compile=True with ZeRO-3: the parameter-gathering hooks break the compiled graphs. Fix: zero_stage <= 2, or compile=False.")
+    global _attend_within
+    if not getattr(_attend_within, "_out_of_graphs", False):   # attention stays outside the graphs (imports torch._dynamo: paid here)
+        _attend_within = torch.compiler.disable(_attend_within); _attend_within._out_of_graphs = True
     layers = policy.base_model.layers
     for layer in layers: layer.compile(dynamic=True)
     return len(layers)
