@@ -1,10 +1,7 @@
 """Layouts that cannot run are refused by `grpo_nb train` before Ray or any GPU is touched: exit status 2, one error line
 naming the fix, no traceback, and no claim about checkpoints (nothing started)."""
-import json, os, subprocess, sys
-from pathlib import Path
+import json
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +17,18 @@ def model_and_data(tmp_path_factory):
     (["--cluster.gpus_per_node=8"], "idle"),
     (["--rollout.tensor_parallel_size=3"], "TP=3 cannot split 2 query heads and 2 KV heads"),   # named before any placement advice
 ])
-def test_a_layout_that_cannot_run_is_refused_before_anything_starts(model_and_data, tmp_path, extra, says):
+def test_a_layout_that_cannot_run_is_refused_before_anything_starts(model_and_data, tmp_path, monkeypatch, extra, says):
+    "In this process, as `grpo_nb train` runs it (the subprocess would only add the imports): exit status 2, and Ray never started."
+    import contextlib, io
+    import ray
+    from grpo_nb.trainer import train_cli
     model, d = model_and_data
-    r = subprocess.run([sys.executable, "-m", "grpo_nb.cli", "train", "scale-7b-4gpu-split", f"--model.name_or_path={model}",
-                        f"--data.train_path={d / 'p.jsonl'}", f"--logging.output_dir={tmp_path / 'run'}", *extra],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""})
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert says in r.stderr and "Fix:" in r.stderr, r.stderr[-2000:]
-    assert "Traceback" not in r.stderr and "checkpoint is kept" not in r.stderr
+    monkeypatch.setenv("RAY_ADDRESS", "")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = train_cli(["scale-7b-4gpu-split", f"--model.name_or_path={model}", f"--data.train_path={d / 'p.jsonl'}",
+                        f"--logging.output_dir={tmp_path / 'run'}", *extra])
+    assert rc == 2, err.getvalue()[-2000:]
+    assert says in err.getvalue() and "Fix:" in err.getvalue(), err.getvalue()[-2000:]
+    assert "Traceback" not in err.getvalue() and "checkpoint is kept" not in err.getvalue()
+    assert not ray.is_initialized()
