@@ -73,18 +73,24 @@ GPU_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "
 
 # %% ../nbs/02a_actors.ipynb 18
 def free_port() -> int:
-    "A TCP port that was free on every interface a moment ago (a rendezvous, a Ray agent)."
-    import socket
+    "A TCP port free on every interface now, drawn at random from 24576-32767 and below the kernel's ephemeral range, so that no bind to port 0 can be given it before its user binds it (a rendezvous, a Ray agent); any free port when none there is."
+    import random, socket
+    lo, hi = 24576, 32767
+    try: hi = min(hi, int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0]) - 1)   # Linux's ephemeral range starts at 32768
+    except (OSError, ValueError, IndexError): pass
+    for port in random.SystemRandom().sample(range(lo, hi + 1), min(64, max(0, hi - lo + 1))):   # not the seeded `random`: two runs seeded alike would draw alike
+        with socket.socket() as s:
+            try: s.bind(("", port)); return port
+            except OSError: continue
     with socket.socket() as s:
         s.bind(("", 0)); return s.getsockname()[1]
 
-
-# %% ../nbs/02a_actors.ipynb 20
+# %% ../nbs/02a_actors.ipynb 21
 def _children() -> set:
     import psutil
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
-# %% ../nbs/02a_actors.ipynb 22
+# %% ../nbs/02a_actors.ipynb 23
 def local_ray_node(num_cpus:int, # logical CPUs of the node
                    num_gpus:int=0, # logical GPUs of the node (CPU-only tests may ask for some)
                    object_store_bytes:int|None=200 * 2**20, # the node's object store (None: Ray's default)
