@@ -23,7 +23,8 @@ def pytest_configure(config):
 # files on two workers, one file at a time each, in collection order (`--no-loadscope-reorder`: pytest-xdist otherwise
 # hands out the files with the most tests first, which leaves the long few-test files for the end): starting the long
 # ones first keeps one worker from finishing its last long file alone while the other has nothing left. The SLURM chain
-# is mostly waiting for the scheduler's 30-second time-limit checks, so it starts first, beside the CPU-bound ones.
+# is mostly waiting for the scheduler's 30-second time-limit checks: `make test` runs it in a pytest of its own, in the
+# background from its start (tools/ci_test.sh); a plain `make pytest` starts it first, beside the CPU-bound files.
 LONGEST_FIRST = ["test_slurm_cluster.py", "test_trainer.py", "test_colocate.py", "test_weight_sync_vllm.py", "test_ddp.py",
                  "test_self_correction.py", "test_learner.py", "test_reward_model.py", "test_rewards_sandbox.py",
                  "test_placement.py", "test_plugins.py", "test_ray_bootstrap.py", "test_vllm_text.py", "test_reward_hacking.py"]
