@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 t0=$SECONDS
 slurm_log=$(mktemp)
 make --no-print-directory pytest-slurm > "$slurm_log" 2>&1 & slurm_pid=$!
-trap 'pkill -TERM -P "$slurm_pid" 2>/dev/null; kill "$slurm_pid" 2>/dev/null || true' EXIT   # a failure before the end leaves no pytest running
+trap '{ pkill -TERM -P "$slurm_pid"; kill "$slurm_pid"; } 2>/dev/null || true' EXIT   # a failure before the end leaves no pytest running (and the trap never fails the script)
 make --no-print-directory nbtest
 make --no-print-directory docs-test
 echo "ci_test: notebooks and site done after $((SECONDS - t0)) s"
