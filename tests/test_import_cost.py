@@ -1,5 +1,5 @@
 """What a process pays before it does anything: the driver of every run imports the trainer, and `grpo_nb plan` or
-`--help` import the CLI. Neither imports torch's compiler (`torch._dynamo`, about two seconds); a learner that compiles
+`--help` import the CLI. Neither imports torch's compiler (`torch._dynamo`); a learner that compiles
 its layers imports it then, and keeps attention out of the compiled graphs."""
 import subprocess, sys
 import torch
