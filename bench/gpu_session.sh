@@ -2,8 +2,8 @@
 # bench/gpu_session.sh: the GPU benchmarks of grpo-nb in lanes that run in parallel on a node with two GPUs.
 #
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw, peer first: colocbr coloclr colocwr; trlcoloc) single1
-#                                                        split01 (or its parts split01a/b/c, and split01w),
-#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
+#                                                        split01 (or its parts split01a/b/c, and split01w; one run a lane: split01ob/ow/ol, split01l),
+#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfu2pack mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
 #                                                        mfufew0 alloc0 head0 head1p5 head3b headckpt colocbsleep
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2 mix4
@@ -75,6 +75,12 @@ lane_trlcoloc() { e2e trl:vllm-colocate:long 260 0; e2e trl:vllm-colocate:wide 2
 lane_split01n() { e2e ours:split:sync:bench 280 0,1; e2e ours:split:one-step-off:bench 280 0,1; }
 # both GPUs, the wide shape: TRL's server, then ours synchronous and one-step-off
 lane_split01w() { e2e trl:vllm-server:wide 270 0,1; e2e ours:split:sync:wide 280 0,1; }
+# both GPUs, one run of ours a lane (each fits one call beside another short one): one-step-off on each shape; then the
+# long shape's pair, TRL's server first
+lane_split01ob() { e2e ours:split:one-step-off:bench 250 0,1; }
+lane_split01ow() { e2e ours:split:one-step-off:wide 280 0,1; }
+lane_split01ol() { e2e ours:split:one-step-off:long 290 0,1; }
+lane_split01l() { e2e trl:vllm-server:long 280 0,1; e2e ours:split:sync:long 290 0,1; }
 lane_split01w2() { e2e ours:split:one-step-off:wide 280 0,1; e2e trl:vllm-server:long 280 0,1; }
 # one GPU each; no Ray on GPU 1 (two local Ray clusters on one host are avoided)
 lane_coloc0() {
@@ -126,6 +132,14 @@ lane_wstf01() { run weight_sync_transformers 150 "${1:-0,1}" python3 bench/weigh
 # both GPUs: ZeRO-3 learners with Liger kernels, DeepSpeed's default buckets and larger ones (1.5B and 3B)
 lane_mfu2() { run learner_mfu_2gpu 330 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-1.5B,Qwen2.5-3B --only liger \
                 --budget-s 290 --variant-limit-s 140 --out "$OUT/learner_mfu.json"; }
+# both GPUs: ZeRO-3 learners with one micro-batch a step, the longest the planner fits without checkpointing in 90% of an H200
+# (1.5B: 49,152 tokens a GPU; 3B: 24,576), Liger and larger buckets, spawned ranks; against mfu2's four packs of 16,384 / 8,192
+lane_mfu2pack() {
+  local cmd=(python3 bench/learner_mfu.py --part 2gpu --budget-s 170 --variant-limit-s 165 --launcher mp --micro-batches 1 --steps 8
+             --only 'liger large-buckets 1mb' --out "$OUT/learner_mfu_2gpu_1mb.json")
+  run learner_mfu_2gpu_1p5b_1mb 175 0,1 "${cmd[@]}" --models Qwen2.5-1.5B --pack 49152
+  run learner_mfu_2gpu_3b_1mb 175 0,1 "${cmd[@]}" --models Qwen2.5-3B --pack 24576
+}
 # both GPUs: a profiled ZeRO-3 rank (spawned processes: the launcher that can profile a rank; 1.5B, Liger, larger buckets)
 lane_mfuprof2() { run learner_mfu_2gpu_prof 160 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-1.5B --only 'liger large' \
                     --launcher mp --budget-s 140 --variant-limit-s 130 --out "$OUT/learner_mfu_2gpu.json"; }
