@@ -4,7 +4,8 @@
 
 # %% ../nbs/08_trainer.ipynb 4
 from __future__ import annotations
-import contextlib, copy, dataclasses, json, math, os, random, sys, time
+import contextlib, copy, dataclasses, hashlib, json, math, os, random, sys, time
+from importlib.metadata import PackageNotFoundError, version
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -16,6 +17,7 @@ from .run import MetricsLog, load_rows, read_metrics, row_loader, run_command
 from .learner import TrainBatch, LearnerGroup
 from .checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, write_latest
 from .models import resolve_model
+from .tiny import default_cache_dir
 from .colocate import check_sleep_mode
 from .loss import group_advantages, zero_variance_groups
 from .placement import create_placement_groups, placed_actor_options, check_fills, config_layout
@@ -27,10 +29,11 @@ from .rollout import check_tensor_parallel
 from .memory import plan_config, colocated_plan, pack_advice, sleep_advice, get_shape, RELEASE_MARGIN
 
 # %% auto 0
-__all__ = ['encode_prompts', 'PromptOrder', 'make_train_batch', 'rollout_metrics', 'preflight_run', 'start_ray', 'Actors',
-           'start_actors', 'stop_actors', 'Rollout', 'start_rollout', 'finish_rollout', 'evaluate', 'Run', 'check_fits',
-           'plan_notes', 'process_age_s', 'first_sleep_level', 'stays_awake', 'train', 'train_command', 'train_cli',
-           'plot_curve', 'demo_verdict', 'demo_command', 'demo_cli']
+__all__ = ['encode_prompts', 'prompt_cache_key', 'encode_prompts_cached', 'PromptOrder', 'make_train_batch', 'rollout_metrics',
+           'preflight_run', 'start_ray', 'Actors', 'start_actors', 'stop_actors', 'Rollout', 'start_rollout',
+           'finish_rollout', 'evaluate', 'Run', 'check_fits', 'plan_notes', 'process_age_s', 'first_sleep_level',
+           'stays_awake', 'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict', 'demo_command',
+           'demo_cli']
 
 # %% ../nbs/08_trainer.ipynb 8
 def encode_prompts(rows:list[dict], # `{'prompt', 'answer'}` rows
@@ -49,6 +52,59 @@ def encode_prompts(rows:list[dict], # `{'prompt', 'answer'}` rows
     return ids, kept, len(rows) - len(kept)
 
 # %% ../nbs/08_trainer.ipynb 11
+_PROMPT_CACHE_FORMAT = 1   # bump when `encode_prompts` changes what it makes of a prompt: every cached file is then a miss
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")   # not read for the key
+
+def prompt_cache_key(model_dir:str|Path, # the policy's local HF directory
+                     template:str, # `data.template`
+                     max_prompt_tokens:int, # `data.max_prompt_tokens`
+                     prompts:list[str], # the prompt strings, in order
+                    ) -> str|None: # hex digest, or None when `model_dir` is not a local directory
+    "A digest of everything the prompts' token ids depend on: library versions, the model's files but its weights, the settings, the prompts."
+    d = Path(model_dir)
+    if not d.is_dir(): return None
+    h = hashlib.sha256()
+    put = lambda b: h.update(len(b).to_bytes(8, "little") + b)   # length-prefixed: no two inputs share a stream
+    put(f"format {_PROMPT_CACHE_FORMAT}".encode())   # this code's own way of tokenizing (`encode_prompts`)
+    for dist in ("grpo_nb", "transformers", "tokenizers"):
+        try: put(f"{dist}={version(dist)}".encode())
+        except PackageNotFoundError: put(f"{dist}=none".encode())
+    put(f"{template}|{max_prompt_tokens}".encode())
+    for f in sorted(p for p in d.iterdir() if p.is_file() and not p.name.endswith(_WEIGHT_SUFFIXES)):
+        put(f.name.encode()); put(hashlib.sha256(f.read_bytes()).digest())
+    put(str(len(prompts)).encode())
+    for p in prompts: put(p.encode())
+    return h.hexdigest()
+
+# %% ../nbs/08_trainer.ipynb 13
+def encode_prompts_cached(rows:list[dict], # `{'prompt', 'answer'}` rows
+                          model_dir:str|Path, # the policy's HF directory (its tokenizer, loaded only on a miss)
+                          template:Literal["plain","chat"]="plain", # as in `encode_prompts`
+                          max_prompt_tokens:int=512, # as in `encode_prompts`
+                          cache_dir:str|Path|None=None, # default: `$GRPO_NB_CACHE/prompts`
+                         ) -> tuple[list[list[int]], list[dict], int, bool]: # (token ids, the rows kept, how many were dropped, from the cache)
+    "`encode_prompts` with the ids kept on disk under `prompt_cache_key`: a start that has seen these prompts imports no tokenizer."
+    key = prompt_cache_key(model_dir, template, max_prompt_tokens, [r["prompt"] for r in rows])
+    path = Path(cache_dir or default_cache_dir() / "prompts") / f"{key}.json" if key else None
+    if path is not None and path.is_file():
+        try:
+            c = json.loads(path.read_text())
+            if len(c["ids"]) == len(c["kept"]) and all(0 <= i < len(rows) for i in c["kept"]):
+                return c["ids"], [rows[i] for i in c["kept"]], len(rows) - len(c["kept"]), True
+        except (OSError, ValueError, KeyError, TypeError): pass   # unreadable or not ours: tokenize again and rewrite it
+    from transformers import AutoTokenizer
+    ids, kept, dropped = encode_prompts(rows, AutoTokenizer.from_pretrained(str(model_dir)), template, max_prompt_tokens)
+    if path is not None:
+        where = {id(r): i for i, r in enumerate(rows)}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"ids": ids, "kept": [where[id(r)] for r in kept]}, separators=(",", ":")))
+            os.replace(tmp, path)   # whole or absent: a reader never sees half a file
+        except OSError: pass
+    return ids, kept, dropped, False
+
+# %% ../nbs/08_trainer.ipynb 18
 class PromptOrder:
     "Epoch-wise shuffled visiting order of N prompts; position k → prompt index, deterministic for the seed."
     def __init__(self, n:int, # prompts in the dataset (N)
@@ -75,7 +131,7 @@ class PromptOrder:
         "The data position to checkpoint after `consumed` positions."
         return {"consumed": consumed, "epoch": consumed // self.n, "index": consumed % self.n, "num_prompts": self.n, "seed": self.seed}
 
-# %% ../nbs/08_trainer.ipynb 14
+# %% ../nbs/08_trainer.ipynb 21
 def make_train_batch(prompt_ids:list[list[int]], # B prompts (repeated G times each, prompt-major)
                      completion_ids:list[list[int]], # B completions
                      rollout_logprobs:list[list[float]], # B lists of engine log-probs, one per completion token
@@ -96,7 +152,7 @@ def make_train_batch(prompt_ids:list[list[int]], # B prompts (repeated G times e
                        [float(adv[i]) for i in keep], [list(rollout_logprobs[i]) for i in keep])
     return batch, info
 
-# %% ../nbs/08_trainer.ipynb 17
+# %% ../nbs/08_trainer.ipynb 24
 def _mean(xs): return sum(xs) / len(xs) if xs else float("nan")
 def _std(xs):
     m = _mean(xs); return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs)) if xs else float("nan")
@@ -112,7 +168,7 @@ def rollout_metrics(lengths:list[int], # B completion lengths
     out.update({f"reward/{k}": _mean(v) for k, v in per_function.items()})
     return out
 
-# %% ../nbs/08_trainer.ipynb 24
+# %% ../nbs/08_trainer.ipynb 31
 def _writable(where:str, d:Path):
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -150,7 +206,7 @@ def preflight_run(cfg:TrainConfig, # a validated config
         raise ConfigError("checkpoint.resume", f"{r!r} is not a checkpoint directory (no trainer.json).", f"--resume auto, or a directory under {ckpt}")
     return r
 
-# %% ../nbs/08_trainer.ipynb 29
+# %% ../nbs/08_trainer.ipynb 36
 _ENGINE_ENV = {"RAY_AUTH_MODE": "disabled", "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1", "DS_BUILD_OPS": "0",
                "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -175,7 +231,7 @@ def _plugin_env(cfg:TrainConfig) -> dict|None:
     specs = [*cfg.data.plugins, *cfg.reward.plugins]
     return {"worker_process_setup_hook": worker_hook(specs)} if specs else None
 
-# %% ../nbs/08_trainer.ipynb 31
+# %% ../nbs/08_trainer.ipynb 38
 def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
     R, M = cfg.rollout, cfg.model
     if R.backend == "transformers":
@@ -194,7 +250,7 @@ def _plannable(model:str) -> bool:
     try: get_shape(model); return True
     except (ValueError, KeyError, OSError): return False   # an architecture the planner cannot read: vLLM profiles it, after the learner is up
 
-# %% ../nbs/08_trainer.ipynb 34
+# %% ../nbs/08_trainer.ipynb 41
 @dataclass
 class Actors:
     "Everything the run started on the cluster."
@@ -203,7 +259,7 @@ class Actors:
     engines:list # engine actor handles
     sync_info:dict # `connect_weight_sync`'s report
 
-# %% ../nbs/08_trainer.ipynb 36
+# %% ../nbs/08_trainer.ipynb 43
 def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolved to a directory)
                  layout, # its `Layout`
                 ) -> Actors:
@@ -248,7 +304,7 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         _remove_groups(groups)
         raise
 
-# %% ../nbs/08_trainer.ipynb 38
+# %% ../nbs/08_trainer.ipynb 45
 def _remove_groups(groups):
     from ray.util.placement_group import remove_placement_group
     for pg in (groups.learners, groups.engines):
@@ -262,7 +318,7 @@ def stop_actors(a:Actors|None) -> None:
     with contextlib.suppress(Exception): shutdown_engines(a.engines)
     _remove_groups(a.groups)
 
-# %% ../nbs/08_trainer.ipynb 41
+# %% ../nbs/08_trainer.ipynb 48
 @dataclass
 class Rollout:
     "One step's prompts, samples and rewards."
@@ -279,7 +335,7 @@ class Rollout:
     engine_s:float=0.0 # seconds the slowest engine spent generating them (its own clock: what one-step-off overlaps with the learner)
     reward_s:float=0.0 # seconds scoring them
 
-# %% ../nbs/08_trainer.ipynb 43
+# %% ../nbs/08_trainer.ipynb 50
 def start_rollout(engines:list, # engine handles
                   prompts:list[list[int]], # every prompt's token ids
                   order:PromptOrder, # the data order
@@ -297,7 +353,7 @@ def start_rollout(engines:list, # engine handles
     calls = [submit(e, "generate", ps[a:b], s, a) for e, (a, b) in zip(engines, split_evenly(len(ps), len(engines))) if b > a]
     return Rollout(step, start, idx, calls, t_submit, version)
 
-# %% ../nbs/08_trainer.ipynb 45
+# %% ../nbs/08_trainer.ipynb 52
 def finish_rollout(ro:Rollout, # from `start_rollout`
                    answers:list, # every prompt's reference answer
                    functions:dict[str, float], # `reward.functions`
@@ -316,7 +372,7 @@ def finish_rollout(ro:Rollout, # from `start_rollout`
     ro.reward_s = time.perf_counter() - t1
     return ro
 
-# %% ../nbs/08_trainer.ipynb 47
+# %% ../nbs/08_trainer.ipynb 54
 def evaluate(engines:list, # engine handles
              prompts:list[list[int]], # held-out prompts' token ids
              answers:list, # their references
@@ -332,7 +388,7 @@ def evaluate(engines:list, # engine handles
     return {f"eval/{k}": v for k, v in m.items() if k in ("reward_mean", "response_len_mean") or k.startswith("reward/")} | \
            {"eval/num_prompts": len(prompts), "time/eval": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 49
+# %% ../nbs/08_trainer.ipynb 56
 class Run:
     "One training run: data, actors, metrics, the loop's state."
     def __init__(self, cfg:TrainConfig, # a validated config
@@ -347,27 +403,26 @@ class Run:
         self.resume_record = None     # the resumed checkpoint's own step record (see MetricsLog)
         self.events:list[str] = []    # what happened, for the summary
         self.checks = 0               # checks of the engines' weights made by this process (a resumed run starts again at 0)
+        self.prompts_cached = False   # the prompts' token ids came from the cache (`load_data`)
         self.sleep_level, self.awake_check, self.gpu_bytes = 0, False, None   # colocated: the engines' level this step (`first_sleep_level`), the GPU's memory
 
-# %% ../nbs/08_trainer.ipynb 50
+# %% ../nbs/08_trainer.ipynb 57
 @patch
 def load_data(self:Run):
-    "Tokenizer, training and evaluation prompts, the data order."
-    from transformers import AutoTokenizer
-    D = self.cfg.data
-    self.tok = AutoTokenizer.from_pretrained(self.cfg.model.name_or_path)
+    "Training and evaluation prompts as token ids (`encode_prompts_cached`), the data order."
+    D, model = self.cfg.data, self.cfg.model.name_or_path
     rows = load_rows(D.train_path, D.prompt_key, D.answer_key, "data.train_path")
-    self.prompts, kept, self.dropped = encode_prompts(rows, self.tok, D.template, D.max_prompt_tokens)
+    self.prompts, kept, self.dropped, hit = encode_prompts_cached(rows, model, D.template, D.max_prompt_tokens)
     self.answers = [r["answer"] for r in kept]
     self.order = PromptOrder(len(self.prompts), D.shuffle_seed)
-    self.eval_prompts, self.eval_answers = [], []
+    self.eval_prompts, self.eval_answers, self.prompts_cached = [], [], hit   # `startup/prompts_cached` on the first step's line
     if D.eval_path and self.cfg.eval_every:
         erows = load_rows(D.eval_path, D.prompt_key, D.answer_key, "data.eval_path")
         if D.eval_limit: erows = erows[:D.eval_limit]
-        self.eval_prompts, ekept, _ = encode_prompts(erows, self.tok, D.template, D.max_prompt_tokens)
-        self.eval_answers = [r["answer"] for r in ekept]
+        self.eval_prompts, ekept, _, ehit = encode_prompts_cached(erows, model, D.template, D.max_prompt_tokens)
+        self.eval_answers, self.prompts_cached = [r["answer"] for r in ekept], hit and ehit
 
-# %% ../nbs/08_trainer.ipynb 52
+# %% ../nbs/08_trainer.ipynb 59
 def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                device:str, # the layout's device: only "cuda" is checked
               ) -> None:
@@ -387,7 +442,7 @@ def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
         raise ConfigError("cluster.gpu", f"the memory plan does not fit the {gpu} (grpo_nb plan --config): {'; '.join(p.advice)}.",
                           "one of the changes above; --cluster.gpu=<your GPU> if the planner assumed another card")
 
-# %% ../nbs/08_trainer.ipynb 55
+# %% ../nbs/08_trainer.ipynb 62
 def plan_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                device:str, # the layout's device: only "cuda" gets advice
               ) -> list[str]: # the advice as run events, or nothing
@@ -397,7 +452,7 @@ def plan_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
     except ValueError: return []   # a model the planner cannot read has no advice
     return [a for a in out if a]
 
-# %% ../nbs/08_trainer.ipynb 58
+# %% ../nbs/08_trainer.ipynb 65
 def process_age_s() -> float|None:
     "Seconds since this process began (Linux `/proc`); None where that cannot be read."
     try:
@@ -412,7 +467,7 @@ def _keep_engine_logs(out:Path, # the run's directory
     for i, text in enumerate(logs):
         if text: (out / "logs").mkdir(exist_ok=True); (out / "logs" / f"engine{i}_load.log").write_text(text)
 
-# %% ../nbs/08_trainer.ipynb 60
+# %% ../nbs/08_trainer.ipynb 67
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
           ray_temp_dir:str|None=None, # local Ray session root
@@ -435,7 +490,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     self.cluster = start_ray(self.cfg, self.layout, ray_temp_dir)
     t1 = time.perf_counter()
     self.actors = start_actors(self.cfg, self.layout)
-    self.startup = {"startup/launch_s": launch_s, "startup/ray_s": t1 - t0, **self.actors.sync_info.get("startup", {})}
+    self.startup = {"startup/launch_s": launch_s, "startup/prompts_cached": float(self.prompts_cached), "startup/ray_s": t1 - t0, **self.actors.sync_info.get("startup", {})}
     self.consumed, self.gpu_bytes = 0, self.actors.sync_info.get("gpu_bytes")   # the engines' GPUs as they measured them (colocated: the learners' too)
     self.sync_plan = sync_plan(self.actors.learner.actors)   # the same for every sync of the run: each sync then skips that round trip
     if resume_from:
@@ -454,7 +509,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     _keep_engine_logs(self.out, self.actors.sync_info.pop("engine_logs", []))   # what each engine logged while it loaded: where its time went
     self.startup["startup/total_s"] = time.perf_counter() - t0
 
-# %% ../nbs/08_trainer.ipynb 61
+# %% ../nbs/08_trainer.ipynb 68
 @patch
 def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept in the checkpoint (it is logged after the save)
               ) -> Path:
@@ -466,7 +521,7 @@ def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept 
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 62
+# %% ../nbs/08_trainer.ipynb 69
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -485,7 +540,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_reserved_gib"] = m.get("peak_reserved_bytes", 0) / 2**30   # the same peak with the allocator's cached blocks
     return info
 
-# %% ../nbs/08_trainer.ipynb 63
+# %% ../nbs/08_trainer.ipynb 70
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -501,7 +556,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 65
+# %% ../nbs/08_trainer.ipynb 72
 def first_sleep_level(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                       device:str, # the layout's device
                      ) -> tuple[int, bool]: # the level of the first step, and whether that step's peak may keep the engines awake after it
@@ -523,7 +578,7 @@ def stays_awake(peak_reserved_bytes:int, # the learner's step peak, its allocato
     return peak_reserved_bytes + (gpu_memory_utilization + margin) * gpu_bytes <= gpu_bytes
 
 
-# %% ../nbs/08_trainer.ipynb 67
+# %% ../nbs/08_trainer.ipynb 74
 @patch
 def decide_awake(self:Run, step:int, # the step just taken (the engines slept through it)
                  learn:dict, # its learner metrics (`Run.learn`)
@@ -542,7 +597,7 @@ def decide_awake(self:Run, step:int, # the step just taken (the engines slept th
                            f"leaves less than {RELEASE_MARGIN:.0%} free, or was not measured)")
 
 
-# %% ../nbs/08_trainer.ipynb 70
+# %% ../nbs/08_trainer.ipynb 77
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
@@ -603,7 +658,7 @@ def loop(self:Run):
     if self.stop:   # a signal during start-up stops before the first step: nothing new to save
         self.events.append(f"stopped by {self.stop.reason} after step {self.step}" + (f" (checkpoint {self.last_ckpt.name})" if self.last_ckpt else ""))
 
-# %% ../nbs/08_trainer.ipynb 72
+# %% ../nbs/08_trainer.ipynb 79
 @patch
 def release_learner_cache(self:Run,
                           margin:float=RELEASE_MARGIN, # share of the GPU kept free beyond the engine's `gpu_memory_utilization` (the planner assumes the same)
@@ -612,7 +667,7 @@ def release_learner_cache(self:Run,
     need = min(1.0, self.cfg.rollout.gpu_memory_utilization + margin)
     return sum(bool(r) for r in gather([submit(l, "ws_release", need) for l in self.actors.learner.actors]))
 
-# %% ../nbs/08_trainer.ipynb 74
+# %% ../nbs/08_trainer.ipynb 81
 @patch
 def verify(self:Run, step:int) -> dict:
     "After a sync: check every engine against the learner (bit for bit, then log-probs); a stale engine is synced once more, a second mismatch raises with the fix."
@@ -638,19 +693,19 @@ def verify(self:Run, step:int) -> dict:
             "sync/stale_detected": stale, "sync/checksums_compared": rep.get("compared", 0), "sync/repacked": rep.get("repacked", 0),
             "sync/exact": int(bool(rep.get("exact"))), "time/verify": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 75
+# %% ../nbs/08_trainer.ipynb 82
 @patch
 def run_eval(self:Run) -> dict:
     "Evaluate the engines' current policy on the held-out prompts."
     return evaluate(self.actors.engines, self.eval_prompts, self.eval_answers, self.cfg.rollout, self.cfg.reward.functions, self.ctx)
 
-# %% ../nbs/08_trainer.ipynb 76
+# %% ../nbs/08_trainer.ipynb 83
 @patch
 def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 77
+# %% ../nbs/08_trainer.ipynb 84
 @patch
 def emit(self:Run, rec:dict):
     "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
@@ -664,7 +719,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 78
+# %% ../nbs/08_trainer.ipynb 85
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -675,7 +730,7 @@ def close(self:Run):
     if ray.is_initialized(): ray.shutdown()
     if self.cluster is not None: self.cluster.shutdown(); self.cluster = None   # the local cluster this run started
 
-# %% ../nbs/08_trainer.ipynb 79
+# %% ../nbs/08_trainer.ipynb 86
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
@@ -713,7 +768,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 81
+# %% ../nbs/08_trainer.ipynb 88
 def train_command(config:str, # YAML file or preset name (default, demo)
                   *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`)
                   resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
@@ -728,7 +783,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."
     return run_cli(train_command, argv, "grpo_nb train")
 
-# %% ../nbs/08_trainer.ipynb 84
+# %% ../nbs/08_trainer.ipynb 91
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -746,7 +801,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 86
+# %% ../nbs/08_trainer.ipynb 93
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -758,7 +813,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 89
+# %% ../nbs/08_trainer.ipynb 96
 def demo_command(*overrides:str, # fields of the demo preset, as --section.field=value
                  out:str="", # output directory (default: runs/demo/<date-time>, a new one each time)
                  start_below:float=0.2, # held-out reward at step 0 must be below this
