@@ -14,8 +14,10 @@ GPU_ENV:dict[str, str] = {**GPU_SAFETY_ENV, "PYTHONUNBUFFERED": "1", "TORCH_CUDA
                           "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "DS_BUILD_OPS": "0"}
 "The environment of every benchmark process: the library's GPU safety settings (NVLink multicast off, NCCL without cuMem), H100/H200 kernels only, no hub, Ray without tokens."
 
-COLD_CACHES:dict[str, str] = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
-"The compile caches a cold start gets fresh, each under its own subdirectory (vLLM's, with its model-info and graph caches; Inductor's; Triton's)."
+COLD_CACHES:dict[str, str] = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "GRPO_NB_CACHE": "grpo_nb"}
+"""The caches a cold start gets fresh, each under its own subdirectory: the compile caches (vLLM's, with its model-info and
+graph caches; Inductor's; Triton's) and this project's (the prompts' token ids, which a warm start reads instead of
+importing a tokenizer)."""
 
 _RAISED = re.compile(r"^(\[rank\d+\]: )?([\w.]+(Error|Exception)): (.+)$")
 
