@@ -70,8 +70,10 @@ def prompt_cache_key(model_dir:str|Path, # the policy's local HF directory
         try: put(f"{dist}={version(dist)}".encode())
         except PackageNotFoundError: put(f"{dist}=none".encode())
     put(f"{template}|{max_prompt_tokens}".encode())
-    for f in sorted(p for p in d.iterdir() if p.is_file() and not p.name.endswith(_WEIGHT_SUFFIXES)):
-        put(f.name.encode()); put(hashlib.sha256(f.read_bytes()).digest())
+    try:
+        for f in sorted(p for p in d.iterdir() if p.is_file() and not p.name.endswith(_WEIGHT_SUFFIXES)):
+            put(f.name.encode()); put(hashlib.sha256(f.read_bytes()).digest())
+    except OSError: return None   # a file it cannot read: no key, so no cache (the tokenizer says what is wrong, if anything)
     put(str(len(prompts)).encode())
     for p in prompts: put(p.encode())
     return h.hexdigest()
