@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
+make --no-print-directory bytecode   # once, before the SLURM tests and the notebooks start side by side (each make target checks it again)
 slurm_log=$(mktemp)
 make --no-print-directory pytest-slurm > "$slurm_log" 2>&1 & slurm_pid=$!
 trap '{ pkill -TERM -P "$slurm_pid"; kill "$slurm_pid"; } 2>/dev/null || true' EXIT   # a failure before the end leaves no pytest running (and the trap never fails the script)
