@@ -27,7 +27,7 @@ def pytest_configure(config):
 # background from its start (tools/ci_test.sh); a plain `make pytest` starts it first, beside the CPU-bound files.
 LONGEST_FIRST = ["test_slurm_cluster.py", "test_trainer.py", "test_colocate.py", "test_weight_sync_vllm.py", "test_ddp.py",
                  "test_self_correction.py", "test_learner.py", "test_reward_model.py", "test_rewards_sandbox.py",
-                 "test_placement.py", "test_plugins.py", "test_ray_bootstrap.py", "test_vllm_text.py", "test_reward_hacking.py"]
+                 "test_placement.py", "test_plugins.py", "test_ray_bootstrap.py", "test_reward_hacking.py"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,7 +2,8 @@
 
 One Ray cluster, two learner actors and two vLLM engines (TP=1 in-process, TP=2 with two worker processes)
 serve every test of this module: importing vLLM costs ~20 s per process, so nothing is started twice.
-Checks: vLLM sampling (n, seeds, log-probs against a transformers forward, stop tokens, text prompts);
+Checks: vLLM sampling (n, seeds, log-probs against a transformers forward, stop tokens, text prompts); the text of
+completions decoded once at the end (`detokenize="auto"`) against vLLM's own detokenizer (`detokenize="engine"`);
 sync + verify with TP=1 and TP=2 (the TP=1 model has one KV head and tied embeddings; the TP=2 model splits its
 KV heads over the two workers and has its own LM head, as Qwen2.5-7B does); every worker's parameters are
 compared bit for bit with the learner's, cut and packed as the worker holds them (vLLM's CPU build repacks its
@@ -164,6 +165,29 @@ def test_vllm_sampling_tp1(cluster):
     st = call(e, "generate", [[10, 11, 12]], SamplingSpec(max_new_tokens=5, temperature=0.0, stop_token_ids=[stop]))[0]
     assert st.finish_reason == "stop" and st.completion_ids[-1] == stop and len(st.completion_ids) <= 3
 
+
+
+def _texts_both_ways(eng, texts:list[str], specs:dict) -> dict:
+    "Run inside the engine actor: every spec's samples of `texts`, decoded late (`detokenize='auto'`) and by vLLM ('engine')."
+    prompts, out, was = [eng.tokenizer.encode(t) for t in texts], {}, eng.detokenize
+    try:
+        for mode in ("auto", "engine"):
+            eng.detokenize = mode
+            for name, spec in specs.items(): out[f"{mode}/{name}"] = [[x.completion_ids, x.text] for x in eng.generate(prompts, spec)]
+    finally: eng.detokenize = was
+    return out
+
+
+def test_late_decoding_gives_vllms_text(cluster):
+    """The text of a vLLM engine's completions: decoded once at the end (`detokenize="auto"`) it is the text vLLM's own
+    detokenizer gives (`detokenize="engine"`). Runs in the TP=1 engine actor this module starts anyway (it was a vLLM
+    process of its own, one more vLLM import)."""
+    specs = {"free": SamplingSpec(n=4, max_new_tokens=24, temperature=1.0, seed=3),
+             "stop": SamplingSpec(n=4, max_new_tokens=24, temperature=1.0, seed=3, stop=["5"])}
+    out = ray.get(cluster["tp1"].__ray_call__.remote(_texts_both_ways, ["12+7=", "3+4=", "40+2="], specs), timeout=300)
+    assert out["auto/free"] == out["engine/free"]   # same tokens (same seeds), same text
+    assert out["auto/stop"] == out["engine/stop"]   # stop strings: vLLM's running text either way
+    assert any(text for _, text in out["auto/free"]) and len({tuple(ids) for ids, _ in out["auto/free"]}) > 1
 
 def test_sync_tp1_zero3(cluster):
     learners, e = cluster["learners"], cluster["tp1"]
