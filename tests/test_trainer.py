@@ -7,7 +7,9 @@ a real vLLM engine (CPU build) and a DeepSpeed learner on a tiny Qwen2 policy.
   step's line included when the kill took it (the checkpoint keeps a copy);
 - one-step off-policy mode: SIGUSR1 -> checkpoint at the next step boundary, `latest`, exit 0; resuming
   continues at the next step with the next prompts; with `rollout.verify_every=1` a deliberately skipped sync
-  is caught by the check after it, the engine is synced again, and the run goes on.
+  is caught by the check after it, the engine is synced again, and the run goes on. The same runs score with a
+  user's reward in a file outside the package (`reward.plugins`, tests/test_plugins.py's plug-in) beside the
+  built-in one: the driver and the Ray workers import it, and every step logs its metric.
 """
 import json, os, re, signal, subprocess, sys, tempfile, time
 from pathlib import Path
@@ -29,10 +31,10 @@ def _env(tmp:Path) -> dict:
     return {**os.environ, "RAY_TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
 
 
-def _start(out:Path, *args:str) -> subprocess.Popen:
+def _start(out:Path, *args:str, cwd:Path=ROOT, env:dict|None=None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "grpo_nb.cli", "train", "demo", f"--logging.output_dir={out}", *SMALL, *args]
     log = open(out.parent / f"{out.name}-{int(time.time() * 1000)}.log", "w")
-    return subprocess.Popen(cmd, cwd=ROOT, env=_env(out.parent), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(cmd, cwd=cwd, env={**_env(out.parent), **(env or {})}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _records(out:Path) -> list[dict]:
@@ -133,10 +135,19 @@ def test_sync_loop_kill_and_resume():
 
 
 def test_one_step_off_sigusr1_and_resume():
+    """One-step off-policy: SIGUSR1 checkpoints at the next step boundary and exits 0; the resumed run continues exactly,
+    and with a check after every sync it catches the sync skipped on purpose and syncs again. Both runs also score with a
+    plug-in reward from a file in their working directory (`reward.plugins=my_rewards.py`, what test_plugins.py's training
+    run checked in a run of its own): the driver and the Ray worker processes import it (each writes its pid), and every
+    step logs `reward/digits_match` beside the built-in `reward/arith`."""
+    from test_plugins import PLUGIN
     tmp = Path(tempfile.mkdtemp(prefix="tru", dir="/tmp"))
-    out = tmp / "run"
-    off = ["--rollout.mode=one-step-off", "--checkpoint.every_steps=0"]
-    proc = _start(out, "--total_steps=50", *off)
+    out, marks = tmp / "run", tmp / "marks"
+    marks.mkdir(); (tmp / "my_rewards.py").write_text(PLUGIN.format(name="digits_match"))
+    off = ["--rollout.mode=one-step-off", "--checkpoint.every_steps=0",
+           "--reward.plugins=my_rewards.py", "--reward.functions={arith: 1.0, digits_match: 1.0}"]
+    plugin = dict(cwd=tmp, env={"PLUGIN_MARKS": str(marks)})
+    proc = _start(out, "--total_steps=50", *off, **plugin)
     try:
         _wait_step(proc, out, 2)
         os.kill(proc.pid, signal.SIGUSR1)
@@ -149,9 +160,14 @@ def test_one_step_off_sigusr1_and_resume():
     assert stopped < 50 and (out / "checkpoints" / "latest").read_text().strip().endswith(str(stopped))
     assert all(r["staleness"] == 1 for r in recs if "reward_mean" in r and r["step"] > 1)   # the next batch was made while the learner trained
     assert all(0 < r["time/generation_engine"] <= r["time/generation_total"] for r in recs if "reward_mean" in r)   # the engine's own time
+    # the plug-in: its reward's metric on every step's line, imported by the driver and the Ray workers
+    assert [r["step"] for r in recs if "reward/digits_match" in r] == [r["step"] for r in recs if "reward_mean" in r] == list(range(1, stopped + 1)), recs
+    assert all("reward/arith" in r for r in recs if "reward_mean" in r)
+    pids = {p.name for p in marks.iterdir()}
+    assert len(pids) >= 2, f"the plug-in was imported by {len(pids)} process(es); the driver and its Ray workers should all import it"
     # resumed with a check after every sync, and the sync after the first resumed step skipped on purpose
     proc = _start(out, f"--total_steps={stopped + 2}", *off, "--resume", "auto", "--rollout.verify_every=1",
-                  f"--rollout.fault_skip_sync_step={stopped + 1}")
+                  f"--rollout.fault_skip_sync_step={stopped + 1}", **plugin)
     assert _finish(proc, out) == 0, _log_tail(out)
     recs = _records(out)
     _check_continuity(recs, stopped + 2)
@@ -161,6 +177,7 @@ def test_one_step_off_sigusr1_and_resume():
     s1, s2 = checked[stopped + 1], checked[stopped + 2]   # the failed check and the sync again are timed apart from the second check
     assert s1["verify/retry_s"] > 0 and s2["verify/retry_s"] == 0
     assert s1["verify/retry_s"] + s1["verify/checksums_s"] + s1["verify/logprobs_s"] <= s1["time/verify"] + 1e-6
+    assert all("reward/digits_match" in r for r in recs if "reward_mean" in r)
 
 
 @pytest.mark.parametrize("delay", ["ready", 3.0])
