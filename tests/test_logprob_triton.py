@@ -2,7 +2,8 @@
 Triton's interpreter (TRITON_INTERPRET=1): log-probs, entropies and both gradients, in fp32 and bf16, at a temperature,
 with ignored tokens, a chunk that does not divide N, an entropy-only gradient and autograd's expanded (stride-0) gradients;
 the buffers it holds (one [chunk, V] buffer in the weights' dtype, what `logits_bytes(..., "chunked-triton")` counts); the
-learner's module end to end on a tiny model; and `bench/logprob_head.py --smoke`.
+learner's module end to end on a tiny model; and `bench/logprob_head.py --smoke`, run as a script (`runpy`, as `__main__`)
+in the same child process after the checks: one torch and Triton start-up serves both tests.
 
 The CPU profile keeps triton out of the main environment (vLLM's CPU build breaks with it importable), so `make venv`
 installs it on the side, in .venv/triton-interp, and these checks run in a child process that puts it on the path."""
@@ -97,6 +98,12 @@ for k in ("torch", "triton"):
     res[k] = (lp.detach(), en.detach(), m2.policy.get_output_embeddings().weight.grad.clone())
 out["module_rel"] = [rel(b, a) for a, b in zip(res["torch"], res["triton"])]
 print("RESULT " + json.dumps(out))
+
+import runpy, sys   # then the benchmark's smoke run, as `python bench/logprob_head.py --smoke --out OUT` runs it
+sys.argv = [BENCH, "--smoke", "--out", BENCH_OUT]
+try: runpy.run_path(BENCH, run_name="__main__")
+except SystemExit as e: print(f"BENCH_EXIT {e.code or 0}")
+else: print("BENCH_EXIT 0")
 '''
 
 
@@ -109,8 +116,17 @@ pytestmark = pytest.mark.skipif(not (SIDE / "triton").is_dir(),
                                 reason="triton for the interpreter is not installed in .venv/triton-interp (make venv installs it)")
 
 
-def test_triton_head_matches_the_loop(tmp_path):
-    p = _run(CHECKS, tmp_path)
+@pytest.fixture(scope="module")
+def child(tmp_path_factory):
+    "One child process: the checks (`CHECKS`), then bench/logprob_head.py --smoke; its output and the benchmark's record file."
+    tmp = tmp_path_factory.mktemp("triton")
+    bench_out = tmp / "head.json"
+    code = f"BENCH, BENCH_OUT = {str(ROOT / 'bench/logprob_head.py')!r}, {str(bench_out)!r}\n" + CHECKS
+    return _run(code, tmp), bench_out
+
+
+def test_triton_head_matches_the_loop(child):
+    p, _ = child
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("RESULT "))[7:])
     for c in out["cases"]:
@@ -125,10 +141,10 @@ def test_triton_head_matches_the_loop(tmp_path):
     assert max(out["module_rel"]) < 1e-5, out["module_rel"]
 
 
-def test_logprob_head_bench_smoke(tmp_path):
-    out = tmp_path / "head.json"
-    p = _run("", tmp_path, str(ROOT / "bench/logprob_head.py"), "--smoke", "--out", str(out))
-    assert p.returncode == 0, p.stderr[-3000:]
+def test_logprob_head_bench_smoke(child):
+    "bench/logprob_head.py --smoke, run as `__main__` in the checks' child process: it exits 0 and writes both records."
+    p, out = child
+    assert p.returncode == 0 and "BENCH_EXIT 0" in p.stdout.splitlines(), p.stdout[-2000:] + p.stderr[-3000:]
     recs = json.loads(out.read_text())["records"]
     assert [r["with_entropy"] for r in recs] == [False, True]
     for r in recs:
