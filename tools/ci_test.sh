@@ -16,7 +16,10 @@ make --no-print-directory nbtest
 make --no-print-directory docs-test
 echo "ci_test: notebooks and site done after $((SECONDS - t0)) s"
 rc=0
-make --no-print-directory pytest PYTEST_ARGS="--ignore=tests/test_slurm_cluster.py ${PYTEST_ARGS:-}" || rc=$?
+# tests/test_site.py's four Chromium and KaTeX tests ran in docs-test (tools/browser_test.sh) just now: not a second time
+site_done=(--deselect=tests/test_site.py::test_check_site_reports_every_failure_kind --deselect=tests/test_site.py::test_render_tiny_project
+           --deselect=tests/test_site.py::test_render_reports_broken_notebook_links --deselect=tests/test_site.py::test_render_reports_a_stale_processed_copy)
+make --no-print-directory pytest PYTEST_ARGS="--ignore=tests/test_slurm_cluster.py ${site_done[*]} ${PYTEST_ARGS:-}" || rc=$?
 echo "ci_test: the other tests done after $((SECONDS - t0)) s"
 src=0; wait "$slurm_pid" || src=$?
 echo "ci_test: the SLURM tests, run beside the rest:"; cat "$slurm_log"
