@@ -1,29 +1,45 @@
 """grpo_nb.ddp for real: `torchrun --nproc_per_node=2` on CPU over gloo with the tiny policy.
 
-A reference run of 4 steps; a second run in which the last rank dies at step 3 (after the step-2
+A reference run of STEPS steps; a second run in which the last rank dies at step 3 (after the step-2
 checkpoint) and is resumed with `--resume auto`: the resumed run must continue at step 3, neither
-repeating nor skipping a step, and end bit-identical to the reference on both ranks. SIGUSR1 to the
-workers (what sbatch/ddp.sbatch does before the walltime) checkpoints and exits 0. Plus a bad override
-(exit 2 with the fix) and the exported sbatch script (`bash -n`). ZeRO-1 through a crash is a slow test.
+repeating nor skipping a step. That resumed run then gets SIGUSR1 on its workers (what sbatch/ddp.sbatch does
+before the walltime): it checkpoints at the next step and exits 0, and the run resumed once more ends bit-identical
+to the reference on both ranks. (The crash and the signal were two tests with four torchrun launches; one chain of
+three makes both tests' checks.) Plus a bad override (exit 2 with the fix) and the exported sbatch script
+(`bash -n`). ZeRO-1 through a crash is a slow test.
 """
 import json, os, subprocess, sys
 from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = 4
+STEPS = 8   # long enough that the reference run also covers the steps after a signal that lands a few steps after step 3
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+
+
+def _cmd(out:Path, *extra:str, nproc:int=2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "grpo_nb.ddp", "ddp-tiny",
+            f"--logging.output_dir={out}", f"--total_steps={STEPS}", "--checkpoint.every_steps=2", "--logging.tensorboard=false", *extra]
 
 
 def torchrun(out:Path, *extra:str, nproc:int=2, timeout:int=300) -> subprocess.CompletedProcess:
-    "Run the ddp-tiny preset under torchrun (2 CPU ranks, gloo) writing into `out`."
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "grpo_nb.ddp", "ddp-tiny",
-           f"--logging.output_dir={out}", f"--total_steps={STEPS}", "--checkpoint.every_steps=2", "--logging.tensorboard=false", *extra]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    "Run the ddp-tiny preset under torchrun (2 CPU ranks, gloo) writing into `out` (later options override earlier ones)."
+    return subprocess.run(_cmd(out, *extra, nproc=nproc), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
 def records(out:Path) -> list[dict]:
     return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _last_step(out:Path) -> int:
+    "The highest step metrics.jsonl has logged so far, read while the run writes it (0: none yet; a line being written is skipped)."
+    try: lines = (out / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError: return 0
+    steps = []
+    for l in lines:
+        try: steps.append(json.loads(l)["step"])
+        except (ValueError, KeyError): pass
+    return max(steps, default=0)
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +58,20 @@ def test_two_ranks_train_in_step(reference):
     assert json.loads((reference / "batch_plan.json").read_text())["effective_batch"] == 8 * 2 * 2
     assert any(r["grad_norm"] > 0 for r in recs), "no step had a learning signal: the test would not see a wrong resume"
     evals = [r for r in recs if "eval/pass@1" in r]
-    assert [r["step"] for r in evals] == [2, 4] and all(r["eval/problems"] == 8 for r in evals)
+    assert [r["step"] for r in evals] == list(range(2, STEPS + 1, 2)) and all(r["eval/problems"] == 8 for r in evals)   # every eval_every = 2 steps
     assert (reference / "checkpoints" / "latest").read_text().split()[-1] == str(STEPS)
 
 
-def test_kill_and_resume_continues_exactly(reference, tmp_path):
+def test_kill_resume_then_sigusr1_resume_continue_exactly(reference, tmp_path):
+    """The last rank dies at step 3: the job fails, naming the simulated failure, with steps 1-2 logged and the step-2
+    checkpoint `latest`. `--resume auto` continues at step 3 ("resumed from ... step 2"). That resumed run then gets what
+    ddp.sbatch's trap sends before the walltime, SIGUSR1 to the workers: all ranks checkpoint at the next step k and exit 0
+    (summary stopped, weights identical, steps 1..k once each, `latest` k). Resumed once more, the run logs every step
+    once, and every step from 3 on (after the crash and after the signal) has the reference run's position, reward,
+    tokens, loss and gradient norm, and both ranks end with its weights, bit for bit. The reference run is one that never
+    stopped when it has at least two steps after k (k <= STEPS - 2: its evaluations leave every generator as it was and its
+    checkpoints change nothing); a later signal gets an uninterrupted run of k + 2 steps of its own."""
+    import signal, time
     out = tmp_path / "run"
     crashed = torchrun(out, "--ddp.fail_at_step=3")
     assert crashed.returncode != 0, "the simulated rank failure did not fail the job"
@@ -54,55 +79,38 @@ def test_kill_and_resume_continues_exactly(reference, tmp_path):
     assert [r["step"] for r in records(out)] == [1, 2]
     assert (out / "checkpoints" / "latest").read_text().split()[-1] == "2"
 
-    resumed = torchrun(out, "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout and "step 2" in resumed.stdout
-    recs, ref = records(out), records(reference)
-    assert [r["step"] for r in recs] == [1, 2, 3, 4]  # 3 and 4 once each: nothing repeated, nothing skipped
-    for a, b in zip(recs[2:], ref[2:]):  # same prompts, same samples, same losses as the uninterrupted run
-        for k in ("position", "reward_mean", "tokens", "loss", "grad_norm"): assert a[k] == b[k], (k, a[k], b[k])
-    summary, ref_summary = json.loads((out / "summary.json").read_text()), json.loads((reference / "summary.json").read_text())
-    assert summary["weights_identical"]
-    assert summary["weights_sha256"] == ref_summary["weights_sha256"]  # bit-identical to the run that never stopped
-
-
-def test_sigusr1_checkpoints_exits_cleanly_and_resumes_exactly(reference, tmp_path):
-    """What ddp.sbatch's trap does before the walltime: SIGUSR1 to the workers -> all ranks checkpoint at the next step, exit 0;
-    the resumed run continues exactly as a run that never stopped (the module's reference run when the signal came early enough)."""
-    import signal, time
-    out = tmp_path / "sig"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "grpo_nb.ddp", "ddp-tiny",
-           f"--logging.output_dir={out}", "--total_steps=1000", "--eval_every=0", "--checkpoint.every_steps=0", "--logging.tensorboard=false"]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # resumed, and signalled as soon as its first step (3) is logged; total_steps only keeps it running until the signal
+    p = subprocess.Popen(_cmd(out, "--resume", "auto", "--total_steps=1000"), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.time() + 240
-        while not ((out / "metrics.jsonl").exists() and len(records(out)) >= 1):
-            assert p.poll() is None and time.time() < deadline, "the run ended or stalled before its first step"
-            time.sleep(0.02)   # a step takes about 0.2 s here: signalled at once, the run stops after step 2 and the reference run serves below
+        while _last_step(out) < 3:
+            assert p.poll() is None and time.time() < deadline, "the resumed run ended or stalled before its first step"
+            time.sleep(0.02)   # a step takes about 0.2 s here: signalled at once, the run stops a step or two later
         assert subprocess.run(["pkill", "-USR1", "-P", str(p.pid)]).returncode == 0  # the workers (torchrun's children), as the trap does
         log = p.communicate(timeout=120)[0]
     finally:
         if p.poll() is None: os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 0, log[-3000:]
+    assert "resumed from" in log and "step 2" in log
     summary, steps = json.loads((out / "summary.json").read_text()), [r["step"] for r in records(out)]
     assert summary["stopped"] and summary["weights_identical"] and steps == list(range(1, summary["step"] + 1))
     assert (out / "checkpoints" / "latest").read_text().split()[-1] == str(summary["step"]) and summary["step"] < 1000
-    k = summary["step"]   # where the signal landed depends on the machine's load: compare against a run that never stopped,
-    # with at least two steps after k. The module's reference run is one (STEPS steps; its evaluations leave every generator
-    # as it was and its checkpoints change nothing, so its steps are those of a run without them) when k <= STEPS - 2;
-    # a later signal gets a run of k + 2 steps of its own.
+    k = summary["step"]   # where the signal landed depends on the machine's load
+
     n, ref_out = (STEPS, reference) if k <= STEPS - 2 else (k + 2, tmp_path / "uninterrupted")
-    resumed = torchrun(out, "--resume", "auto", "--eval_every=0", f"--total_steps={n}")   # the constant learning rate does not depend on total_steps
+    resumed = torchrun(out, "--resume", "auto", f"--total_steps={n}")   # the constant learning rate does not depend on total_steps
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     if ref_out != reference:
         ref_run = torchrun(ref_out, "--eval_every=0", f"--total_steps={n}")
         assert ref_run.returncode == 0, ref_run.stdout[-3000:] + ref_run.stderr[-3000:]
     recs, ref = records(out), records(ref_out)
     assert [r["step"] for r in recs] == list(range(1, n + 1))   # nothing repeated, nothing skipped
-    for a, b in zip(recs[k:], ref[k:]):   # the steps after the signal: the same as the run that never stopped
+    for a, b in zip(recs[2:], ref[2:]):   # steps 3..n: the same prompts, samples and losses as the run that never stopped
         for key in ("position", "reward_mean", "tokens", "loss", "grad_norm"): assert a[key] == b[key], (key, a[key], b[key])
-    assert json.loads((out / "summary.json").read_text())["weights_sha256"] == json.loads((ref_out / "summary.json").read_text())["weights_sha256"]
+    summary, ref_summary = json.loads((out / "summary.json").read_text()), json.loads((ref_out / "summary.json").read_text())
+    assert summary["weights_identical"]
+    assert summary["weights_sha256"] == ref_summary["weights_sha256"]  # bit-identical to the run that never stopped
 
 
 def test_bad_override_fails_with_the_fix(monkeypatch, capsys):
@@ -136,6 +144,6 @@ def test_zero1_matches_ddp_and_resumes(reference, tmp_path):
     assert torchrun(out, "--learner.zero_stage=1", "--ddp.fail_at_step=3").returncode != 0
     resumed = torchrun(out, "--learner.zero_stage=1", "--resume", "auto")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert [r["step"] for r in records(out)] == [1, 2, 3, 4]
+    assert [r["step"] for r in records(out)] == list(range(1, STEPS + 1))
     summary, ref_summary = json.loads((out / "summary.json").read_text()), json.loads((reference / "summary.json").read_text())
     assert summary["weights_identical"] and summary["weights_sha256"] == ref_summary["weights_sha256"]
