@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw, peer first: colocbr coloclr colocwr; trlcoloc) single1
 #                                                        split01 (or its parts split01a/b/c, and split01w; one run a lane: split01ob/ow/ol, split01l),
-#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfu2pack mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
+#                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfu2pack mfu2packw mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
 #                                                        mfufew0 alloc0 head0 head1p5 head3b headckpt colocbsleep
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2 mix4
@@ -140,6 +140,10 @@ lane_mfu2pack() {
   run learner_mfu_2gpu_1p5b_1mb 175 0,1 "${cmd[@]}" --models Qwen2.5-1.5B --pack 49152
   run learner_mfu_2gpu_3b_1mb 175 0,1 "${cmd[@]}" --models Qwen2.5-3B --pack 24576
 }
+# the same 1.5B step after two untimed steps instead of one, ten timed (the first timed step after one has been the slowest): its own record
+lane_mfu2packw() { run learner_mfu_2gpu_1p5b_1mb_w2 175 0,1 python3 bench/learner_mfu.py --part 2gpu --budget-s 170 --variant-limit-s 165 \
+                     --launcher mp --micro-batches 1 --steps 10 --warmup 2 --only 'liger large-buckets 1mb' --models Qwen2.5-1.5B --pack 49152 \
+                     --out "$OUT/learner_mfu_2gpu_1mb.json"; }
 # both GPUs: a profiled ZeRO-3 rank (spawned processes: the launcher that can profile a rank; 1.5B, Liger, larger buckets)
 lane_mfuprof2() { run learner_mfu_2gpu_prof 160 0,1 python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-1.5B --only 'liger large' \
                     --launcher mp --budget-s 140 --variant-limit-s 130 --out "$OUT/learner_mfu_2gpu.json"; }

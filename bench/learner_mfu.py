@@ -257,7 +257,7 @@ def record(v:dict, device_name:str, info:dict|None, res:dict|None, err:str|None)
          "predicted_bytes": None, "device": device_name, "variant": v["variant"], "pack_length": v["pack"],
          "grad_ckpt": v["ckpt"], "compile": v["compile"], "attention": (info or {}).get("attention_kernel"),
          "launcher": v.get("launcher"), "zero3_buckets": v.get("buckets", "deepspeed") if v["zero"] == 3 else None, "kernels": v.get("kernels", "torch"),
-         "logprob_chunk": v["chunk"], "micro_batches": v.get("micro_batches", 4), "logprob_kernel": (info or {}).get("logprob_kernel") or head_in_use(v)}   # what the learner ran, where it said
+         "logprob_chunk": v["chunk"], "micro_batches": v.get("micro_batches", 4), "warmup_steps": v.get("warmup"), "logprob_kernel": (info or {}).get("logprob_kernel") or head_in_use(v)}   # what the learner ran, where it said
     if v.get("note"): r["note"] = v["note"]
     if res: r.update(res)
     if r.get("measured_bytes") and r.get("predicted_bytes"): r["predicted_over_measured"] = r["predicted_bytes"] / r["measured_bytes"]
@@ -417,7 +417,7 @@ def run_variant(v:dict) -> dict:
 
 
 def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smoke_compile:bool, pack:int=0, skip_check:bool=False,
-             micro_batches:int=4, steps:int=3, head:str="auto") -> list:
+             micro_batches:int=4, steps:int=3, head:str="auto", warmup:int=0) -> list:
     """The measurements of a part, most important first (`pack` > 0: rows of that many tokens instead of the planner's choice;
     `micro_batches`: packs a learner trains each step, so a step holds `micro_batches` x `pack` tokens per GPU; `head`: the
     log-prob head, `learner.logprob_kernel`)."""
@@ -455,8 +455,9 @@ def variants(part:str, smoke:bool, models:list, gpu_bytes:int, launcher:str, smo
         v.update(variant=f"{v['model']} {v['gpus']}gpu zero{v['zero']}" + (" compiled" if v["compile"] else "") + (" ckpt" if v["ckpt"] else "")
                          + (f" {v['kernels']}" if v.get("kernels", "torch") != "torch" else "") + (" large-buckets" if v.get("buckets") == "large" else "")
                          + (f" {micro_batches}mb" if micro_batches != 4 else "")   # another step shape: its own record, beside the 4-pack one
-                         + (f" {head}-head" if head != "auto" else ""),   # a head asked for by name: its own record beside the default's
-                 warmup=2 if v["compile"] else 1, steps=1 if smoke else steps, micro_batches=micro_batches,
+                         + (f" {head}-head" if head != "auto" else "")   # a head asked for by name: its own record beside the default's
+                         + (f" warmup{warmup}" if warmup else ""),   # more warm-up steps than the default: its own record too
+                 warmup=warmup or (2 if v["compile"] else 1), steps=1 if smoke else steps, micro_batches=micro_batches,
                  prompt=16 if smoke else 256, lo=8 if smoke else 256, hi=64 if smoke else 1792)
         # the default 4 packs keep their token count (and so their records); another count leaves one longest sequence of room
         # per GPU, so that first-fit packing lands on that many micro-batches rather than one more
@@ -539,6 +540,9 @@ def main(argv=None) -> int:
                    "packing spreads over 4 or 5 packs; any other count leaves room to land on exactly that many); fewer, longer micro-batches pay "
                    "ZeRO-3's gathers fewer times: e.g. --pack 16384 --micro-batches 1")
     p.add_argument("--steps", type=int, default=3, help="timed steps per variant, after the warm-up (default 3)")
+    p.add_argument("--warmup", type=int, default=0, help="untimed steps before them (default 0: 2 for a compiled variant, else 1); another "
+                   "count names its records '... warmupN', beside the default's (under ZeRO-3 the first timed step after one untimed "
+                   "step has been the slowest of every one-micro-batch record)")
     from grpo_nb.config import LearnerConfig   # (no torch: the config module is light)
     p.add_argument("--logprob-kernel", choices=typing.get_args(typing.get_type_hints(LearnerConfig)["logprob_kernel"]), default="auto",
                    help="the log-prob head (learner.logprob_kernel; default auto, as the trainer: the fused Triton kernels on a GPU); "
@@ -586,7 +590,7 @@ def main(argv=None) -> int:
         print("one GPU visible: the 2-GPU part is left out", flush=True); part = "1gpu"
     if a.micro_batches < 1: print(f"--micro-batches {a.micro_batches}: give at least 1", file=sys.stderr); return 2
     vs = variants(part, a.smoke, ["tiny"] if a.smoke else a.models.split(","), gpu_bytes, launcher, a.smoke_compile, a.pack, a.skip_check,
-                  a.micro_batches, a.steps, a.logprob_kernel)
+                  a.micro_batches, a.steps, a.logprob_kernel, a.warmup)
     if a.only: vs = [v for v in vs if any(v["variant"].endswith(x[:-1]) if x.endswith("$") else x in v["variant"] for x in a.only.split(","))]
     for v in vs: v["memory_peak"] = a.memory_peak and v["gpus"] == 1 and not a.smoke   # the allocator's history is a CUDA feature
     meta = {"versions": versions(), "command": " ".join(sys.argv)}

@@ -92,7 +92,8 @@ def mfu_table(path:str|Path="bench/results/learner_mfu.json", # written by bench
                    + (", checkpointing" if r.get("grad_ckpt") else "") + (", larger ZeRO-3 buckets" if r.get("zero3_buckets") == "large" else "")
                    + (", one micro-batch a step" if r.get("micro_batches") == 1 else "")
                    + (f", {n[1]} micro-batches a step" if (n := re.search(r" ([2-9])mb\b", r.get("variant") or "")) else "")   # a step shape of its own
-                   + (", fused log-prob head" if r.get("logprob_kernel") == "triton" else ""))
+                   + (", fused log-prob head" if r.get("logprob_kernel") == "triton" else "")
+                   + (f", {w[1]} untimed steps" if (w := re.search(r" warmup(\d+)\b", r.get("variant") or "")) else ""))   # more warm-up than the default
         start = f"| {r['model']} | {r['gpus']} | {r['zero']} | {variant} | {r.get('attention') or '–'} | {r['device']} | {r.get('pack_length', '')} | "
         if not r.get("tokens_per_s"): return start + f"{r.get('error', '?')[:80]} | | | | | |"
         pred = r.get("predicted_bytes")

@@ -79,3 +79,10 @@ def test_one_long_micro_batch_a_step_is_its_own_variant_with_checkpointing_where
     small = M.variants("2gpu", False, ["Qwen2.5-0.5B"], H100, "ray", False, pack=8192, micro_batches=2)[0]
     assert not small["ckpt"] and "note" not in small   # fits without checkpointing: left as it was
     assert M.record(v, "2 × H100", None, None, None)["micro_batches"] == 1
+
+
+def test_more_warm_up_steps_are_their_own_variant_and_recorded():
+    default, more = (M.variants("2gpu", False, ["Qwen2.5-1.5B"], H100, "ray", False, pack=8192, micro_batches=1, warmup=w)[0] for w in (0, 2))
+    assert default["warmup"] == 1 and not default["variant"].endswith("warmup2")
+    assert more["warmup"] == 2 and more["variant"] == default["variant"] + " warmup2"
+    assert M.record(more, "cpu", None, None, None)["warmup_steps"] == 2
