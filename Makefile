@@ -15,6 +15,11 @@ export PYTHONUNBUFFERED := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export HF_HUB_OFFLINE := 1
 export WANDB_MODE := offline
+# Bytecode is written where it is first needed: the venv is installed without compiling its 30,000 modules (about two
+# minutes on two cores, most of them never imported), and the first process to import a module leaves its .pyc for
+# every later one (Ray actors, CLI calls, notebook kernels). With PYTHONDONTWRITEBYTECODE set, as on some CI machines,
+# every process compiled Ray, vLLM and torch from source again (`import ray` 4 s instead of 0.7 s).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test venv bytecode export sync-check nbtest pytest pytest-slurm docs docs-test lock clean-site
 
@@ -27,9 +32,8 @@ nbtest pytest pytest-slurm: export OMP_NUM_THREADS := 1
 venv:
 	@bash tools/setup_venv.sh
 
-# grpo_nb is installed editable, so `--compile-bytecode` never compiles it, and where PYTHONDONTWRITEBYTECODE is set (CI)
-# every process that imports it (drivers, Ray actors, CLI calls, notebook kernels) compiled it from source again.
-# Compiled once here (after `sync-check`, whose nbdev_export may rewrite the files), each of those processes reads the cache.
+# grpo_nb compiled once here (after `sync-check`, whose nbdev_export may rewrite the files), before the SLURM tests and
+# the notebooks start side by side: they read its bytecode instead of each compiling it at the same moment.
 bytecode: venv
 	@PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q grpo_nb
 
