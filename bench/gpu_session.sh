@@ -7,7 +7,7 @@
 #                                                        mfufew0 alloc0 head0 head1p5 head3b headckpt colocbsleep
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2 mix4
-#                                                        s7colocx s7olmocolocx (expandable segments) mfuolmo2pack
+#                                                        s7colocx s7olmocolocx (expandable segments) mfuolmo2pack mfu7b2packw
 #                                                        mixb4 (VERL_S: verl's seconds) mixv4
 #                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
 #
@@ -234,6 +234,10 @@ lane_mfu7b2() { run learner_mfu_7b_2gpu 330 0,1 python3 bench/learner_mfu.py --p
 # its own results file, its own processes (no Ray), and GPUs 2,3 when PAIR=2,3: beside mfuolmo2 (GPUs 0,1) in one call on a four-GPU node
 lane_mfu7b2pack() { run learner_mfu_7b_2gpu_1mb 330 "${PAIR:-0,1}" python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-7B --budget-s 300 \
                     --variant-limit-s 150 --launcher mp --pack 16384 --micro-batches 1 --steps 8 --only 'liger 1mb,large-buckets 1mb' --out "$OUT/learner_mfu_7b_1mb.json"; }
+# the same Qwen2.5-7B step after two untimed steps, ten timed (the first timed step after one has been the slowest): its own record
+lane_mfu7b2packw() { run learner_mfu_7b_2gpu_1mb_w2 330 "${PAIR:-0,1}" python3 bench/learner_mfu.py --part 2gpu --models Qwen2.5-7B --budget-s 300 \
+                     --variant-limit-s 250 --launcher mp --pack 16384 --micro-batches 1 --steps 10 --warmup 2 --only 'large-buckets 1mb' \
+                     --out "$OUT/learner_mfu_7b_1mb.json"; }
 # the OLMo-2-7B learner with one micro-batch of 16,384 tokens a step (its packs of 4,096 spend a third of the step in all-gathers)
 lane_mfuolmo2pack() { run learner_mfu_olmo2_7b_2gpu_1mb 330 "${PAIR:-0,1}" python3 bench/learner_mfu.py --part 2gpu --models OLMo-2-7B --budget-s 300 \
                       --variant-limit-s 150 --launcher mp --pack 16384 --micro-batches 1 --steps 8 --only 'large-buckets 1mb' --out "$OUT/learner_mfu_olmo_1mb.json"; }
