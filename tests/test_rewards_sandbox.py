@@ -290,10 +290,14 @@ def test_userns_mode_as_an_unprivileged_user(listener, secret_file):
     assert out["total"]["results"][0]["status"] == "memory", out["total"]
     assert not hits and not Path(REPO, "grpo_sbx_escape_marker").exists()
 
-def test_load_500_requests_at_concurrency_16(service):
-    "500 /run requests, 16 at a time, each with its own answer: none lost, none duplicated, none mixed up."
+def test_load_128_requests_at_concurrency_16(service):
+    "128 /run requests, 16 at a time, each with its own answer: none lost, none duplicated, none mixed up."
     import httpx
-    n = 500
+    # The claim is about correctness under concurrency, not throughput: 16 clients keep 16 requests in flight against the
+    # service's 4 workers, so from the first round on requests queue and every worker interleaves several clients' programs.
+    # With eight requests per client (128 in all) nearly every request waits in the queue beside others and is answered while
+    # other clients' programs run; 500 requests checked the same thing four times longer.
+    n = 128
     def one(i):
         job = {"id": f"req-{i}", "program": f"print('token-{i}')\ndef f():\n    return {i}\n",
                "tests": [f"assert f() == {i}"], "timeout_s": 5}
