@@ -5,8 +5,8 @@
 - `grpo_nb train` refuses, before Ray starts, a reward name nothing registered and a plug-in that replaces a built-in;
 - `grpo_nb train` on CPU with the plug-in's reward: the driver and the Ray worker processes import the plug-in (each
   writes its pid on import), and the run logs the plug-in reward's metric. That training run is
-  tests/test_trainer.py::test_one_step_off_sigusr1_and_resume, whose two runs score with `PLUGIN` below: a training run
-  of its own here paid for a whole start-up (Ray, learner, engine) again.
+  tests/test_trainer.py::test_sync_kill_then_one_step_off_sigusr1_then_checked_resume_continue_exactly, whose three runs
+  score with `PLUGIN` below: a training run of its own here paid for a whole start-up (Ray, learner, engine) again.
 """
 import json, os, shutil, subprocess, sys, tempfile
 from pathlib import Path

@@ -2,14 +2,15 @@
 a real vLLM engine (CPU build) and a DeepSpeed learner on a tiny Qwen2 policy.
 
 - a bad config, a missing dataset, an unwritable directory fail at once (exit 2) with the fix;
-- sync mode: the loop runs and logs every metric; SIGKILL in the middle, then `--resume auto`: every step
-  appears exactly once in metrics.jsonl and each step's data position follows the previous one, the resumed
-  step's line included when the kill took it (the checkpoint keeps a copy);
-- one-step off-policy mode: SIGUSR1 -> checkpoint at the next step boundary, `latest`, exit 0; resuming
-  continues at the next step with the next prompts; with `rollout.verify_every=1` a deliberately skipped sync
-  is caught by the check after it, the engine is synced again, and the run goes on. The same runs score with a
-  user's reward in a file outside the package (`reward.plugins`, tests/test_plugins.py's plug-in) beside the
-  built-in one: the driver and the Ray workers import it, and every step logs its metric.
+- one chain of three runs: sync mode logs every metric and is SIGKILLed in the middle; `--resume auto` continues in
+  one-step off-policy mode (every step appears exactly once in metrics.jsonl and each step's data position follows the
+  previous one, the resumed step's line included when the kill took it: the checkpoint keeps a copy) until SIGUSR1 ->
+  checkpoint at the next step boundary, `latest`, exit 0; resuming again continues at the next step with the next
+  prompts, and with `rollout.verify_every=1` a deliberately skipped sync is caught by the check after it, the engine is
+  synced again, and the run goes on. The runs score with a user's reward in a file outside the package (`reward.plugins`,
+  tests/test_plugins.py's plug-in) beside the built-in one: the driver and the Ray workers import it, and every step
+  logs its metric;
+- SIGUSR1 before the first step (as soon as the handler is in place, or during start-up): exit 0, no step, checkpoints untouched.
 """
 import importlib.util, json, os, re, signal, subprocess, sys, tempfile, time
 from pathlib import Path
@@ -50,11 +51,13 @@ def _records(out:Path) -> list[dict]:
     return recs
 
 
-def _wait_step(proc, out:Path, step:int, timeout:float=400):
-    "Block until metrics.jsonl has a record of `step` (or the process ends)."
+def _wait_step(proc, out:Path, step:int, timeout:float=400, after=lambda r: True):
+    "Block until metrics.jsonl has a record of `step` or later, at or after the first record that `after` accepts (or the process ends)."
     t = time.monotonic()
     while time.monotonic() - t < timeout:
-        if any(r.get("step", 0) >= step and "reward_mean" in r for r in _records(out)): return
+        recs = _records(out)
+        i = next((i for i, r in enumerate(recs) if after(r)), None)
+        if i is not None and any(r.get("step", 0) >= step and "reward_mean" in r for r in recs[i:]): return
         if proc.poll() is not None: raise AssertionError(f"trainer exited with {proc.returncode} before step {step}:\n{_log_tail(out)}")
         time.sleep(0.5)
     raise AssertionError(f"no step {step} within {timeout} s:\n{_log_tail(out)}")
@@ -107,52 +110,45 @@ def test_bad_config_fails_fast(tmp_path):
     assert not (tmp_path / "a" / "checkpoints").exists() or not any((tmp_path / "a" / "checkpoints").iterdir())
 
 
-def test_sync_loop_kill_and_resume():
+def test_sync_kill_then_one_step_off_sigusr1_then_checked_resume_continue_exactly():
+    """One chain of three runs (a run's start-up, Ray, learner and vLLM engine, is nearly all of its time; the sync and the
+    one-step-off checks were two chains of two runs each):
+
+    1. sync mode, a checkpoint every 2 steps: SIGKILLed with everything it started after step 3 (a node failure);
+    2. `--resume auto` in one-step-off mode: continues after the newest complete checkpoint, the line of its step restored
+       from the checkpoint when the kill came between the save and the line; SIGUSR1 once it has run two steps checkpoints
+       at the next step boundary and exits 0;
+    3. `--resume auto` with a check after every sync, and the sync after its first step skipped on purpose: the check
+       after it catches it, the engine is synced again, and the run goes on to the end.
+
+    Every step appears once in metrics.jsonl and each step's data position follows the previous one. All three runs score
+    with a plug-in reward from a file in their working directory (`reward.plugins=my_rewards.py`, what test_plugins.py's
+    training run checked in a run of its own): the driver and the Ray worker processes import it (each writes its pid),
+    and every step logs `reward/digits_match` beside the built-in `reward/arith`."""
+    from test_plugins import PLUGIN
+    from grpo_nb.checkpoint import latest_checkpoint
     tmp = Path(tempfile.mkdtemp(prefix="trk", dir="/tmp"))
-    out, N = tmp / "run", 10   # long enough that a kill after step 3 lands mid-run on a quiet machine too
-    proc = _start(out, f"--total_steps={N}")
+    out, marks, ck = tmp / "run", tmp / "marks", tmp / "run" / "checkpoints"
+    marks.mkdir(); (tmp / "my_rewards.py").write_text(PLUGIN.format(name="digits_match"))
+    plugin = dict(cwd=tmp, env={"PLUGIN_MARKS": str(marks)})
+    rewards = ["--reward.plugins=my_rewards.py", "--reward.functions={arith: 1.0, digits_match: 1.0}"]
+    off = ["--rollout.mode=one-step-off", "--checkpoint.every_steps=0", *rewards]
+
+    # 1. sync, killed mid-run
+    proc = _start(out, "--total_steps=10", *rewards, **plugin)   # long enough that a kill after step 3 lands mid-run on a quiet machine too
     try: _wait_step(proc, out, 3)              # a checkpoint (every 2 steps) is complete; later steps may be logged, not saved
     finally: _kill_tree(proc)
-    ck = out / "checkpoints"
-    from grpo_nb.checkpoint import latest_checkpoint
     saved = int(re.findall(r"\d+", latest_checkpoint(ck).name)[-1])   # what `--resume auto` takes: `latest` may lag a finished save
     logged = max(r["step"] for r in _records(out) if "reward_mean" in r)
-    assert 2 <= saved < N and saved % 2 == 0 and logged >= saved - 1, (saved, logged)   # killed mid-run, on an idle box too
+    assert 2 <= saved < 10 and saved % 2 == 0 and logged >= saved - 1, (saved, logged)   # killed mid-run, on an idle box too
     m = out / "metrics.jsonl"   # as if the kill fell between the save of step `saved` and its line (it can: the line follows the save)
     m.write_text("".join(l + "\n" for l in m.read_text().splitlines() if f'"step": {saved},' not in l))
-    proc = _start(out, f"--total_steps={N}", "--resume", "auto")
-    assert _finish(proc, out) == 0, _log_tail(out)
-    recs = _records(out)
-    _check_continuity(recs, N)
-    assert [r.get("restored") for r in recs if r["step"] == saved] == [1], recs   # the checkpoint's copy of its step's line
-    train = [r for r in recs if "reward_mean" in r]
-    missing = KEYS - set(train[-1]); assert not missing, missing             # every metric, every step
-    assert any("eval/reward_mean" in r for r in recs if r["step"] == 0)      # the starting policy was evaluated
-    if logged > saved: assert (out / "metrics.rolled_back.jsonl").exists()  # steps logged after the checkpoint: moved aside, not lost
-    assert (ck / "latest").read_text().strip().endswith(str(N))
-    assert list((out / "tb").glob("events.out.tfevents.*"))                  # TensorBoard
-    first = [r for r in recs if r["step"] == 1 and "time/step" in r][0]        # the start-up phases ride on the first step's line ...
-    assert first["startup/total_s"] >= first["startup/ray_s"] > 0 and first["startup/engine_load_s"] > 0, first
-    resumed = [r for r in recs if r["step"] == saved + 1 and "time/step" in r][-1]   # ... and on the first after a resume
-    assert resumed["startup/resume_sync_s"] > 0, resumed
 
-
-def test_one_step_off_sigusr1_and_resume():
-    """One-step off-policy: SIGUSR1 checkpoints at the next step boundary and exits 0; the resumed run continues exactly,
-    and with a check after every sync it catches the sync skipped on purpose and syncs again. Both runs also score with a
-    plug-in reward from a file in their working directory (`reward.plugins=my_rewards.py`, what test_plugins.py's training
-    run checked in a run of its own): the driver and the Ray worker processes import it (each writes its pid), and every
-    step logs `reward/digits_match` beside the built-in `reward/arith`."""
-    from test_plugins import PLUGIN
-    tmp = Path(tempfile.mkdtemp(prefix="tru", dir="/tmp"))
-    out, marks = tmp / "run", tmp / "marks"
-    marks.mkdir(); (tmp / "my_rewards.py").write_text(PLUGIN.format(name="digits_match"))
-    off = ["--rollout.mode=one-step-off", "--checkpoint.every_steps=0",
-           "--reward.plugins=my_rewards.py", "--reward.functions={arith: 1.0, digits_match: 1.0}"]
-    plugin = dict(cwd=tmp, env={"PLUGIN_MARKS": str(marks)})
-    proc = _start(out, "--total_steps=50", *off, **plugin)
+    # 2. resumed one step off policy, then SIGUSR1 once two of its steps are logged (its first line is the only one with
+    # `startup/resume_sync_s`: the first run's lines after the checkpoint are moved aside before it)
+    proc = _start(out, "--total_steps=50", *off, "--resume", "auto", **plugin)
     try:
-        _wait_step(proc, out, 2)
+        _wait_step(proc, out, saved + 2, after=lambda r: "startup/resume_sync_s" in r)
         os.kill(proc.pid, signal.SIGUSR1)
         rc = _finish(proc, out, 200)
     finally:
@@ -160,27 +156,44 @@ def test_one_step_off_sigusr1_and_resume():
     assert rc == 0, _log_tail(out)
     recs = _records(out)
     stopped = max(r["step"] for r in recs)
-    assert stopped < 50 and (out / "checkpoints" / "latest").read_text().strip().endswith(str(stopped))
-    assert all(r["staleness"] == 1 for r in recs if "reward_mean" in r and r["step"] > 1)   # the next batch was made while the learner trained
-    assert all(0 < r["time/generation_engine"] <= r["time/generation_total"] for r in recs if "reward_mean" in r)   # the engine's own time
-    # the plug-in: its reward's metric on every step's line, imported by the driver and the Ray workers
-    assert [r["step"] for r in recs if "reward/digits_match" in r] == [r["step"] for r in recs if "reward_mean" in r] == list(range(1, stopped + 1)), recs
-    assert all("reward/arith" in r for r in recs if "reward_mean" in r)
+    assert saved + 2 <= stopped < 50 and (ck / "latest").read_text().strip().endswith(str(stopped))
+    _check_continuity(recs, stopped)
+    train = {r["step"]: r for r in recs if "reward_mean" in r}
+    assert all(train[s]["staleness"] == 0 for s in range(1, saved + 1)), recs            # sync: every batch from the current policy
+    assert all(train[s]["staleness"] == 1 for s in range(saved + 2, stopped + 1)), recs  # one step off: made while the learner trained
     pids = {p.name for p in marks.iterdir()}
     assert len(pids) >= 2, f"the plug-in was imported by {len(pids)} process(es); the driver and its Ray workers should all import it"
-    # resumed with a check after every sync, and the sync after the first resumed step skipped on purpose
+
+    # 3. resumed with a check after every sync, and the sync after the first resumed step skipped on purpose
     proc = _start(out, f"--total_steps={stopped + 2}", *off, "--resume", "auto", "--rollout.verify_every=1",
                   f"--rollout.fault_skip_sync_step={stopped + 1}", **plugin)
     assert _finish(proc, out) == 0, _log_tail(out)
     recs = _records(out)
-    _check_continuity(recs, stopped + 2)
+    last = stopped + 2
+    _check_continuity(recs, last)
+    assert [r.get("restored") for r in recs if r["step"] == saved] == [1], recs   # the checkpoint's copy of its step's line
+    train = [r for r in recs if "reward_mean" in r]
+    for r in train:
+        missing = KEYS - set(r); assert not missing, (r["step"], missing)        # every metric, every step, in both modes
+        assert 0 < r["time/generation_engine"] <= r["time/generation_total"], r   # the engine's own time
+    assert any("eval/reward_mean" in r for r in recs if r["step"] == 0)      # the starting policy was evaluated
+    if logged > saved: assert (out / "metrics.rolled_back.jsonl").exists()  # steps logged after the checkpoint: moved aside, not lost
+    assert (ck / "latest").read_text().strip().endswith(str(last))
+    assert list((out / "tb").glob("events.out.tfevents.*"))                  # TensorBoard
+    first = [r for r in recs if r["step"] == 1 and "time/step" in r][0]        # the start-up phases ride on the first step's line ...
+    assert first["startup/total_s"] >= first["startup/ray_s"] > 0 and first["startup/engine_load_s"] > 0, first
+    for s in (saved + 1, stopped + 1):   # ... and on the first after each resume
+        resumed = [r for r in recs if r["step"] == s and "time/step" in r][-1]
+        assert resumed["startup/resume_sync_s"] > 0, resumed
+    # the plug-in: its reward's metric on every step's line, beside the built-in one
+    assert [r["step"] for r in recs if "reward/digits_match" in r] == [r["step"] for r in train] == list(range(1, last + 1)), recs
+    assert all("reward/arith" in r for r in train)
     checked = {r["step"]: r for r in recs if "sync/stale_detected" in r}
     assert checked[stopped + 1]["sync/stale_detected"] == 1 and checked[stopped + 2]["sync/stale_detected"] == 0, checked
     assert all(r["sync/max_abs_logprob_diff"] <= 1e-4 for r in checked.values())   # after the re-sync, the engine matches
     s1, s2 = checked[stopped + 1], checked[stopped + 2]   # the failed check and the sync again are timed apart from the second check
     assert s1["verify/retry_s"] > 0 and s2["verify/retry_s"] == 0
     assert s1["verify/retry_s"] + s1["verify/checksums_s"] + s1["verify/logprobs_s"] <= s1["time/verify"] + 1e-6
-    assert all("reward/digits_match" in r for r in recs if "reward_mean" in r)
 
 
 @pytest.mark.parametrize("delay", ["ready", 3.0])
