@@ -198,12 +198,14 @@ def test_sync_kill_then_one_step_off_sigusr1_then_checked_resume_continue_exactl
 
 @pytest.mark.parametrize("delay", ["ready", 3.0])
 def test_an_early_sigusr1_stops_cleanly_and_leaves_checkpoints_alone(tmp_path, delay):
-    "SIGUSR1 as soon as the trainer can take it, or 3 s into `grpo_nb train` (imports or start-up), means exit 0 and no step run."
+    """SIGUSR1 as soon as the trainer can take it, or 3 s into `grpo_nb train` (imports or start-up), means exit 0 and no step run.
+    The engine is the transformers one: a signal during start-up lets the start-up finish before the loop stops, and which
+    engine starts does not change that (the chain above runs vLLM); this one skips vLLM's import and load."""
     out = tmp_path / "run"
     ckpt = out / "checkpoints"; ckpt.mkdir(parents=True)
     (ckpt / "latest").write_text("step_4\n4\n")   # a previous job's checkpoint pointer must survive untouched
     ready = tmp_path / "ready"
-    cmd = [sys.executable, "-m", "grpo_nb.cli", "train", "demo", f"--logging.output_dir={out}", *SMALL]
+    cmd = [sys.executable, "-m", "grpo_nb.cli", "train", "demo", f"--logging.output_dir={out}", *SMALL, "--rollout.backend=transformers"]
     p = subprocess.Popen(cmd, cwd=ROOT, env={**_env(tmp_path), "GRPO_NB_READY_FILE": str(ready)}, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     if delay == "ready":
