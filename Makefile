@@ -15,8 +15,8 @@ export PYTHONUNBUFFERED := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export HF_HUB_OFFLINE := 1
 export WANDB_MODE := offline
-# Bytecode is written where it is first needed: the venv is installed without compiling its 30,000 modules (about two
-# minutes on two cores, most of them never imported), and the first process to import a module leaves its .pyc for
+# Bytecode is written where it is first needed: the venv is installed without compiling its 30,000 modules (most never
+# imported; bench/results/logs/ci/venv_bytecode.log times both on two cores), and the first process to import a module leaves its .pyc for
 # every later one (Ray actors, CLI calls, notebook kernels). With PYTHONDONTWRITEBYTECODE set, as on some CI machines,
 # every process compiled Ray, vLLM and torch from source again (`import ray` 4 s instead of 0.7 s).
 unexport PYTHONDONTWRITEBYTECODE

@@ -18,8 +18,9 @@ links=(); [ -d /opt/wheels ] && links=(--find-links /opt/wheels)
 # with it and 1.0 s without, a three-node placement test 109 s against 39 s (bench/results/logs/ci/import_ray_rfc3987.log,
 # rfc3987_before_after_tests.log). Nothing here validates IRIs: skip it.
 grep -v -E '^(torchvision|torchaudio|torchcodec|triton|rfc3987-syntax)==' requirements/cpu.lock > "$venv/cpu.lock.filtered"
-# No --compile-bytecode: compiling every module took about two minutes on two cores, and most are never imported. The
-# Makefile lets each module's first import write its bytecode instead (it unexports PYTHONDONTWRITEBYTECODE).
+# No --compile-bytecode: compiling every module costs minutes on two cores (bench/results/logs/ci/venv_bytecode.log), and most
+# are never imported. The Makefile lets each module's first import write its bytecode instead (it unexports
+# PYTHONDONTWRITEBYTECODE).
 DS_BUILD_OPS=0 "$venv/bin/uv" pip install -q --python "$venv/bin/python" "${links[@]}" --no-deps -r "$venv/cpu.lock.filtered"
 "$venv/bin/uv" pip uninstall -q --python "$venv/bin/python" torchvision torchaudio torchcodec triton rfc3987-syntax 2>/dev/null || true
 "$venv/bin/uv" pip install -q --python "$venv/bin/python" --no-deps -e .
