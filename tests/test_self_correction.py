@@ -157,10 +157,6 @@ def test_sigusr1_checkpoints_exits_0_and_the_resumed_run_continues_exactly(tmp_p
     (after its last checkpoint), while it shuts down: exit 0, never death by SIGUSR1 (what a run of its own checked before)."""
     import json, signal, sys, time
     from grpo_nb.self_correction import SCConfig, train
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # as the runs below (OMP_NUM_THREADS=1): a CPU's reductions round differently with another thread count
-    try: ref = train(SCConfig(steps=30, episodes=2))   # never interrupted (long enough for a late signal on a busy machine)
-    finally: torch.set_num_threads(threads)
     ck, out = tmp_path / "ck", tmp_path / "out"
     cmd = [sys.executable, "-m", "grpo_nb.self_correction", "--episodes=2", f"--checkpoint_dir={ck}", f"--out={out}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -177,8 +173,14 @@ def test_sigusr1_checkpoints_exits_0_and_the_resumed_run_continues_exactly(tmp_p
     assert p.returncode == 0, log[-3000:]
     stopped = json.loads((out / "summary.json").read_text())
     k = stopped["last_step"]
-    assert stopped["stopped_by"] == "SIGUSR1" and 2 <= k <= 28, (stopped["stopped_by"], k)
+    assert stopped["stopped_by"] == "SIGUSR1" and 2 <= k < 1000, (stopped["stopped_by"], k)
     assert (ck / "latest").read_text().split()[-1] == str(k)
+    # the run that is never interrupted, as long as the resumed one: a run's steps do not depend on how many it is given (the
+    # stopped run was given 1000, the resumed one k + 2), so it need not be long enough for a late signal on a busy machine
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as the runs (OMP_NUM_THREADS=1): a CPU's reductions round differently with another thread count
+    try: ref = train(SCConfig(steps=k + 2, episodes=2))
+    finally: torch.set_num_threads(threads)
     p = subprocess.Popen([*cmd, f"--steps={k + 2}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 120
