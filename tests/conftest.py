@@ -25,9 +25,9 @@ def pytest_configure(config):
 # ones first keeps one worker from finishing its last long file alone while the other has nothing left. The SLURM chain
 # is mostly waiting for the scheduler's 30-second time-limit checks: `make test` runs it in a pytest of its own, in the
 # background from its start (tools/ci_test.sh); a plain `make pytest` starts it first, beside the CPU-bound files.
-LONGEST_FIRST = ["test_slurm_cluster.py", "test_trainer.py", "test_colocate.py", "test_weight_sync_vllm.py", "test_ddp.py",
-                 "test_self_correction.py", "test_learner.py", "test_reward_model.py", "test_rewards_sandbox.py",
-                 "test_placement.py", "test_plugins.py", "test_ray_bootstrap.py", "test_reward_hacking.py"]
+LONGEST_FIRST = ["test_slurm_cluster.py", "test_trainer.py", "test_weight_sync_vllm.py", "test_ddp.py", "test_colocate.py",
+                 "test_reward_model.py", "test_self_correction.py", "test_learner.py", "test_placement.py",
+                 "test_reward_hacking.py", "test_rewards_sandbox.py", "test_plugins.py", "test_ray_bootstrap.py"]
 
 
 def pytest_collection_modifyitems(config, items):
