@@ -9,7 +9,7 @@
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2 mix4
 #                                                        s7colocx s7olmocolocx (expandable segments) mfuolmo2pack mfu7b2packw
 #                                                        mixb4 (VERL_S: verl's seconds) mixv4
-#                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them)
+#                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them; verl01 also cupy)
 #
 # Each lane runs its benchmarks one after another on its own GPUs (CUDA_VISIBLE_DEVICES), each under `timeout`,
 # writing JSON results and a log per benchmark under $GPUWORK (default /tmp/gpuwork, kept across calls). At the end

@@ -42,7 +42,8 @@ and transformers==5.9.0, which a plain install would put in place of the node's 
 0.9.1 but not among its required dependencies. TRL must not be importable by verl: verl 0.9.1 (built against TRL 0.27)
 patches TRL's `AutoModelForCausalLMWithValueHead` whenever TRL is installed, a class TRL 1.x no longer has, so where
 TRL is installed (for the TRL peer) the run hides it from verl's processes with a `sitecustomize.py` at the head of
-their PYTHONPATH (`HIDE_TRL`); the record says so (`preflight.trl_hidden`).
+their PYTHONPATH (`HIDE_TRL`); the record says so (`preflight.trl_hidden`). The same file lets verl's split trainer
+start: its set-up passes `flush=True` to a standard-library logger, a TypeError (`ACCEPT_FLUSH` drops the keyword).
 
 vLLM: verl 0.9.1's code refuses vLLM below 0.18.0 (verl/third_party/vllm) and checks no upper bound; it carries
 branches for vLLM >= 0.25. Its `vllm` extra pins vllm 0.24.0, so vLLM 0.26 is past what it was released against but
@@ -144,6 +145,17 @@ sys.meta_path.insert(0, _HideTRL())
 '''
 "The `sitecustomize.py` of a verl run where TRL is installed: it hides TRL from verl's processes (its Ray workers inherit PYTHONPATH)."
 
+ACCEPT_FLUSH = '''
+# verl 0.9.1's split trainer (trainer_separate_async.py, `_setup` with hybrid_engine=False) calls `logger.info(..., flush=True)`,
+# a keyword the standard library's Logger refuses (TypeError), so the run stops before its first step. The keyword is dropped.
+import logging
+
+_log = logging.Logger._log
+def _log_without_flush(self, *args, flush=None, **kwargs): return _log(self, *args, **kwargs)
+logging.Logger._log = _log_without_flush
+'''
+"Added to the `sitecustomize.py` of verl's separate-async runs: its Logger call with `flush=True` no longer stops the run."
+
 
 def verl_plan(backend:str, shape:dict, model_dir:Path, tmp:Path, prompts:list[str], reward, visible:str="0,1", flash_attn:bool=True,
               hide_trl:bool=False, pythonpath:str="") -> dict:
@@ -155,8 +167,9 @@ def verl_plan(backend:str, shape:dict, model_dir:Path, tmp:Path, prompts:list[st
     env = {"CUDA_VISIBLE_DEVICES": gpus, "VERL_FILE_LOGGER_PATH": str(metrics),
            "RAY_ADDRESS": "local"}   # verl starts its own Ray instance, never joining another cluster of this host (its ray.init() would)
     files = {data: verl_rows(prompts), reward_file: reward_source(reward)}
-    if hide_trl:
-        files[tmp / "verl_site" / "sitecustomize.py"] = HIDE_TRL
+    site = (HIDE_TRL if hide_trl else "") + (ACCEPT_FLUSH if B["mode"] == "separate_async" else "")
+    if site:
+        files[tmp / "verl_site" / "sitecustomize.py"] = site
         env["PYTHONPATH"] = os.pathsep.join([str(tmp / "verl_site")] + ([pythonpath] if pythonpath else []))
     return {"backend": backend, "cmd": [sys.executable, "-m", B["module"], *verl_overrides(backend, shape, model_dir, data, reward_file, tmp, flash_attn)],
             "env": env, "log": log, "metrics": metrics, "files": files, "steps": shape["warmup"] + shape["steps"]}
@@ -309,7 +322,7 @@ def dry_run_text(plan:dict) -> str:
     "What `--dry-run` prints for a verl run: its command with its environment, then each file it would write (the parquet rows as JSON, the first two and the count)."
     out = [f"verl {plan['backend']}: {shown(plan)}",
            "(where flash_attn is not importable: actor_rollout_ref.model.use_remove_padding=False "
-           "+actor_rollout_ref.model.override_config.attn_implementation=sdpa; the sitecustomize.py and its PYTHONPATH entry only where TRL is importable)"]
+           "+actor_rollout_ref.model.override_config.attn_implementation=sdpa; the sitecustomize.py and its PYTHONPATH entry only where TRL is importable or the mode is separate-async)"]
     for path, content in plan["files"].items():
         if isinstance(content, str): out.append(f"--- {path}\n{content.rstrip()}")
         else: out.append(f"--- {path} ({len(content)} rows, parquet; the first two as JSON)\n" + "\n".join(json.dumps(r) for r in content[:2]))

@@ -230,3 +230,15 @@ def test_merge_keeps_earlier_pairs_beside_the_newest(tmp_path):
 def test_verl_starts_its_own_ray_instance():
     "verl's bare ray.init() would join the last cluster started on the host (a run of ours beside it); RAY_ADDRESS=local keeps them apart."
     assert all(_plan(b, Path("/tmp/x"))["env"]["RAY_ADDRESS"] == "local" for b in V.BACKENDS)
+
+
+def test_the_split_mode_runs_past_verls_logger_call_with_flush(tmp_path):
+    "verl 0.9.1's separate-async set-up logs with `flush=True`, a TypeError in the standard library; its run's sitecustomize drops the keyword."
+    plan = V.verl_plan("separate-async", BENCH, tmp_path / "model", tmp_path, ["t1"], E.toy_reward)
+    V.write_files(plan)
+    code = "import logging; logging.getLogger('x').warning('ok %s', 1, flush=True); print('ran')"
+    run = lambda env: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert "TypeError" in run({}).stderr   # what verl's call does in a plain interpreter
+    r = run({"PYTHONPATH": plan["env"]["PYTHONPATH"]})
+    assert r.stdout.split() == ["ran"] and "ok 1" in r.stderr
+    assert "verl_site" not in V.verl_plan("hybrid", BENCH, tmp_path / "m", tmp_path, ["t1"], E.toy_reward)["env"].get("PYTHONPATH", "")
