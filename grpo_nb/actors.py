@@ -9,7 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Sequence
 
 # %% auto 0
-__all__ = ['GPU_SAFETY_ENV', 'submit', 'gather', 'call', 'wait_ready', 'free_port', 'local_ray_node']
+__all__ = ['GPU_SAFETY_ENV', 'submit', 'Interrupted', 'gather', 'call', 'wait_ready', 'free_port', 'local_ray_node']
 
 # %% ../nbs/02a_actors.ipynb 6
 _pool:ThreadPoolExecutor|None = None
@@ -27,8 +27,14 @@ def submit(obj, # a local object, or a Ray actor handle
     return _pool.submit(fn, *args, **kwargs)
 
 # %% ../nbs/02a_actors.ipynb 7
+class Interrupted(Exception):
+    "A wait that a stop request ended (`gather(..., stop=...)`): the caller tears down what it started."
+
+
+# %% ../nbs/02a_actors.ipynb 8
 def gather(calls:Sequence, # results of `submit`
            timeout_s:float|None=None, # give up (TimeoutError) after this many seconds
+           stop=None, # anything whose truth turns True on a stop request (a `grpo_nb.stop.StopFlag`): then `Interrupted` within about 0.2 s
           ) -> list:
     "Wait for `calls` and return their results in order; the first failure is raised as soon as it happens."
     calls = list(calls)
@@ -40,22 +46,24 @@ def gather(calls:Sequence, # results of `submit`
     while len(done) < len(calls):
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"{len(calls) - len(done)} of {len(calls)} calls still running after {timeout_s} s.")
+        if stop is not None and stop: raise Interrupted(f"stopped ({getattr(stop, 'reason', None) or 'requested'}) with {len(calls) - len(done)} of {len(calls)} calls still running")
+        slice_max = left() if stop is None else min(0.2, left() if deadline is not None else 0.2)   # a stop request is looked at every 0.2 s
         if refs:
             import ray
-            slice_s = 0.05 if futs else left()   # share the wait with local futures, if any
+            slice_s = 0.05 if futs else slice_max   # share the wait with local futures, if any
             ready, _ = ray.wait(list(refs), num_returns=1, timeout=slice_s)
             for r in ready: done[refs.pop(r)] = ray.get(r)         # re-raises the actor's error
         if futs:
-            ready, _ = wait_futures(list(futs), timeout=0 if refs else left(), return_when=FIRST_COMPLETED)
+            ready, _ = wait_futures(list(futs), timeout=0 if refs else slice_max, return_when=FIRST_COMPLETED)
             for f in ready: done[futs.pop(f)] = f.result()         # re-raises the call's error
     return [done[i] for i in range(len(calls))]
 
-# %% ../nbs/02a_actors.ipynb 9
+# %% ../nbs/02a_actors.ipynb 10
 def call(obj, method:str, *args, **kwargs):
     "Call `obj.method(*args, **kwargs)` and wait for the result (local object or Ray actor)."
     return gather([submit(obj, method, *args, **kwargs)])[0]
 
-# %% ../nbs/02a_actors.ipynb 11
+# %% ../nbs/02a_actors.ipynb 12
 def wait_ready(calls:Sequence, # results of `submit`
                timeout_s:float|None=None, # stop waiting after this many seconds
               ) -> None:
@@ -67,11 +75,11 @@ def wait_ready(calls:Sequence, # results of `submit`
         import ray
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
 
-# %% ../nbs/02a_actors.ipynb 16
+# %% ../nbs/02a_actors.ipynb 17
 GPU_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1", "NCCL_CUMEM_ENABLE": "0"}
 "Environment of every GPU process that takes part in a weight sync (NVLink multicast off; NCCL without cuMem)."
 
-# %% ../nbs/02a_actors.ipynb 18
+# %% ../nbs/02a_actors.ipynb 19
 def free_port() -> int:
     "A TCP port free on every interface now, drawn at random from 24576-32767 and below the kernel's ephemeral range, so that no bind to port 0 can be given it before its user binds it (a rendezvous, a Ray agent); any free port when none there is."
     import random, socket
@@ -85,12 +93,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0)); return s.getsockname()[1]
 
-# %% ../nbs/02a_actors.ipynb 21
+# %% ../nbs/02a_actors.ipynb 22
 def _children() -> set:
     import psutil
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
-# %% ../nbs/02a_actors.ipynb 23
+# %% ../nbs/02a_actors.ipynb 24
 def local_ray_node(num_cpus:int, # logical CPUs of the node
                    num_gpus:int=0, # logical GPUs of the node (CPU-only tests may ask for some)
                    object_store_bytes:int|None=200 * 2**20, # the node's object store (None: Ray's default)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Literal
 from fastcore.basics import patch
 from .config import ConfigError, TrainConfig, derive, load_config, run_cli, to_dict, to_yaml, validate
 from .stop import StopFlag, catch_early
-from .actors import local_ray_node, wait_ready
+from .actors import Interrupted, local_ray_node, wait_ready
 from .run import MetricsLog, load_rows, read_metrics, row_loader, run_command
 from .learner import TrainBatch, LearnerGroup
 from .checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, write_latest
@@ -264,13 +264,17 @@ class Actors:
 # %% ../nbs/08_trainer.ipynb 43
 def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolved to a directory)
                  layout, # its `Layout`
+                 stop=None, # the run's `StopFlag`: set between phases or while the engines load, `Interrupted` (all started torn down)
                 ) -> Actors:
     "Placement groups, then engines and learners concurrently, then the weight-sync group; `sync_info['startup']` has each phase's seconds."
     R, t = cfg.rollout, {"start": time.perf_counter()}
     groups = create_placement_groups(layout, timeout_s=120)
     t["placement"] = time.perf_counter()
     engines, learner = [], None
+    def check():   # between the phases: a stop request ends the start-up here, not after the engines' load
+        if stop is not None and stop: raise Interrupted(f"stopped ({stop.reason}) during start-up")
     try:
+        check()
         opts = [placed_actor_options(groups, "engine", i) for i in range(R.num_engines)]
         colocated, ekw = R.placement == "colocated", _engine_kwargs(cfg, layout.device)
         def learners():   # the learner group, and the seconds it took to start
@@ -283,8 +287,9 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         engines = create_engines(cfg.model.name_or_path, R.num_engines, R.tensor_parallel_size, R.backend, layout.device,
                                  actor_options=opts, wait=False, **ekw, **({"defer_load": True} if defer else {}))
         if learner is None: learner, learners_s = learners()   # meanwhile split engines load, and deferred ones import vLLM
-        if defer: gather([e.load.remote() for e in engines], timeout_s=R.startup_timeout_s)
-        infos = gather([e.info.remote() for e in engines], timeout_s=R.startup_timeout_s)
+        check()
+        if defer: gather([e.load.remote() for e in engines], timeout_s=R.startup_timeout_s, stop=stop)
+        infos = gather([e.info.remote() for e in engines], timeout_s=R.startup_timeout_s, stop=stop)
         t["engines"] = time.perf_counter()
         info = connect_weight_sync(learner.actors, engines, R.tensor_parallel_size, backend="ipc" if colocated else R.sync_backend)
         loads = [i.get("load_s") for i in infos if i.get("load_s") is not None]
@@ -300,9 +305,9 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         info["engine_logs"] = [i.get("load_log") or "" for i in infos]   # `Run.start` keeps them in the run's directory
         info["gpu_bytes"] = min((i["gpu_bytes"] for i in infos if i.get("gpu_bytes")), default=None)   # the smallest engine GPU (None on CPUs)
         return Actors(groups, learner, engines, info)
-    except BaseException:
+    except BaseException as e:
         if learner is not None: learner.shutdown(kill=True)
-        if engines: shutdown_engines(engines)
+        if engines: shutdown_engines(engines, timeout_s=5 if isinstance(e, Interrupted) else 30)   # a stop does not wait out a load: an engine still loading is killed
         _remove_groups(groups)
         raise
 
@@ -398,7 +403,7 @@ class Run:
                  on_step:Callable[[dict], None]|None=None, # called with every step's metrics (tests, notebooks)
                 ):
         self.cfg, self.d = cfg, derive(cfg)
-        self.stop, self.on_step = stop or StopFlag(), on_step
+        self.stop, self.on_step = stop if stop is not None else StopFlag(), on_step   # a flag not yet set is falsy: `stop or ...` would drop the caller's
         self.actors = self.log = self.bar = self.cluster = None
         self.out, self.ckpt = Path(cfg.logging.output_dir), Path(self.d.checkpoint_dir)
         self.step = 0                 # steps completed
@@ -491,7 +496,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     t0, launch_s = time.perf_counter(), process_age_s()   # imports, config and checks: everything before Ray
     self.cluster = start_ray(self.cfg, self.layout, ray_temp_dir)
     t1 = time.perf_counter()
-    self.actors = start_actors(self.cfg, self.layout)
+    self.actors = start_actors(self.cfg, self.layout, self.stop)   # a stop request while they start: `Interrupted`, `train` ends the run
     self.startup = {"startup/launch_s": launch_s, "startup/prompts_cached": float(self.prompts_cached), "startup/ray_s": t1 - t0, **self.actors.sync_info.get("startup", {})}
     self.consumed, self.gpu_bytes = 0, self.actors.sync_info.get("gpu_bytes")   # the engines' GPUs as they measured them (colocated: the learners' too)
     self.sync_plan = sync_plan(self.actors.learner.actors)   # the same for every sync of the run: each sync then skips that round trip
@@ -606,7 +611,7 @@ def loop(self:Run):
     cfg, R = self.cfg, self.cfg.rollout
     P, off = R.prompts_per_step, R.mode == "one-step-off"
     eng = self.actors.engines
-    if self.eval_prompts and self.step == 0: self.log_eval()
+    if self.eval_prompts and self.step == 0 and not self.stop: self.log_eval()   # a run stopped before its first step evaluates nothing
     pending, begun = None, self.step
     while self.step < cfg.total_steps and not self.stop:
         t_step = time.perf_counter()
@@ -747,13 +752,17 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
     run = Run(cfg, stop, on_step)
     run.load_data()
     run.last_ckpt = None
+    nothing = lambda: {"steps_run": 0, "first_step": None, "last_step": None, "stopped_by": run.stop.reason, "events": run.events,
+                       "output_dir": str(run.out), "checkpoint": None, "wall_s": time.perf_counter() - t0}
     with run.stop:
         if run.stop:   # a signal before the first step: start nothing, keep every checkpoint, let the chain resume
             run.events.append(f"stopped by {run.stop.reason}: nothing started, checkpoints untouched")
-            return {"steps_run": 0, "first_step": None, "last_step": None, "stopped_by": run.stop.reason, "events": run.events,
-                    "output_dir": str(run.out), "checkpoint": None, "wall_s": time.perf_counter() - t0}
+            return nothing()
         try:
-            run.start(resume_from, ray_temp_dir)
+            try: run.start(resume_from, ray_temp_dir)
+            except Interrupted as e:   # a signal while Ray, the learners or the engines started: what started is torn down (below)
+                run.events.append(f"{e}: nothing trained, checkpoints untouched")
+                return nothing()
             first = run.step + 1
             if cfg.logging.progress_bar:
                 from tqdm.auto import tqdm

@@ -196,11 +196,18 @@ def test_sync_kill_then_one_step_off_sigusr1_then_checked_resume_continue_exactl
     assert s1["verify/retry_s"] + s1["verify/checksums_s"] + s1["verify/logprobs_s"] <= s1["time/verify"] + 1e-6
 
 
-@pytest.mark.parametrize("delay", ["ready", 3.0])
+def _has_child(pid:int, name:str) -> bool:
+    "Whether a process below `pid` has `name` in its name."
+    import psutil
+    try: return any(name in c.name() for c in psutil.Process(pid).children(recursive=True))
+    except psutil.Error: return False
+
+
+@pytest.mark.parametrize("delay", ["ready", "ray"])
 def test_an_early_sigusr1_stops_cleanly_and_leaves_checkpoints_alone(tmp_path, delay):
-    """SIGUSR1 as soon as the trainer can take it, or 3 s into `grpo_nb train` (imports or start-up), means exit 0 and no step run.
-    The engine is the transformers one: a signal during start-up lets the start-up finish before the loop stops, and which
-    engine starts does not change that (the chain above runs vLLM); this one skips vLLM's import and load."""
+    """SIGUSR1 as soon as the trainer can take it (before anything starts), or once its Ray session exists (during the
+    start-up: the run stops at its next phase and tears down what started), means exit 0 and no step run. The engine is
+    the transformers one (the chain above runs vLLM)."""
     out = tmp_path / "run"
     ckpt = out / "checkpoints"; ckpt.mkdir(parents=True)
     (ckpt / "latest").write_text("step_4\n4\n")   # a previous job's checkpoint pointer must survive untouched
@@ -208,14 +215,25 @@ def test_an_early_sigusr1_stops_cleanly_and_leaves_checkpoints_alone(tmp_path, d
     cmd = [sys.executable, "-m", "grpo_nb.cli", "train", "demo", f"--logging.output_dir={out}", *SMALL, "--rollout.backend=transformers"]
     p = subprocess.Popen(cmd, cwd=ROOT, env={**_env(tmp_path), "GRPO_NB_READY_FILE": str(ready)}, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    if delay == "ready":
-        deadline = time.monotonic() + 120   # the imports before the handler is in place take seconds on a loaded machine
-        while not ready.exists() and time.monotonic() < deadline and p.poll() is None: time.sleep(0.001)
-        assert ready.exists(), p.poll()
-    else: time.sleep(delay)
+    deadline = time.monotonic() + 120   # the imports before the handler is in place take seconds on a loaded machine
+    seen = (lambda: ready.exists()) if delay == "ready" else (lambda: _has_child(p.pid, "gcs_server"))   # Ray's control store is up
+    while not seen() and time.monotonic() < deadline and p.poll() is None: time.sleep(0.001)
+    assert seen(), p.poll()
     os.kill(p.pid, signal.SIGUSR1)
     text, _ = p.communicate(timeout=240)
     assert p.returncode == 0, text[-3000:]
     assert '"stopped_by": "SIGUSR1' in text and '"steps_run": 0' in text, text[-2000:]
+    if delay == "ray": assert "during start-up" in text and "nothing trained" in text, text[-2000:]
     assert (ckpt / "latest").read_text() == "step_4\n4\n"
     assert not (out / "metrics.jsonl").exists() or not any(r.get("step", 0) >= 1 for r in _records(out))   # 3 s may be past start-up: no step trained
+
+
+def test_a_stop_flag_handed_to_train_is_the_one_the_run_watches():
+    "A `StopFlag` not yet set is falsy; the run keeps the caller's own (a notebook or a test sets it later), never a fresh one."
+    from grpo_nb.config import load_config, validate
+    from grpo_nb.stop import StopFlag
+    from grpo_nb.trainer import Run
+    flag = StopFlag()
+    run = Run(validate(load_config("demo", ["--logging.output_dir=/tmp/unused-run"])), flag)
+    assert run.stop is flag and not run.stop
+    flag.set("requested"); assert run.stop
