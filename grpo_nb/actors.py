@@ -105,12 +105,12 @@ def local_ray_node(num_cpus:int, # logical CPUs of the node
                    temp_dir:str|None=None, # the session root (None: Ray's default); attempt k uses <temp_dir>/k
                    attempts:int=3, # starts to try before giving up
                   ): # a started `ray.cluster_utils.Cluster`; `ray.init(address=c.address)` joins it, `c.shutdown()` stops it
-    "A one-node Ray cluster that comes up on a saturated machine too: agent ports chosen once, a longer agent wait, retries; a `RuntimeError` naming the cause after the last try. No autoscaler and no idle workers: their processes would only take CPU from the run."
+    "A one-node Ray cluster that comes up on a saturated machine too: its agents' ports chosen here (four distinct ones, drawn again for each try), a longer agent wait, retries; a `RuntimeError` naming the cause after the last try. No autoscaler and no idle workers: their processes would only take CPU from the run."
     import os, psutil, tempfile
     import ray._private.services as svc
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
-    ports = {k: free_port() for k in ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port", "runtime_env_agent_port")}
+    names, ports = ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port", "runtime_env_agent_port"), {}
     start = svc.start_ray_process
     def with_agent_port(command, process_type, *a, **kw):
         if process_type == ray_constants.PROCESS_TYPE_RAYLET:
@@ -130,10 +130,12 @@ def local_ray_node(num_cpus:int, # logical CPUs of the node
     for k, v in waits.items(): os.environ.setdefault(k, v)   # read by the GCS and the raylet when they start
     try:
         for k in range(attempts):
+            drawn = set()
+            while len(drawn) < len(names): drawn.add(free_port())   # distinct: two draws can find the same free port
+            ports.update(zip(names, drawn))   # a new set each try: the port that failed the last one is not tried again
             before, c = _children(), Cluster(initialize_head=False)
             try:
                 c.add_node(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, no_monitor=True, **ports,   # one node: nothing to autoscale
-                           
                            **({"object_store_memory": object_store_bytes} if object_store_bytes else {}),
                            **({"temp_dir": f"{temp_dir}/{k}"} if temp_dir else {}))
                 return c

@@ -970,8 +970,8 @@ def sync_weights(learners:Sequence, # every learner rank (rank 0 first); ZeRO-3 
             "gather_s": max(s.get("gather_s", 0.0) for s in res[len(engines):]), "send_s": max(s.get("send_s", 0.0) for s in res[len(engines):]),
             "recv_s": max((r.get("recv_s", 0.0) for r in recv), default=0.0),
             "load_s": max((r.get("load_s", 0.0) for r in recv), default=0.0),
-            # ipc: recv_s's parts on the slowest receiver, waiting for its sender's message and copying the bucket out
-            **({k: max(r.get(k, 0.0) for r in recv) for k in ("recv_wait_s", "recv_copy_s")} if any("recv_wait_s" in r for r in recv) else {}),
+            # ipc: recv_s's parts on the slowest receiver (the one whose recv_s is reported), waiting for its sender's message and copying the bucket out
+            **({k: slow[k] for k in ("recv_wait_s", "recv_copy_s")} if "recv_wait_s" in (slow := max(recv, key=lambda r: r.get("recv_s", 0.0), default={})) else {}),
             # first gather on learner rank 0 -> last engine done (wall clocks of one host; else the driver's view)
             "total_s": max(ends) - sent["t_start"] if len(ends) == len(recv) and _one_host(sent, *recv) else call_s,
             "call_s": call_s}
