@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test` after the sync check: the notebooks beside the site and its browser test, then pytest on two workers.
+# `make test` after the sync check: notebooks, the site and its browser test, then pytest on two workers.
 # The real-SLURM tests (tests/test_slurm_cluster.py, `make pytest-slurm`) spend most of their minutes waiting for the
 # scheduler's 30-second time-limit checks, so they run in the background from the start, beside the notebooks, the
 # site and the other tests, instead of holding one of pytest's two workers idle. Their fixture installs Debian's SLURM
@@ -9,17 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
 make --no-print-directory bytecode   # once, before the SLURM tests and the notebooks start side by side (each make target checks it again)
-slurm_log=$(mktemp) docs_log=$(mktemp)
+slurm_log=$(mktemp)
 make --no-print-directory pytest-slurm > "$slurm_log" 2>&1 & slurm_pid=$!
-# the site's build and browser test read the committed notebooks, not the executed ones: they run beside the notebooks
-# (the build is one process, which left one of the two cores idle for most of its minute when it ran after them)
-make --no-print-directory docs-test > "$docs_log" 2>&1 & docs_pid=$!
-trap '{ pkill -TERM -P "$slurm_pid"; kill "$slurm_pid"; pkill -TERM -P "$docs_pid"; kill "$docs_pid"; } 2>/dev/null || true' EXIT   # a failure before the end leaves nothing running (and the trap never fails the script)
+trap '{ pkill -TERM -P "$slurm_pid"; kill "$slurm_pid"; } 2>/dev/null || true' EXIT   # a failure before the end leaves no pytest running (and the trap never fails the script)
 make --no-print-directory nbtest
-echo "ci_test: notebooks done after $((SECONDS - t0)) s"
-drc=0; wait "$docs_pid" || drc=$?
-cat "$docs_log"
-[ "$drc" = 0 ] || { echo "ci_test: the site's build or browser test failed (above)"; exit "$drc"; }
+make --no-print-directory docs-test
 echo "ci_test: notebooks and site done after $((SECONDS - t0)) s"
 rc=0
 # tests/test_site.py's four Chromium and KaTeX tests ran in docs-test (tools/browser_test.sh) just now: not a second time
