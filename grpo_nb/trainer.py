@@ -221,6 +221,7 @@ def start_ray(cfg:TrainConfig, # the run's config
     addr = cfg.cluster.ray_address
     if addr != "local":
         ray.init(address=addr, log_to_driver=False, runtime_env=_plugin_env(cfg)); return None
+    if layout.device == "cuda": _check_local_gpus(cfg.cluster.gpus_per_node)   # the local cluster declares that many: they must be here
     for k, v in _ENGINE_ENV.items(): os.environ.setdefault(k, v)   # this process and the actors it starts
     cpus = layout.learner_world_size * layout.cpus_per_learner + layout.num_engines * layout.tp * layout.cpus_per_engine_worker
     gpus = cfg.cluster.gpus_per_node if layout.device == "cuda" else 0
@@ -228,12 +229,23 @@ def start_ray(cfg:TrainConfig, # the run's config
     ray.init(address=c.address, log_to_driver=False, configure_logging=False, runtime_env=_plugin_env(cfg))
     return c
 
+def _check_local_gpus(want:int, # `cluster.gpus_per_node`: the GPUs a local cluster gives its actors
+                     ) -> None:
+    "Refuse (ConfigError, before Ray) a local GPU run on a node that shows fewer GPUs than the config gives it."
+    import torch
+    have = torch.cuda.device_count()
+    if have >= want: return
+    seen = f"{have} GPU{'s' if have != 1 else ''}" + (f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r})" if "CUDA_VISIBLE_DEVICES" in os.environ else "")
+    raise ConfigError("cluster.gpus_per_node", f"the run starts its own Ray on this node and gives it {want} GPUs (cluster.gpus_per_node; its layout runs on GPUs), but this node shows {seen}.",
+                      (f"--cluster.gpus_per_node={have} and a layout that fits them (grpo_nb plan --config), " if have else "")
+                      + "--cluster.device=cpu (or the demo preset) for a run on CPUs, or --cluster.ray_address=auto to join a Ray cluster that has the GPUs")
+
 def _plugin_env(cfg:TrainConfig) -> dict|None:
     "Ray's runtime_env that imports the config's plug-ins in every worker process before it runs anything."
     specs = [*cfg.data.plugins, *cfg.reward.plugins]
     return {"worker_process_setup_hook": worker_hook(specs)} if specs else None
 
-# %% ../nbs/08_trainer.ipynb 38
+# %% ../nbs/08_trainer.ipynb 39
 def _engine_kwargs(cfg:TrainConfig, device:str) -> dict:
     R, M = cfg.rollout, cfg.model
     if R.backend == "transformers":
@@ -252,7 +264,7 @@ def _plannable(model:str) -> bool:
     try: get_shape(model); return True
     except (ValueError, KeyError, OSError): return False   # an architecture the planner cannot read: vLLM profiles it, after the learner is up
 
-# %% ../nbs/08_trainer.ipynb 41
+# %% ../nbs/08_trainer.ipynb 42
 @dataclass
 class Actors:
     "Everything the run started on the cluster."
@@ -261,7 +273,7 @@ class Actors:
     engines:list # engine actor handles
     sync_info:dict # `connect_weight_sync`'s report
 
-# %% ../nbs/08_trainer.ipynb 43
+# %% ../nbs/08_trainer.ipynb 44
 def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolved to a directory)
                  layout, # its `Layout`
                  stop=None, # the run's `StopFlag`: set between phases or while the engines load, `Interrupted` (all started torn down)
@@ -311,7 +323,7 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         _remove_groups(groups)
         raise
 
-# %% ../nbs/08_trainer.ipynb 45
+# %% ../nbs/08_trainer.ipynb 46
 def _remove_groups(groups):
     from ray.util.placement_group import remove_placement_group
     for pg in (groups.learners, groups.engines):
@@ -325,7 +337,7 @@ def stop_actors(a:Actors|None) -> None:
     with contextlib.suppress(Exception): shutdown_engines(a.engines)
     _remove_groups(a.groups)
 
-# %% ../nbs/08_trainer.ipynb 48
+# %% ../nbs/08_trainer.ipynb 49
 @dataclass
 class Rollout:
     "One step's prompts, samples and rewards."
@@ -342,7 +354,7 @@ class Rollout:
     engine_s:float=0.0 # seconds the slowest engine spent generating them (its own clock: what one-step-off overlaps with the learner)
     reward_s:float=0.0 # seconds scoring them
 
-# %% ../nbs/08_trainer.ipynb 50
+# %% ../nbs/08_trainer.ipynb 51
 def start_rollout(engines:list, # engine handles
                   prompts:list[list[int]], # every prompt's token ids
                   order:PromptOrder, # the data order
@@ -360,7 +372,7 @@ def start_rollout(engines:list, # engine handles
     calls = [submit(e, "generate", ps[a:b], s, a) for e, (a, b) in zip(engines, split_evenly(len(ps), len(engines))) if b > a]
     return Rollout(step, start, idx, calls, t_submit, version)
 
-# %% ../nbs/08_trainer.ipynb 52
+# %% ../nbs/08_trainer.ipynb 53
 def finish_rollout(ro:Rollout, # from `start_rollout`
                    answers:list, # every prompt's reference answer
                    functions:dict[str, float], # `reward.functions`
@@ -379,7 +391,7 @@ def finish_rollout(ro:Rollout, # from `start_rollout`
     ro.reward_s = time.perf_counter() - t1
     return ro
 
-# %% ../nbs/08_trainer.ipynb 54
+# %% ../nbs/08_trainer.ipynb 55
 def evaluate(engines:list, # engine handles
              prompts:list[list[int]], # held-out prompts' token ids
              answers:list, # their references
@@ -395,7 +407,7 @@ def evaluate(engines:list, # engine handles
     return {f"eval/{k}": v for k, v in m.items() if k in ("reward_mean", "response_len_mean") or k.startswith("reward/")} | \
            {"eval/num_prompts": len(prompts), "time/eval": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 56
+# %% ../nbs/08_trainer.ipynb 57
 class Run:
     "One training run: data, actors, metrics, the loop's state."
     def __init__(self, cfg:TrainConfig, # a validated config
@@ -413,7 +425,7 @@ class Run:
         self.prompts_cached = False   # the prompts' token ids came from the cache (`load_data`)
         self.sleep_level, self.awake_check, self.gpu_bytes = 0, False, None   # colocated: the engines' level this step (`first_sleep_level`), the GPU's memory
 
-# %% ../nbs/08_trainer.ipynb 57
+# %% ../nbs/08_trainer.ipynb 58
 @patch
 def load_data(self:Run):
     "Training and evaluation prompts as token ids (`encode_prompts_cached`), the data order."
@@ -429,7 +441,7 @@ def load_data(self:Run):
         self.eval_prompts, ekept, _, ehit = encode_prompts_cached(erows, model, D.template, D.max_prompt_tokens)
         self.eval_answers, self.prompts_cached = [r["answer"] for r in ekept], hit and ehit
 
-# %% ../nbs/08_trainer.ipynb 59
+# %% ../nbs/08_trainer.ipynb 60
 def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                device:str, # the layout's device: only "cuda" is checked
               ) -> None:
@@ -449,7 +461,7 @@ def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
         raise ConfigError("cluster.gpu", f"the memory plan does not fit the {gpu} (grpo_nb plan --config): {'; '.join(p.advice)}.",
                           "one of the changes above; --cluster.gpu=<your GPU> if the planner assumed another card")
 
-# %% ../nbs/08_trainer.ipynb 62
+# %% ../nbs/08_trainer.ipynb 63
 def plan_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                device:str, # the layout's device: only "cuda" gets advice
               ) -> list[str]: # the advice as run events, or nothing
@@ -459,7 +471,7 @@ def plan_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
     except ValueError: return []   # a model the planner cannot read has no advice
     return [a for a in out if a]
 
-# %% ../nbs/08_trainer.ipynb 65
+# %% ../nbs/08_trainer.ipynb 66
 def process_age_s() -> float|None:
     "Seconds since this process began (Linux `/proc`); None where that cannot be read."
     try:
@@ -474,7 +486,7 @@ def _keep_engine_logs(out:Path, # the run's directory
     for i, text in enumerate(logs):
         if text: (out / "logs").mkdir(exist_ok=True); (out / "logs" / f"engine{i}_load.log").write_text(text)
 
-# %% ../nbs/08_trainer.ipynb 67
+# %% ../nbs/08_trainer.ipynb 68
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
           ray_temp_dir:str|None=None, # local Ray session root
@@ -516,7 +528,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     _keep_engine_logs(self.out, self.actors.sync_info.pop("engine_logs", []))   # what each engine logged while it loaded: where its time went
     self.startup["startup/total_s"] = time.perf_counter() - t0
 
-# %% ../nbs/08_trainer.ipynb 68
+# %% ../nbs/08_trainer.ipynb 69
 @patch
 def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept in the checkpoint (it is logged after the save)
               ) -> Path:
@@ -528,7 +540,7 @@ def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept 
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 69
+# %% ../nbs/08_trainer.ipynb 70
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -547,7 +559,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_reserved_gib"] = m.get("peak_reserved_bytes", 0) / 2**30   # the same peak with the allocator's cached blocks
     return info
 
-# %% ../nbs/08_trainer.ipynb 70
+# %% ../nbs/08_trainer.ipynb 71
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -563,7 +575,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 72
+# %% ../nbs/08_trainer.ipynb 73
 def first_sleep_level(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                       device:str, # the layout's device
                      ) -> tuple[int, bool]: # the level of the first step, and whether that step's peak may keep the engines awake after it
@@ -585,7 +597,7 @@ def stays_awake(peak_reserved_bytes:int, # the learner's step peak, its allocato
     return peak_reserved_bytes + (gpu_memory_utilization + margin) * gpu_bytes <= gpu_bytes
 
 
-# %% ../nbs/08_trainer.ipynb 74
+# %% ../nbs/08_trainer.ipynb 75
 @patch
 def decide_awake(self:Run, step:int, # the step just taken (the engines slept through it)
                  learn:dict, # its learner metrics (`Run.learn`)
@@ -604,7 +616,7 @@ def decide_awake(self:Run, step:int, # the step just taken (the engines slept th
                            f"leaves less than {RELEASE_MARGIN:.0%} free, or was not measured)")
 
 
-# %% ../nbs/08_trainer.ipynb 77
+# %% ../nbs/08_trainer.ipynb 78
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
@@ -665,7 +677,7 @@ def loop(self:Run):
     if self.stop:   # a signal during start-up stops before the first step: nothing new to save
         self.events.append(f"stopped by {self.stop.reason} after step {self.step}" + (f" (checkpoint {self.last_ckpt.name})" if self.last_ckpt else ""))
 
-# %% ../nbs/08_trainer.ipynb 79
+# %% ../nbs/08_trainer.ipynb 80
 @patch
 def release_learner_cache(self:Run,
                           margin:float=RELEASE_MARGIN, # share of the GPU kept free beyond the engine's `gpu_memory_utilization` (the planner assumes the same)
@@ -674,7 +686,7 @@ def release_learner_cache(self:Run,
     need = min(1.0, self.cfg.rollout.gpu_memory_utilization + margin)
     return sum(bool(r) for r in gather([submit(l, "ws_release", need) for l in self.actors.learner.actors]))
 
-# %% ../nbs/08_trainer.ipynb 81
+# %% ../nbs/08_trainer.ipynb 82
 @patch
 def verify(self:Run, step:int) -> dict:
     "After a sync: check every engine against the learner (bit for bit, then log-probs); a stale engine is synced once more, a second mismatch raises with the fix."
@@ -700,19 +712,19 @@ def verify(self:Run, step:int) -> dict:
             "sync/stale_detected": stale, "sync/checksums_compared": rep.get("compared", 0), "sync/repacked": rep.get("repacked", 0),
             "sync/exact": int(bool(rep.get("exact"))), "time/verify": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 82
+# %% ../nbs/08_trainer.ipynb 83
 @patch
 def run_eval(self:Run) -> dict:
     "Evaluate the engines' current policy on the held-out prompts."
     return evaluate(self.actors.engines, self.eval_prompts, self.eval_answers, self.cfg.rollout, self.cfg.reward.functions, self.ctx)
 
-# %% ../nbs/08_trainer.ipynb 83
+# %% ../nbs/08_trainer.ipynb 84
 @patch
 def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 84
+# %% ../nbs/08_trainer.ipynb 85
 @patch
 def emit(self:Run, rec:dict):
     "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
@@ -726,7 +738,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 85
+# %% ../nbs/08_trainer.ipynb 86
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -737,7 +749,7 @@ def close(self:Run):
     if ray.is_initialized(): ray.shutdown()
     if self.cluster is not None: self.cluster.shutdown(); self.cluster = None   # the local cluster this run started
 
-# %% ../nbs/08_trainer.ipynb 86
+# %% ../nbs/08_trainer.ipynb 87
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
@@ -779,7 +791,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 88
+# %% ../nbs/08_trainer.ipynb 89
 def train_command(config:str, # YAML file or preset name (default, demo)
                   *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`)
                   resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
@@ -794,7 +806,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."
     return run_cli(train_command, argv, "grpo_nb train")
 
-# %% ../nbs/08_trainer.ipynb 91
+# %% ../nbs/08_trainer.ipynb 92
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -812,7 +824,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 93
+# %% ../nbs/08_trainer.ipynb 94
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -824,7 +836,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 96
+# %% ../nbs/08_trainer.ipynb 97
 def demo_command(*overrides:str, # fields of the demo preset, as --section.field=value
                  out:str="", # output directory (default: runs/demo/<date-time>, a new one each time)
                  start_below:float=0.2, # held-out reward at step 0 must be below this
