@@ -300,8 +300,10 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
                                  actor_options=opts, wait=False, **ekw, **({"defer_load": True} if defer else {}))
         if learner is None: learner, learners_s = learners()   # meanwhile split engines load, and deferred ones import vLLM
         check()
-        if defer: gather([e.load.remote() for e in engines], timeout_s=R.startup_timeout_s, stop=stop)
-        infos = gather([e.info.remote() for e in engines], timeout_s=R.startup_timeout_s, stop=stop)
+        try:
+            if defer: gather([e.load.remote() for e in engines], timeout_s=R.startup_timeout_s, stop=stop)
+            infos = gather([e.info.remote() for e in engines], timeout_s=R.startup_timeout_s, stop=stop)
+        except Interrupted: raise Interrupted(f"stopped ({stop.reason}) during start-up, while the engines loaded") from None
         t["engines"] = time.perf_counter()
         info = connect_weight_sync(learner.actors, engines, R.tensor_parallel_size, backend="ipc" if colocated else R.sync_backend)
         loads = [i.get("load_s") for i in infos if i.get("load_s") is not None]
