@@ -221,7 +221,6 @@ def start_ray(cfg:TrainConfig, # the run's config
     addr = cfg.cluster.ray_address
     if addr != "local":
         ray.init(address=addr, log_to_driver=False, runtime_env=_plugin_env(cfg)); return None
-    if layout.device == "cuda": _check_local_gpus(cfg.cluster.gpus_per_node)   # the local cluster declares that many: they must be here
     for k, v in _ENGINE_ENV.items(): os.environ.setdefault(k, v)   # this process and the actors it starts
     cpus = layout.learner_world_size * layout.cpus_per_learner + layout.num_engines * layout.tp * layout.cpus_per_engine_worker
     gpus = cfg.cluster.gpus_per_node if layout.device == "cuda" else 0
@@ -239,6 +238,11 @@ def _check_local_gpus(want:int, # `cluster.gpus_per_node`: the GPUs a local clus
     raise ConfigError("cluster.gpus_per_node", f"the run starts its own Ray on this node and gives it {want} GPUs (cluster.gpus_per_node; its layout runs on GPUs), but this node shows {seen}.",
                       (f"--cluster.gpus_per_node={have} and a layout that fits them (grpo_nb plan --config), " if have else "")
                       + "--cluster.device=cpu (or the demo preset) for a run on CPUs, or --cluster.ray_address=auto to join a Ray cluster that has the GPUs")
+
+def _check_gpus(cfg:TrainConfig, layout) -> None:
+    "A local GPU run's GPUs are on this node (first: no other fix helps without them), then none of the layout's sit idle (`check_fills`)."
+    if layout.device == "cuda" and cfg.cluster.ray_address == "local": _check_local_gpus(cfg.cluster.gpus_per_node)
+    check_fills(layout, cfg.cluster.allow_idle_gpus)
 
 def _plugin_env(cfg:TrainConfig) -> dict|None:
     "Ray's runtime_env that imports the config's plug-ins in every worker process before it runs anything."
@@ -498,7 +502,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     if self.cfg.rollout.backend == "vllm":   # a TP that cannot split the heads first: no other layout change fixes it
         check_tensor_parallel(self.cfg.model.name_or_path, self.cfg.rollout.tensor_parallel_size, C.gpus_per_node)
     self.layout = config_layout(self.cfg, C.cpus_per_learner, C.cpus_per_engine_worker)   # unplaceable: a ConfigError, exit 2, nothing started
-    check_fills(self.layout, C.allow_idle_gpus)   # GPUs the job pays for and never uses: refused with the changes that fill them
+    _check_gpus(self.cfg, self.layout)   # a local run's GPUs missing, or GPUs the job pays for and never uses: refused with the changes that fix it
     check_backend(self.cfg.rollout.backend)   # before Ray starts: a missing engine library or sleep mode is named with its fix
     self.sleep_level, self.awake_check = first_sleep_level(self.cfg, self.layout.device)
     if self.cfg.rollout.placement == "colocated": check_sleep_mode(self.cfg.rollout.backend, self.layout.device, self.sleep_level)

@@ -193,7 +193,7 @@ def test_idle_gpus_are_named_with_the_fix():
 
 def test_train_refuses_idle_gpus_before_ray_unless_allowed(tmp_path):
     over = ["--cluster.device=cuda", "--cluster.gpus_per_node=4", "--cluster.learners_per_node=[2]", "--rollout.num_engines=1",
-            f"--logging.output_dir={tmp_path / 'run'}"]
+            "--cluster.ray_address=auto", f"--logging.output_dir={tmp_path / 'run'}"]   # as inside a job whose Ray has the GPUs (this machine has none)
     rc, out, err = run(["train", "default", *over])
     assert rc == 2 and "1 of 4 GPUs would sit idle" in err and "--rollout.num_engines=2" in err, err
     assert "--cluster.allow_idle_gpus=true" in err and "Ray" not in err, err

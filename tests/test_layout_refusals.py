@@ -27,7 +27,8 @@ def test_a_layout_that_cannot_run_is_refused_before_anything_starts(model_and_da
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         rc = train_cli(["scale-7b-4gpu-split", f"--model.name_or_path={model}", f"--data.train_path={d / 'p.jsonl'}",
-                        f"--logging.output_dir={tmp_path / 'run'}", *extra])
+                        f"--logging.output_dir={tmp_path / 'run'}", "--cluster.ray_address=auto", *extra])   # as in a job whose Ray has the GPUs:
+    # a local start on this GPU-less machine would be refused first, for the GPUs it lacks (tests/test_trainer.py)
     assert rc == 2, err.getvalue()[-2000:]
     assert says in err.getvalue() and "Fix:" in err.getvalue(), err.getvalue()[-2000:]
     assert "Traceback" not in err.getvalue() and "checkpoint is kept" not in err.getvalue()

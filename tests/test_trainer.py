@@ -240,9 +240,11 @@ def test_a_stop_flag_handed_to_train_is_the_one_the_run_watches():
 
 
 def test_a_gpu_layout_on_a_node_without_those_gpus_is_refused_before_ray(tmp_path):
-    "The default preset asks for eight GPUs; on this CPU machine (no CUDA) a local run says so and names the fixes, exit 2, nothing started."
-    r = subprocess.run([sys.executable, "-m", "grpo_nb.cli", "train", "default", "--cluster.allow_idle_gpus=true", f"--logging.output_dir={tmp_path / 'run'}"],
+    """The default preset asks for eight GPUs; on this CPU machine (no CUDA) a local run says so and names the fixes, exit 2,
+    nothing started: before the advice to fill its idle GPUs, which a node without them could not follow."""
+    r = subprocess.run([sys.executable, "-m", "grpo_nb.cli", "train", "default", f"--logging.output_dir={tmp_path / 'run'}"],
                        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert "cluster.gpus_per_node" in r.stderr and "shows 0 GPUs" in r.stderr and "--cluster.device=cpu" in r.stderr, r.stderr[-2000:]
+    assert "sit idle" not in r.stderr
     assert "Traceback" not in r.stderr and not list(tmp_path.glob("ray*"))
