@@ -47,7 +47,7 @@ def gather(calls:Sequence, # results of `submit`
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"{len(calls) - len(done)} of {len(calls)} calls still running after {timeout_s} s.")
         if stop is not None and stop: raise Interrupted(f"stopped ({getattr(stop, 'reason', None) or 'requested'}) with {len(calls) - len(done)} of {len(calls)} calls still running")
-        slice_max = left() if stop is None else min(0.2, left() if deadline is not None else 0.2)   # a stop request is looked at every 0.2 s
+        slice_max = left() if stop is None else 0.2 if deadline is None else min(0.2, left())   # a stop request is looked at every 0.2 s
         if refs:
             import ray
             slice_s = 0.05 if futs else slice_max   # share the wait with local futures, if any
