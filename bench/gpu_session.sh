@@ -11,7 +11,8 @@
 #                                                        mixb4 (VERL_S: verl's seconds) mixv4
 #                                                        verl0 verl01 verl01b (verl needs its wheels in .whl/: bench/verl_peer.py lists them; verl01 also cupy)
 #
-# Each lane runs its benchmarks one after another on its own GPUs (CUDA_VISIBLE_DEVICES), each under `timeout`,
+# Each lane runs its benchmarks one after another on its own GPUs (CUDA_VISIBLE_DEVICES), each under `timeout`
+# (benchmarks of two lanes that name one GPU take turns on it),
 # writing JSON results and a log per benchmark under $GPUWORK (default /tmp/gpuwork, kept across calls). At the end
 # OUT_DIR gets the merged JSON files and one archive of everything; copy the JSON into bench/results/ and commit it.
 # What the node needs (torch with CUDA, ray, deepspeed, vllm, trl, datasets) and how to bring it to a node without
@@ -42,11 +43,17 @@ export PYTHONPATH=$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAY_A
 nvidia-smi --query-gpu=index,name,memory.total --format=csv > "$OUT/logs/gpus.csv" 2>&1
 
 run() {  # run NAME SECONDS GPUS CMD...: one benchmark on the given GPUs, its log in OUT/logs/NAME.log
+  # Lanes run at once, each naming its GPUs; two lanes named on one node may share a GPU (colocb and colocwr on a one-GPU
+  # node). A lock per GPU, taken in the lanes' ascending order, makes benchmarks on a shared GPU run one after the other
+  # instead of side by side (where each would time the other's work); the wait is logged and not counted in the limit.
   local name=$1 secs=$2 gpus=$3; shift 3
-  local t0=$SECONDS
-  echo "[$(date +%T)] start $name on GPUs $gpus (limit ${secs}s)" | tee -a "$OUT/logs/session.log"
-  CUDA_VISIBLE_DEVICES=$gpus timeout -k 10 "$secs" "$@" > "$OUT/logs/$name.log" 2>&1
-  echo "[$(date +%T)] end $name rc=$? after $((SECONDS - t0))s" | tee -a "$OUT/logs/session.log"
+  local t0=$SECONDS g fd fds=() rc
+  for g in ${gpus//,/ }; do exec {fd}> "$OUT/.gpu$g.lock"; flock "$fd"; fds+=("$fd"); done
+  local waited=$((SECONDS - t0)); t0=$SECONDS
+  echo "[$(date +%T)] start $name on GPUs $gpus (limit ${secs}s)$([ "$waited" -gt 0 ] && echo ", after ${waited}s waiting for them")" | tee -a "$OUT/logs/session.log"
+  CUDA_VISIBLE_DEVICES=$gpus timeout -k 10 "$secs" "$@" > "$OUT/logs/$name.log" 2>&1; rc=$?
+  for fd in "${fds[@]}"; do exec {fd}>&-; done
+  echo "[$(date +%T)] end $name rc=$rc after $((SECONDS - t0))s" | tee -a "$OUT/logs/session.log"
 }
 e2e() {  # e2e RUN SECONDS GPUS: one run of bench/e2e_vs_trl.py into OUT/e2e/ (a start-up of vLLM with CUDA graphs is ~60 s)
   run "e2e_${1//:/_}" "$2" "$3" python3 bench/e2e_vs_trl.py --runs "$1" --out-dir "$OUT/e2e" --timeout $(( $2 - 45 ))

@@ -42,14 +42,14 @@ def encode_prompts(rows:list[dict], # `{'prompt', 'answer'}` rows
                    max_prompt_tokens:int=512, # longer prompts are dropped
                   ) -> tuple[list[list[int]], list[dict], int]: # (token ids, the rows kept, how many were dropped)
     "Token ids of every prompt that fits, the rows they belong to, and the number dropped."
-    ids, kept = [], []
-    for r in rows:
-        if template == "chat":
-            x = tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=True)
-            x = list(x["input_ids"] if isinstance(x, dict) or hasattr(x, "keys") else x)
-        else: x = tokenizer(r["prompt"]).input_ids
-        if len(x) <= max_prompt_tokens: ids.append(list(x)); kept.append(r)
-    return ids, kept, len(rows) - len(kept)
+    if not rows: return [], [], 0
+    texts = [r["prompt"] for r in rows]   # one call for all of them: a Python call per prompt costs seconds on a large dataset
+    if template == "chat":
+        x = tokenizer.apply_chat_template([[{"role": "user", "content": t}] for t in texts], add_generation_prompt=True, tokenize=True)
+        x = x["input_ids"] if isinstance(x, dict) or hasattr(x, "keys") else x
+    else: x = tokenizer(texts).input_ids
+    fit = [i for i, t in enumerate(x) if len(t) <= max_prompt_tokens]
+    return [list(x[i]) for i in fit], [rows[i] for i in fit], len(rows) - len(fit)
 
 # %% ../nbs/08_trainer.ipynb 11
 _PROMPT_CACHE_FORMAT = 1   # bump when `encode_prompts` changes what it makes of a prompt: every cached file is then a miss
@@ -84,7 +84,8 @@ def encode_prompts_cached(rows:list[dict], # `{'prompt', 'answer'}` rows
                           template:Literal["plain","chat"]="plain", # as in `encode_prompts`
                           max_prompt_tokens:int=512, # as in `encode_prompts`
                           cache_dir:str|Path|None=None, # default: `$GRPO_NB_CACHE/prompts`
-                         ) -> tuple[list[list[int]], list[dict], int, bool]: # (token ids, the rows kept, how many were dropped, from the cache)
+                          tokenize:bool=True, # False: the cache only (None on a miss)
+                         ) -> tuple[list[list[int]], list[dict], int, bool]|None: # (token ids, the rows kept, how many were dropped, from the cache)
     "`encode_prompts` with the ids kept on disk under `prompt_cache_key`: a start that has seen these prompts imports no tokenizer."
     key = prompt_cache_key(model_dir, template, max_prompt_tokens, [r["prompt"] for r in rows])
     path = Path(cache_dir or default_cache_dir() / "prompts") / f"{key}.json" if key else None
@@ -94,6 +95,7 @@ def encode_prompts_cached(rows:list[dict], # `{'prompt', 'answer'}` rows
             if len(c["ids"]) == len(c["kept"]) and all(0 <= i < len(rows) for i in c["kept"]):
                 return c["ids"], [rows[i] for i in c["kept"]], len(rows) - len(c["kept"]), True
         except (OSError, ValueError, KeyError, TypeError): pass   # unreadable or not ours: tokenize again and rewrite it
+    if not tokenize: return None
     from transformers import AutoTokenizer
     ids, kept, dropped = encode_prompts(rows, AutoTokenizer.from_pretrained(str(model_dir)), template, max_prompt_tokens)
     if path is not None:
@@ -281,6 +283,7 @@ class Actors:
 def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolved to a directory)
                  layout, # its `Layout`
                  stop=None, # the run's `StopFlag`: set between phases or while the engines load, `Interrupted` (all started torn down)
+                 data_ready:Callable[[], None]|None=None, # waits for the run's prompts (`Run.wait_data`), raising if they are unusable: no engine loads and no learner starts before it returns
                 ) -> Actors:
     "Placement groups, then engines and learners concurrently, then the weight-sync group; `sync_info['startup']` has each phase's seconds."
     R, t = cfg.rollout, {"start": time.perf_counter()}
@@ -298,14 +301,19 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         sized = R.backend == "vllm" and (layout.device != "cuda" or ekw.get("kv_cache_memory_bytes") or ekw.get("kv_cache") == "plan")
         after = colocated and not sized   # an engine that profiles its GPU's free memory loads after the learner beside it is up
         defer = after and R.backend == "vllm"   # (vLLM imports meanwhile; an engine that cannot defer its load starts after the learner)
+        hold = R.backend == "vllm" and data_ready is not None and not defer   # vLLM imports while the prompts tokenize; it loads once they are known good
+        if R.backend != "vllm" and data_ready: data_ready()   # an engine that cannot hold its load starts after them
         if after and not defer: learner, learners_s = learners()
         t0, t0_wall = time.perf_counter(), time.time()
         engines = create_engines(cfg.model.name_or_path, R.num_engines, R.tensor_parallel_size, R.backend, layout.device,
-                                 actor_options=opts, wait=False, **ekw, **({"defer_load": True} if defer else {}))
+                                 actor_options=opts, wait=False, **ekw, **({"defer_load": True} if defer or hold else {}))
+        if data_ready: data_ready()
+        loads = [e.load.remote() for e in engines] if hold else []   # queued behind vLLM's import: each loads as soon as it is done
         if learner is None: learner, learners_s = learners()   # meanwhile split engines load, and deferred ones import vLLM
         check()
         try:
-            if defer: gather([e.load.remote() for e in engines], timeout_s=R.startup_timeout_s, stop=stop)
+            if defer: loads = [e.load.remote() for e in engines]
+            if loads: gather(loads, timeout_s=R.startup_timeout_s, stop=stop)
             infos = gather([e.info.remote() for e in engines], timeout_s=R.startup_timeout_s, stop=stop)
         except Interrupted: raise Interrupted(f"stopped ({stop.reason}) during start-up, while the engines loaded") from None
         t["engines"] = time.perf_counter()
@@ -325,7 +333,7 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         return Actors(groups, learner, engines, info)
     except BaseException as e:
         if learner is not None: learner.shutdown(kill=True)
-        if engines: shutdown_engines(engines, timeout_s=5 if isinstance(e, Interrupted) else 30)   # a stop does not wait out a load: an engine still loading is killed
+        if engines: shutdown_engines(engines, timeout_s=5 if isinstance(e, (Interrupted, ConfigError)) else 30)   # a stop or unusable prompts do not wait out a load: an engine still loading is killed
         _remove_groups(groups)
         raise
 
@@ -429,25 +437,41 @@ class Run:
         self.events:list[str] = []    # what happened, for the summary
         self.checks = 0               # checks of the engines' weights made by this process (a resumed run starts again at 0)
         self.prompts_cached = False   # the prompts' token ids came from the cache (`load_data`)
+        self.prompts_s, self._data = 0.0, None   # seconds spent tokenizing them; the background tokenizing (`wait_data`)
         self.sleep_level, self.awake_check, self.gpu_bytes = 0, False, None   # colocated: the engines' level this step (`first_sleep_level`), the GPU's memory
 
 # %% ../nbs/08_trainer.ipynb 58
 @patch
-def load_data(self:Run):
-    "Training and evaluation prompts as token ids (`encode_prompts_cached`), the data order."
+def load_data(self:Run, background:bool=False, # on a cache miss, tokenize in a thread (`wait_data` joins it) while Ray and the engines start
+             ):
+    "Training and evaluation rows read now (a bad row is named at once); their token ids (`encode_prompts_cached`) and the data order now or, a miss with `background`, in a thread."
     D, model = self.cfg.data, self.cfg.model.name_or_path
     rows = load_rows(D.train_path, D.prompt_key, D.answer_key, "data.train_path")
-    self.prompts, kept, self.dropped, hit = encode_prompts_cached(rows, model, D.template, D.max_prompt_tokens)
-    self.answers = [r["answer"] for r in kept]
-    self.order = PromptOrder(len(self.prompts), D.shuffle_seed)
-    self.eval_prompts, self.eval_answers, self.prompts_cached = [], [], hit   # `startup/prompts_cached` on the first step's line
-    if D.eval_path and self.cfg.eval_every:
-        erows = load_rows(D.eval_path, D.prompt_key, D.answer_key, "data.eval_path")
-        if D.eval_limit: erows = erows[:D.eval_limit]
-        self.eval_prompts, ekept, _, ehit = encode_prompts_cached(erows, model, D.template, D.max_prompt_tokens)
-        self.eval_answers, self.prompts_cached = [r["answer"] for r in ekept], hit and ehit
+    erows = load_rows(D.eval_path, D.prompt_key, D.answer_key, "data.eval_path") if D.eval_path and self.cfg.eval_every else []
+    erows = erows[:D.eval_limit] if D.eval_limit else erows
+    enc = lambda rs, tokenize=True: encode_prompts_cached(rs, model, D.template, D.max_prompt_tokens, tokenize=tokenize) if rs else ([], [], 0, True)
+    def use(train, held, t0):   # both sets' ids, rows and answers, the data order; the seconds they took
+        self.prompts, kept, self.dropped, hit = train
+        self.answers, self.order = [r["answer"] for r in kept], PromptOrder(len(self.prompts), D.shuffle_seed)   # no prompt fits: a `ConfigError`
+        self.eval_prompts, ekept, _, ehit = held
+        self.eval_answers, self.prompts_cached, self.prompts_s = [r["answer"] for r in ekept], hit and ehit, time.perf_counter() - t0
+    t0 = time.perf_counter()
+    known = (enc(rows, False), enc(erows, False)) if background else (None,)   # both in the cache: nothing to wait for
+    if None not in known: return use(*known, t0)
+    if not background: return use(enc(rows), enc(erows), t0)
+    from concurrent.futures import ThreadPoolExecutor
+    pool = ThreadPoolExecutor(1, thread_name_prefix="grpo-data")
+    self._data = pool.submit(lambda: use(enc(rows), enc(erows), t0)); pool.shutdown(wait=False)   # the thread ends with its one task
 
 # %% ../nbs/08_trainer.ipynb 60
+@patch
+def wait_data(self:Run) -> float: # seconds waited
+    "Wait for `load_data`'s background tokenizing, if any, and raise what it raised (unusable prompts: a `ConfigError`)."
+    t0, f, self._data = time.perf_counter(), self._data, None
+    if f is not None: f.result()
+    return time.perf_counter() - t0
+
+# %% ../nbs/08_trainer.ipynb 63
 def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                device:str, # the layout's device: only "cuda" is checked
               ) -> None:
@@ -467,7 +491,7 @@ def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
         raise ConfigError("cluster.gpu", f"the memory plan does not fit the {gpu} (grpo_nb plan --config): {'; '.join(p.advice)}.",
                           "one of the changes above; --cluster.gpu=<your GPU> if the planner assumed another card")
 
-# %% ../nbs/08_trainer.ipynb 63
+# %% ../nbs/08_trainer.ipynb 66
 def plan_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                device:str, # the layout's device: only "cuda" gets advice
               ) -> list[str]: # the advice as run events, or nothing
@@ -477,7 +501,7 @@ def plan_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
     except ValueError: return []   # a model the planner cannot read has no advice
     return [a for a in out if a]
 
-# %% ../nbs/08_trainer.ipynb 66
+# %% ../nbs/08_trainer.ipynb 69
 def process_age_s() -> float|None:
     "Seconds since this process began (Linux `/proc`); None where that cannot be read."
     try:
@@ -492,13 +516,11 @@ def _keep_engine_logs(out:Path, # the run's directory
     for i, text in enumerate(logs):
         if text: (out / "logs").mkdir(exist_ok=True); (out / "logs" / f"engine{i}_load.log").write_text(text)
 
-# %% ../nbs/08_trainer.ipynb 68
+# %% ../nbs/08_trainer.ipynb 72
 @patch
-def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
-          ray_temp_dir:str|None=None, # local Ray session root
-         ):
-    "Ray, actors, resume (learner state, data position), then weights into the engines."
-    C, Rw = self.cfg.cluster, self.cfg.reward
+def check(self:Run):
+    "Refuse (`ConfigError`, the fix named) what would fail once Ray is up: TP, GPUs, the engine library, sleep mode, weight load, memory; set the layout."
+    C = self.cfg.cluster
     if self.cfg.rollout.backend == "vllm":   # a TP that cannot split the heads first: no other layout change fixes it
         check_tensor_parallel(self.cfg.model.name_or_path, self.cfg.rollout.tensor_parallel_size, C.gpus_per_node)
     self.layout = config_layout(self.cfg, C.cpus_per_learner, C.cpus_per_engine_worker)   # unplaceable: a ConfigError, exit 2, nothing started
@@ -511,11 +533,21 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
         except WeightSyncError as e: raise ConfigError("rollout.weight_load", *str(e).split(" Fix: ", 1)) from None
     check_fits(self.cfg, self.layout.device)   # a layout the planner says cannot fit is refused before any GPU work
     self.events += plan_notes(self.cfg, self.layout.device)   # longer micro-batches, an engine awake, where the memory allows: said, not imposed
+
+# %% ../nbs/08_trainer.ipynb 74
+@patch
+def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
+          ray_temp_dir:str|None=None, # local Ray session root
+         ):
+    "Checks (`check`), Ray, actors, resume (learner state, data position), then weights into the engines."
+    self.check()
     t0, launch_s = time.perf_counter(), process_age_s()   # imports, config and checks: everything before Ray
     self.cluster = start_ray(self.cfg, self.layout, ray_temp_dir)
     t1 = time.perf_counter()
-    self.actors = start_actors(self.cfg, self.layout, self.stop)   # a stop request while they start: `Interrupted`, `train` ends the run
-    self.startup = {"startup/launch_s": launch_s, "startup/prompts_cached": float(self.prompts_cached), "startup/ray_s": t1 - t0, **self.actors.sync_info.get("startup", {})}
+    waited = []   # the start waits for the prompts only where they are still being tokenized
+    self.actors = start_actors(self.cfg, self.layout, self.stop, lambda: waited.append(self.wait_data()))   # a stop request while they start: `Interrupted`, `train` ends the run
+    self.startup = {"startup/launch_s": launch_s, "startup/prompts_cached": float(self.prompts_cached), "startup/prompts_s": self.prompts_s,
+                    "startup/prompts_wait_s": sum(waited), "startup/ray_s": t1 - t0, **self.actors.sync_info.get("startup", {})}
     self.consumed, self.gpu_bytes = 0, self.actors.sync_info.get("gpu_bytes")   # the engines' GPUs as they measured them (colocated: the learners' too)
     self.sync_plan = sync_plan(self.actors.learner.actors)   # the same for every sync of the run: each sync then skips that round trip
     if resume_from:
@@ -527,14 +559,14 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
         sync_weights(self.actors.learner.actors, self.actors.engines, version=self.step, plan=self.sync_plan)   # the engines still hold the initial weights
         self.startup["startup/resume_sync_s"] = time.perf_counter() - t2
         self.events.append(f"resumed from {resume_from} at step {self.step}, data position {self.consumed}")
-    self.version, self.spec, self.ctx, L = self.step, sampling_spec(self.cfg.rollout), RewardContext.from_config(Rw), self.cfg.logging
+    self.version, self.spec, self.ctx, L = self.step, sampling_spec(self.cfg.rollout), RewardContext.from_config(self.cfg.reward), self.cfg.logging
     self.log = MetricsLog(self.out, L.tensorboard, L.wandb, L.wandb_project, L.run_name, self.step, to_dict(self.cfg),
                           resume_record=self.resume_record)
     (self.out / "config.yaml").write_text(to_yaml(self.cfg))
     _keep_engine_logs(self.out, self.actors.sync_info.pop("engine_logs", []))   # what each engine logged while it loaded: where its time went
     self.startup["startup/total_s"] = time.perf_counter() - t0
 
-# %% ../nbs/08_trainer.ipynb 69
+# %% ../nbs/08_trainer.ipynb 75
 @patch
 def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept in the checkpoint (it is logged after the save)
               ) -> Path:
@@ -546,7 +578,7 @@ def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept 
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 70
+# %% ../nbs/08_trainer.ipynb 76
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -565,7 +597,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_reserved_gib"] = m.get("peak_reserved_bytes", 0) / 2**30   # the same peak with the allocator's cached blocks
     return info
 
-# %% ../nbs/08_trainer.ipynb 71
+# %% ../nbs/08_trainer.ipynb 77
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -581,7 +613,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 73
+# %% ../nbs/08_trainer.ipynb 79
 def first_sleep_level(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                       device:str, # the layout's device
                      ) -> tuple[int, bool]: # the level of the first step, and whether that step's peak may keep the engines awake after it
@@ -603,7 +635,7 @@ def stays_awake(peak_reserved_bytes:int, # the learner's step peak, its allocato
     return peak_reserved_bytes + (gpu_memory_utilization + margin) * gpu_bytes <= gpu_bytes
 
 
-# %% ../nbs/08_trainer.ipynb 75
+# %% ../nbs/08_trainer.ipynb 81
 @patch
 def decide_awake(self:Run, step:int, # the step just taken (the engines slept through it)
                  learn:dict, # its learner metrics (`Run.learn`)
@@ -622,7 +654,7 @@ def decide_awake(self:Run, step:int, # the step just taken (the engines slept th
                            f"leaves less than {RELEASE_MARGIN:.0%} free, or was not measured)")
 
 
-# %% ../nbs/08_trainer.ipynb 78
+# %% ../nbs/08_trainer.ipynb 84
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
@@ -683,7 +715,7 @@ def loop(self:Run):
     if self.stop:   # a signal during start-up stops before the first step: nothing new to save
         self.events.append(f"stopped by {self.stop.reason} after step {self.step}" + (f" (checkpoint {self.last_ckpt.name})" if self.last_ckpt else ""))
 
-# %% ../nbs/08_trainer.ipynb 80
+# %% ../nbs/08_trainer.ipynb 86
 @patch
 def release_learner_cache(self:Run,
                           margin:float=RELEASE_MARGIN, # share of the GPU kept free beyond the engine's `gpu_memory_utilization` (the planner assumes the same)
@@ -692,7 +724,7 @@ def release_learner_cache(self:Run,
     need = min(1.0, self.cfg.rollout.gpu_memory_utilization + margin)
     return sum(bool(r) for r in gather([submit(l, "ws_release", need) for l in self.actors.learner.actors]))
 
-# %% ../nbs/08_trainer.ipynb 82
+# %% ../nbs/08_trainer.ipynb 88
 @patch
 def verify(self:Run, step:int) -> dict:
     "After a sync: check every engine against the learner (bit for bit, then log-probs); a stale engine is synced once more, a second mismatch raises with the fix."
@@ -718,19 +750,19 @@ def verify(self:Run, step:int) -> dict:
             "sync/stale_detected": stale, "sync/checksums_compared": rep.get("compared", 0), "sync/repacked": rep.get("repacked", 0),
             "sync/exact": int(bool(rep.get("exact"))), "time/verify": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 83
+# %% ../nbs/08_trainer.ipynb 89
 @patch
 def run_eval(self:Run) -> dict:
     "Evaluate the engines' current policy on the held-out prompts."
     return evaluate(self.actors.engines, self.eval_prompts, self.eval_answers, self.cfg.rollout, self.cfg.reward.functions, self.ctx)
 
-# %% ../nbs/08_trainer.ipynb 84
+# %% ../nbs/08_trainer.ipynb 90
 @patch
 def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 85
+# %% ../nbs/08_trainer.ipynb 91
 @patch
 def emit(self:Run, rec:dict):
     "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
@@ -744,7 +776,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 86
+# %% ../nbs/08_trainer.ipynb 92
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -755,7 +787,7 @@ def close(self:Run):
     if ray.is_initialized(): ray.shutdown()
     if self.cluster is not None: self.cluster.shutdown(); self.cluster = None   # the local cluster this run started
 
-# %% ../nbs/08_trainer.ipynb 87
+# %% ../nbs/08_trainer.ipynb 93
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
@@ -768,7 +800,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
     resume_from = preflight_run(cfg)
     cfg.model.name_or_path = resolve_model(cfg.model.name_or_path)
     run = Run(cfg, stop, on_step)
-    run.load_data()
+    run.load_data(background=True)   # rows read now; their tokens while Ray and the engines start (`Run.start` waits for them)
     run.last_ckpt = None
     nothing = lambda: {"steps_run": 0, "first_step": None, "last_step": None, "stopped_by": run.stop.reason, "events": run.events,
                        "output_dir": str(run.out), "checkpoint": None, "wall_s": time.perf_counter() - t0}
@@ -797,7 +829,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 89
+# %% ../nbs/08_trainer.ipynb 95
 def train_command(config:str, # YAML file or preset name (default, demo)
                   *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`)
                   resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
@@ -812,7 +844,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."
     return run_cli(train_command, argv, "grpo_nb train")
 
-# %% ../nbs/08_trainer.ipynb 92
+# %% ../nbs/08_trainer.ipynb 98
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -830,7 +862,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 94
+# %% ../nbs/08_trainer.ipynb 100
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -842,7 +874,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 97
+# %% ../nbs/08_trainer.ipynb 103
 def demo_command(*overrides:str, # fields of the demo preset, as --section.field=value
                  out:str="", # output directory (default: runs/demo/<date-time>, a new one each time)
                  start_below:float=0.2, # held-out reward at step 0 must be below this

@@ -1,11 +1,12 @@
-"""Errors in a run's prompts are refused by `grpo_nb train` before Ray starts: a row without its prompt, and prompts of
-which none fits `data.max_prompt_tokens` (found only by tokenizing them). Exit status 2, one error line naming the fix,
-no traceback, no claim about checkpoints, Ray never started and no metrics written."""
+"""Errors in a run's prompts are refused by `grpo_nb train` before any work: a row without its prompt before Ray starts,
+and prompts of which none fits `data.max_prompt_tokens` (found only by tokenizing them, which overlaps Ray's and the
+engines' start) before any engine loads or learner starts. Exit status 2, one error line naming the fix, no traceback,
+no claim about checkpoints, Ray shut down and no metrics written."""
 import contextlib, io, json
 
 
-def test_no_prompt_that_fits_is_refused_before_ray(tmp_path, monkeypatch):
-    "No prompt fits `data.max_prompt_tokens`: the tokens say so, and the run stops before Ray."
+def test_no_prompt_that_fits_is_refused_before_any_engine_loads(tmp_path, monkeypatch):
+    "No prompt fits `data.max_prompt_tokens`: the tokens say so, and the run stops before its engines load and its learners start."
     import ray
     from grpo_nb.trainer import train_cli
     monkeypatch.setenv("RAY_ADDRESS", "")
@@ -16,9 +17,8 @@ def test_no_prompt_that_fits_is_refused_before_ray(tmp_path, monkeypatch):
     assert rc == 2, text[-2000:]
     assert "has no usable prompts" in text and "Fix: --data.max_prompt_tokens=<larger>" in text, text[-2000:]
     assert "Traceback" not in text and "checkpoint is kept" not in text
-    assert not ray.is_initialized()
-    assert not list((tmp_path / "run").glob("**/metrics.jsonl"))
-    assert "Ray" not in text
+    assert not ray.is_initialized()   # what the start had begun is shut down
+    assert not list((tmp_path / "run").glob("**/metrics.jsonl")) and not list((tmp_path / "run").glob("**/engine*_load.log"))
 
 
 def test_a_row_without_its_prompt_is_refused_before_ray(tmp_path, monkeypatch):

@@ -30,3 +30,24 @@ def test_four_gpu_lanes_pass_options_their_scripts_accept():
         assert lines, script
         for line in lines:
             assert set(re.findall(r"(--[\w-]+)", line)) <= accepted, (script, line)
+
+
+def test_benchmarks_named_on_one_gpu_run_one_after_the_other(tmp_path):
+    """Lanes run at once; two that name the same GPU (two one-GPU lanes on a one-GPU node) must not time each other's work.
+    The script's own `run` function, taken out of it, runs two benchmarks on GPU 0 and one on GPU 1 at once: those on GPU 0
+    never overlap, the one on GPU 1 overlaps them, and each benchmark's exit status is logged."""
+    text = SCRIPT.read_text()
+    fn = re.search(r"^run\(\) \{.*?^\}", text, flags=re.M | re.S).group(0)
+    (tmp_path / "logs").mkdir()
+    bench = 'echo "$1 start $(date +%s.%N) $CUDA_VISIBLE_DEVICES" >> "$OUT/marks"; sleep 1; echo "$1 end $(date +%s.%N)" >> "$OUT/marks"; exit $2'
+    script = f"""set -u\nOUT={tmp_path}\n{fn}\nb() {{ {bench}; }}\nexport -f b; export OUT
+run a 20 0 bash -c 'b a 0' & run b 20 0 bash -c 'b b 3' & run c 20 1 bash -c 'b c 0' & wait\n"""
+    assert subprocess.run(["bash", "-c", script], timeout=60).returncode == 0
+    marks = {}
+    for line in (tmp_path / "marks").read_text().splitlines():
+        name, what, t = line.split()[:3]; marks.setdefault(name, {})[what] = float(t)
+    (s0, e0), (s1, e1) = sorted((marks[n]["start"], marks[n]["end"]) for n in "ab")
+    assert e0 <= s1, marks                                     # GPU 0: one after the other
+    assert marks["c"]["start"] < e0 and marks["c"]["end"] > s0, marks   # GPU 1: beside them
+    log = (tmp_path / "logs" / "session.log").read_text()
+    assert "end b rc=3" in log and "end a rc=0" in log and "waiting for them" in log, log
