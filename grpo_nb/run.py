@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable
-import torch
 import grpo_nb
 from .config import ConfigError
 from .stop import catch_early
@@ -201,6 +200,7 @@ def init_process_group(backend:str="auto", # "nccl", "gloo", or "auto" (nccl whe
                        environ:dict|None=None, # the environment (None: os.environ)
                       ) -> RankEnv:
     "This process's `RankEnv`, after joining the job's process group when there is more than one process (once)."
+    import torch   # here, not at the top: the job script's helpers and the CLI read configs without it
     env, device = rank_env(environ), torch.device(device)
     if env.world_size > 1 and not torch.distributed.is_initialized():
         backend = backend if backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
@@ -216,6 +216,7 @@ def stop_requested(flag, # this rank's `grpo_nb.stop.StopFlag` (anything with a 
                   ) -> bool:
     "True on every rank when any rank's flag is set (a collective: every rank calls it at the same step boundary)."
     if world_size == 1: return bool(flag)
+    import torch
     t = torch.tensor([float(bool(flag))], device=device)
     torch.distributed.all_reduce(t)
     return bool(t.item() > 0)

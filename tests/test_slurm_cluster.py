@@ -177,10 +177,10 @@ def test_an_early_signal_stops_cleanly_and_the_chain_goes_on(cluster, run):
     The job ends COMPLETED with exit 0, and the chain goes on: the next job trains from the same (here: no) checkpoint."""
     s, r = cluster, cluster.root
     cfg = r / "early.yaml"
-    cfg.write_text(f"total_steps: 4\ncluster: {{device: cpu, nodes: 3, gpus_per_node: 4, learners_per_node: [4, 4, 4]}}\nrollout: {{prompts_per_step: 12}}\n"
+    cfg.write_text(f"total_steps: 4\ncluster: {{device: cpu, nodes: 1, gpus_per_node: 4, learners_per_node: [4]}}\nrollout: {{prompts_per_step: 4}}\n"
                    f"logging: {{output_dir: {r}/early}}\ncheckpoint: {{dir: {r}/early/ckpt, keep_last: 2}}\n")
     env = {**run["env"], "TRAIN_CMD": f"python {ROOT}/tests/slurm_standin_trainer.py --step-s 0.25 --startup-s 3", "MAX_JOB_CHAINS": "2"}
-    first = s.sbatch("--nodes=3", f"--time={run['time_min']}", run["script"], str(cfg), env=env, cwd=str(ROOT))
+    first = s.sbatch("--nodes=1", f"--time={run['time_min']}", run["script"], str(cfg), env=env, cwd=str(ROOT))   # one node: the signal's timing, not the cluster, is the point
     s._wait(lambda: s.job(first).get("JobState") == "RUNNING", 60, f"job {first} to run", 0.05)
     # the batch shell's first log line comes right after its traps: a signal before them would find a shell that has not
     # started (SLURM's --signal=B:USR1@S fires minutes before the walltime, never in a job's first milliseconds)
