@@ -833,7 +833,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
 def train_command(config:str, # YAML file or preset name (default, demo)
                   *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`)
                   resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
-                 ) -> int: # 0 finished or stopped with a checkpoint, 2 configuration error (nothing started), 1 failed (`--resume auto` continues), 130 interrupted
+                 ) -> int: # 0 finished or stopped with a checkpoint, 2 configuration error (nothing trained or written), 1 failed (`--resume auto` continues), 130 interrupted
     "Run GRPO training from a YAML config or preset (or resume it); print the run's summary as JSON."
     def body():
         cfg = load_config(config, [*overrides, *([f"--checkpoint.resume={resume}"] if resume is not None else [])])
