@@ -289,7 +289,7 @@ class VllmEngine:
                  **llm_kwargs, # anything else `vllm.LLM` takes
                 ):
         self.started_at, t0 = time.time(), time.perf_counter()   # when the actor began building it (the trainer times the actor's start against it)
-        import vllm   # the import takes seconds: a deferred engine pays it here, while its learner starts
+        from vllm import LLM  # noqa: F401  (the import takes seconds, `LLM`'s own module most of them: a deferred engine pays it here, while its learner starts)
         kw = dict(model=str(model), tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
                   enforce_eager=enforce_eager, dtype=dtype, seed=seed, max_model_len=max_model_len,
                   enable_prefix_caching=enable_prefix_caching, logprobs_mode="processed_logprobs",

@@ -301,13 +301,14 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         sized = R.backend == "vllm" and (layout.device != "cuda" or ekw.get("kv_cache_memory_bytes") or ekw.get("kv_cache") == "plan")
         after = colocated and not sized   # an engine that profiles its GPU's free memory loads after the learner beside it is up
         defer = after and R.backend == "vllm"   # (vLLM imports meanwhile; an engine that cannot defer its load starts after the learner)
-        hold = R.backend == "vllm" and data_ready is not None and not defer   # vLLM imports while the prompts tokenize; it loads once they are known good
-        if R.backend != "vllm" and data_ready: data_ready()   # an engine that cannot hold its load starts after them
+        ready_first = data_ready if R.backend != "vllm" else None   # an engine that cannot hold its load starts after the prompts ...
+        hold = R.backend == "vllm" and data_ready is not None and not defer   # ... a vLLM engine imports meanwhile and loads once they are known good
+        if ready_first: ready_first()
         if after and not defer: learner, learners_s = learners()
         t0, t0_wall = time.perf_counter(), time.time()
         engines = create_engines(cfg.model.name_or_path, R.num_engines, R.tensor_parallel_size, R.backend, layout.device,
                                  actor_options=opts, wait=False, **ekw, **({"defer_load": True} if defer or hold else {}))
-        if data_ready: data_ready()
+        if data_ready and not ready_first: data_ready()
         loads = [e.load.remote() for e in engines] if hold else []   # queued behind vLLM's import: each loads as soon as it is done
         if learner is None: learner, learners_s = learners()   # meanwhile split engines load, and deferred ones import vLLM
         check()
@@ -544,8 +545,8 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     t0, launch_s = time.perf_counter(), process_age_s()   # imports, config and checks: everything before Ray
     self.cluster = start_ray(self.cfg, self.layout, ray_temp_dir)
     t1 = time.perf_counter()
-    waited = []   # the start waits for the prompts only where they are still being tokenized
-    self.actors = start_actors(self.cfg, self.layout, self.stop, lambda: waited.append(self.wait_data()))   # a stop request while they start: `Interrupted`, `train` ends the run
+    waited, pending = [], self._data is not None   # still being tokenized: the engines hold their load until the prompts are known good
+    self.actors = start_actors(self.cfg, self.layout, self.stop, (lambda: waited.append(self.wait_data())) if pending else None)   # a stop request while they start: `Interrupted`, `train` ends the run
     self.startup = {"startup/launch_s": launch_s, "startup/prompts_cached": float(self.prompts_cached), "startup/prompts_s": self.prompts_s,
                     "startup/prompts_wait_s": sum(waited), "startup/ray_s": t1 - t0, **self.actors.sync_info.get("startup", {})}
     self.consumed, self.gpu_bytes = 0, self.actors.sync_info.get("gpu_bytes")   # the engines' GPUs as they measured them (colocated: the learners' too)

@@ -1,14 +1,19 @@
-"""Errors in a run's prompts are refused by `grpo_nb train` before any work: a row without its prompt before Ray starts,
-and prompts of which none fits `data.max_prompt_tokens` (found only by tokenizing them, which overlaps Ray's and the
-engines' start) before any engine loads or learner starts. Exit status 2, one error line naming the fix, no traceback,
-no claim about checkpoints, Ray shut down and no metrics written."""
+"""Errors in a run's prompts are refused by `grpo_nb train` before any step: a row without its prompt before Ray starts,
+and prompts of which none fits `data.max_prompt_tokens` (found only by tokenizing them: before Ray when their tokens are
+cached, otherwise while Ray and the engines start). Exit status 2, one error line naming the fix, no traceback, no
+claim about checkpoints, Ray shut down and no metrics written."""
 import contextlib, io, json
 
 
-def test_no_prompt_that_fits_is_refused_before_any_engine_loads(tmp_path, monkeypatch):
-    "No prompt fits `data.max_prompt_tokens`: the tokens say so, and the run stops before its engines load and its learners start."
+def test_no_prompt_that_fits_is_refused_and_nothing_is_trained(tmp_path, monkeypatch):
+    """No prompt fits `data.max_prompt_tokens`: the tokens say so, exit 2, no step, and whatever the start had begun is shut
+    down (on a cold prompt cache the tokens are made while Ray starts; page 08's examples show where the error is raised)."""
     import ray
     from grpo_nb.trainer import train_cli
+    from grpo_nb.tiny import default_cache_dir, tiny_model_dir
+    tiny_model_dir("tiny-arith", warm_steps=100)   # the demo's policy, built once and shared; the prompts' cache starts empty
+    cache = tmp_path / "cache"; cache.mkdir(); (cache / "tiny").symlink_to(default_cache_dir() / "tiny", target_is_directory=True)
+    monkeypatch.setenv("GRPO_NB_CACHE", str(cache))
     monkeypatch.setenv("RAY_ADDRESS", "")
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -18,7 +23,8 @@ def test_no_prompt_that_fits_is_refused_before_any_engine_loads(tmp_path, monkey
     assert "has no usable prompts" in text and "Fix: --data.max_prompt_tokens=<larger>" in text, text[-2000:]
     assert "Traceback" not in text and "checkpoint is kept" not in text
     assert not ray.is_initialized()   # what the start had begun is shut down
-    assert not list((tmp_path / "run").glob("**/metrics.jsonl")) and not list((tmp_path / "run").glob("**/engine*_load.log"))
+    assert not list((tmp_path / "run").glob("**/metrics.jsonl"))
+    assert list((cache / "prompts").glob("*.json"))   # tokenized here (cold), not read from a cache: the error came from the start's wait
 
 
 def test_a_row_without_its_prompt_is_refused_before_ray(tmp_path, monkeypatch):
