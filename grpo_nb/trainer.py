@@ -26,7 +26,7 @@ from .plugins import PluginError, check_registered, import_plugins, load_plugins
 from .rollout import create_engines, gather, shutdown_engines, split_evenly, submit, generate_batched, sampling_spec, check_backend
 from .weight_sync import connect_weight_sync, sync_plan, sync_weights, WeightSyncError, verify_weight_sync, vllm_load_mode
 from .rollout import check_tensor_parallel
-from .memory import plan_config, colocated_plan, pack_advice, sleep_advice, get_shape, RELEASE_MARGIN
+from .memory import plan_config, colocated_plan, pack_advice, sleep_advice, get_shape, elementwise_fused, RELEASE_MARGIN
 
 # %% auto 0
 __all__ = ['encode_prompts', 'prompt_cache_key', 'encode_prompts_cached', 'PromptOrder', 'make_train_batch', 'rollout_metrics',
@@ -438,14 +438,14 @@ class Run:
         self.events:list[str] = []    # what happened, for the summary
         self.checks = 0               # checks of the engines' weights made by this process (a resumed run starts again at 0)
         self.prompts_cached = False   # the prompts' token ids came from the cache (`load_data`)
-        self.prompts_s, self._data = 0.0, None   # seconds spent tokenizing them; the background tokenizing (`wait_data`)
+        self.prompts_s, self._data = 0.0, None   # seconds spent tokenizing them; the tokenizing left for later (`start_data`, `wait_data`)
         self.sleep_level, self.awake_check, self.gpu_bytes = 0, False, None   # colocated: the engines' level this step (`first_sleep_level`), the GPU's memory
 
 # %% ../nbs/08_trainer.ipynb 58
 @patch
-def load_data(self:Run, background:bool=False, # on a cache miss, tokenize in a thread (`wait_data` joins it) while Ray and the engines start
+def load_data(self:Run, background:bool=False, # on a cache miss, leave the tokenizing to a thread: `start_data` starts it, `wait_data` joins it
              ):
-    "Training and evaluation rows read now (a bad row is named at once); their token ids (`encode_prompts_cached`) and the data order now or, a miss with `background`, in a thread."
+    "Training and evaluation rows read now (a bad row is named at once); their token ids (`encode_prompts_cached`) and the data order now or, a miss with `background`, later in a thread."
     D, model = self.cfg.data, self.cfg.model.name_or_path
     rows = load_rows(D.train_path, D.prompt_key, D.answer_key, "data.train_path")
     erows = load_rows(D.eval_path, D.prompt_key, D.answer_key, "data.eval_path") if D.eval_path and self.cfg.eval_every else []
@@ -460,19 +460,28 @@ def load_data(self:Run, background:bool=False, # on a cache miss, tokenize in a 
     known = (enc(rows, False), enc(erows, False)) if background else (None,)   # both in the cache: nothing to wait for
     if None not in known: return use(*known, t0)
     if not background: return use(enc(rows), enc(erows), t0)
-    from concurrent.futures import ThreadPoolExecutor
-    pool = ThreadPoolExecutor(1, thread_name_prefix="grpo-data")
-    self._data = pool.submit(lambda: use(enc(rows), enc(erows), t0)); pool.shutdown(wait=False)   # the thread ends with its one task
+    def later(): t = time.perf_counter(); use(enc(rows), enc(erows), t)
+    self._data = later   # not started yet: `start_data`
 
 # %% ../nbs/08_trainer.ipynb 60
 @patch
+def start_data(self:Run):
+    "Start the tokenizing `load_data` left for later in a thread of its own, if any is waiting; otherwise nothing."
+    if not callable(self._data): return
+    from concurrent.futures import ThreadPoolExecutor
+    pool = ThreadPoolExecutor(1, thread_name_prefix="grpo-data")
+    self._data = pool.submit(self._data); pool.shutdown(wait=False)   # the thread ends with its one task
+
+# %% ../nbs/08_trainer.ipynb 61
+@patch
 def wait_data(self:Run) -> float: # seconds waited
-    "Wait for `load_data`'s background tokenizing, if any, and raise what it raised (unusable prompts: a `ConfigError`)."
+    "Wait for `load_data`'s background tokenizing, if any (started here if `start_data` was not called), and raise what it raised (unusable prompts: a `ConfigError`)."
+    self.start_data()
     t0, f, self._data = time.perf_counter(), self._data, None
     if f is not None: f.result()
     return time.perf_counter() - t0
 
-# %% ../nbs/08_trainer.ipynb 63
+# %% ../nbs/08_trainer.ipynb 64
 def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                device:str, # the layout's device: only "cuda" is checked
               ) -> None:
@@ -492,17 +501,22 @@ def check_fits(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
         raise ConfigError("cluster.gpu", f"the memory plan does not fit the {gpu} (grpo_nb plan --config): {'; '.join(p.advice)}.",
                           "one of the changes above; --cluster.gpu=<your GPU> if the planner assumed another card")
 
-# %% ../nbs/08_trainer.ipynb 66
+# %% ../nbs/08_trainer.ipynb 67
 def plan_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                device:str, # the layout's device: only "cuda" gets advice
+               liger_runs:bool|None=None, # Liger's kernels can run here; None: liger-kernel is installed in this environment
               ) -> list[str]: # the advice as run events, or nothing
-    "On GPUs, the planner's advice as run events: fewer, longer micro-batches (`pack_advice`), an engine that need not sleep (`sleep_advice`)."
+    "On GPUs, advice as run events: Liger's kernels missing under `model.kernels=auto`; the planner's fewer, longer micro-batches (`pack_advice`) and an engine that need not sleep (`sleep_advice`)."
     if device != "cuda": return []
-    try: out = [pack_advice(cfg)["advice"], sleep_advice(cfg)]
-    except ValueError: return []   # a model the planner cannot read has no advice
+    out = [] if cfg.model.kernels != "auto" or elementwise_fused("auto", liger_runs=liger_runs) else [
+        "model.kernels=auto: liger-kernel is not installed, so the learner runs the model's own RMSNorm, SwiGLU and rotary embedding, "
+        "which is slower and keeps more activations (the learner page measures both). Fix: pip install liger-kernel on every node "
+        "(requirements/gpu.txt lists it), or --model.kernels=torch to choose them"]
+    try: out += [pack_advice(cfg)["advice"], sleep_advice(cfg)]
+    except ValueError: pass   # a model the planner cannot read has no memory advice
     return [a for a in out if a]
 
-# %% ../nbs/08_trainer.ipynb 69
+# %% ../nbs/08_trainer.ipynb 70
 def process_age_s() -> float|None:
     "Seconds since this process began (Linux `/proc`); None where that cannot be read."
     try:
@@ -517,7 +531,7 @@ def _keep_engine_logs(out:Path, # the run's directory
     for i, text in enumerate(logs):
         if text: (out / "logs").mkdir(exist_ok=True); (out / "logs" / f"engine{i}_load.log").write_text(text)
 
-# %% ../nbs/08_trainer.ipynb 72
+# %% ../nbs/08_trainer.ipynb 73
 @patch
 def check(self:Run):
     "Refuse (`ConfigError`, the fix named) what would fail once Ray is up: TP, GPUs, the engine library, sleep mode, weight load, memory; set the layout."
@@ -535,7 +549,7 @@ def check(self:Run):
     check_fits(self.cfg, self.layout.device)   # a layout the planner says cannot fit is refused before any GPU work
     self.events += plan_notes(self.cfg, self.layout.device)   # longer micro-batches, an engine awake, where the memory allows: said, not imposed
 
-# %% ../nbs/08_trainer.ipynb 74
+# %% ../nbs/08_trainer.ipynb 75
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
           ray_temp_dir:str|None=None, # local Ray session root
@@ -545,6 +559,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     t0, launch_s = time.perf_counter(), process_age_s()   # imports, config and checks: everything before Ray
     self.cluster = start_ray(self.cfg, self.layout, ray_temp_dir)
     t1 = time.perf_counter()
+    self.start_data()   # a cold prompt cache: tokenized from here on, while the engines' processes start and import vLLM
     waited, pending = [], self._data is not None   # still being tokenized: the engines hold their load until the prompts are known good
     self.actors = start_actors(self.cfg, self.layout, self.stop, (lambda: waited.append(self.wait_data())) if pending else None)   # a stop request while they start: `Interrupted`, `train` ends the run
     self.startup = {"startup/launch_s": launch_s, "startup/prompts_cached": float(self.prompts_cached), "startup/prompts_s": self.prompts_s,
@@ -567,7 +582,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     _keep_engine_logs(self.out, self.actors.sync_info.pop("engine_logs", []))   # what each engine logged while it loaded: where its time went
     self.startup["startup/total_s"] = time.perf_counter() - t0
 
-# %% ../nbs/08_trainer.ipynb 75
+# %% ../nbs/08_trainer.ipynb 76
 @patch
 def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept in the checkpoint (it is logged after the save)
               ) -> Path:
@@ -579,7 +594,7 @@ def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept 
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 76
+# %% ../nbs/08_trainer.ipynb 77
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -598,7 +613,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_reserved_gib"] = m.get("peak_reserved_bytes", 0) / 2**30   # the same peak with the allocator's cached blocks
     return info
 
-# %% ../nbs/08_trainer.ipynb 77
+# %% ../nbs/08_trainer.ipynb 78
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -614,7 +629,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 79
+# %% ../nbs/08_trainer.ipynb 80
 def first_sleep_level(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                       device:str, # the layout's device
                      ) -> tuple[int, bool]: # the level of the first step, and whether that step's peak may keep the engines awake after it
@@ -636,7 +651,7 @@ def stays_awake(peak_reserved_bytes:int, # the learner's step peak, its allocato
     return peak_reserved_bytes + (gpu_memory_utilization + margin) * gpu_bytes <= gpu_bytes
 
 
-# %% ../nbs/08_trainer.ipynb 81
+# %% ../nbs/08_trainer.ipynb 82
 @patch
 def decide_awake(self:Run, step:int, # the step just taken (the engines slept through it)
                  learn:dict, # its learner metrics (`Run.learn`)
@@ -655,7 +670,7 @@ def decide_awake(self:Run, step:int, # the step just taken (the engines slept th
                            f"leaves less than {RELEASE_MARGIN:.0%} free, or was not measured)")
 
 
-# %% ../nbs/08_trainer.ipynb 84
+# %% ../nbs/08_trainer.ipynb 85
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
@@ -716,7 +731,7 @@ def loop(self:Run):
     if self.stop:   # a signal during start-up stops before the first step: nothing new to save
         self.events.append(f"stopped by {self.stop.reason} after step {self.step}" + (f" (checkpoint {self.last_ckpt.name})" if self.last_ckpt else ""))
 
-# %% ../nbs/08_trainer.ipynb 86
+# %% ../nbs/08_trainer.ipynb 87
 @patch
 def release_learner_cache(self:Run,
                           margin:float=RELEASE_MARGIN, # share of the GPU kept free beyond the engine's `gpu_memory_utilization` (the planner assumes the same)
@@ -725,7 +740,7 @@ def release_learner_cache(self:Run,
     need = min(1.0, self.cfg.rollout.gpu_memory_utilization + margin)
     return sum(bool(r) for r in gather([submit(l, "ws_release", need) for l in self.actors.learner.actors]))
 
-# %% ../nbs/08_trainer.ipynb 88
+# %% ../nbs/08_trainer.ipynb 89
 @patch
 def verify(self:Run, step:int) -> dict:
     "After a sync: check every engine against the learner (bit for bit, then log-probs); a stale engine is synced once more, a second mismatch raises with the fix."
@@ -751,19 +766,19 @@ def verify(self:Run, step:int) -> dict:
             "sync/stale_detected": stale, "sync/checksums_compared": rep.get("compared", 0), "sync/repacked": rep.get("repacked", 0),
             "sync/exact": int(bool(rep.get("exact"))), "time/verify": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 89
+# %% ../nbs/08_trainer.ipynb 90
 @patch
 def run_eval(self:Run) -> dict:
     "Evaluate the engines' current policy on the held-out prompts."
     return evaluate(self.actors.engines, self.eval_prompts, self.eval_answers, self.cfg.rollout, self.cfg.reward.functions, self.ctx)
 
-# %% ../nbs/08_trainer.ipynb 90
+# %% ../nbs/08_trainer.ipynb 91
 @patch
 def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 91
+# %% ../nbs/08_trainer.ipynb 92
 @patch
 def emit(self:Run, rec:dict):
     "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
@@ -777,7 +792,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 92
+# %% ../nbs/08_trainer.ipynb 93
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -788,7 +803,7 @@ def close(self:Run):
     if ray.is_initialized(): ray.shutdown()
     if self.cluster is not None: self.cluster.shutdown(); self.cluster = None   # the local cluster this run started
 
-# %% ../nbs/08_trainer.ipynb 93
+# %% ../nbs/08_trainer.ipynb 94
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
@@ -801,7 +816,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
     resume_from = preflight_run(cfg)
     cfg.model.name_or_path = resolve_model(cfg.model.name_or_path)
     run = Run(cfg, stop, on_step)
-    run.load_data(background=True)   # rows read now; their tokens while Ray and the engines start (`Run.start` waits for them)
+    run.load_data(background=True)   # rows read now; their tokens once Ray is up, while the engines start (`Run.start` waits for them)
     run.last_ckpt = None
     nothing = lambda: {"steps_run": 0, "first_step": None, "last_step": None, "stopped_by": run.stop.reason, "events": run.events,
                        "output_dir": str(run.out), "checkpoint": None, "wall_s": time.perf_counter() - t0}
@@ -830,7 +845,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 95
+# %% ../nbs/08_trainer.ipynb 96
 def train_command(config:str, # YAML file or preset name (default, demo)
                   *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`)
                   resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
@@ -845,7 +860,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."
     return run_cli(train_command, argv, "grpo_nb train")
 
-# %% ../nbs/08_trainer.ipynb 98
+# %% ../nbs/08_trainer.ipynb 99
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -863,7 +878,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 100
+# %% ../nbs/08_trainer.ipynb 101
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -875,7 +890,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 103
+# %% ../nbs/08_trainer.ipynb 104
 def demo_command(*overrides:str, # fields of the demo preset, as --section.field=value
                  out:str="", # output directory (default: runs/demo/<date-time>, a new one each time)
                  start_below:float=0.2, # held-out reward at step 0 must be below this
