@@ -41,6 +41,12 @@ export PYTHONPATH=$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 RAY_A
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 HF_HUB_OFFLINE=1 \
   TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline VLLM_USE_FLASHINFER_SAMPLER=0
 nvidia-smi --query-gpu=index,name,memory.total --format=csv > "$OUT/logs/gpus.csv" 2>&1
+# requirements/gpu.txt lists liger-kernel: without it every learner here runs unfused kernels (model.kernels=auto falls back),
+# slower and larger than what a user of that install runs, so the session stops unless told (NO_LIGER=1) that is the point.
+if [ "${NO_LIGER:-0}" != 1 ] && ! python3 -c "import liger_kernel" > /dev/null 2>&1; then
+  echo "liger-kernel is not installed: put its wheel in .whl/ (pip download liger-kernel --no-deps -d .whl), or NO_LIGER=1 to measure without it" \
+    | tee -a "$OUT/logs/session.log"; exit 1
+fi
 
 run() {  # run NAME SECONDS GPUS CMD...: one benchmark on the given GPUs, its log in OUT/logs/NAME.log
   # Lanes run at once, each naming its GPUs; two lanes named on one node may share a GPU (colocb and colocwr on a one-GPU

@@ -51,3 +51,15 @@ run a 20 0 bash -c 'b a 0' & run b 20 0 bash -c 'b b 3' & run c 20 1 bash -c 'b 
     assert marks["c"]["start"] < e0 and marks["c"]["end"] > s0, marks   # GPU 1: beside them
     log = (tmp_path / "logs" / "session.log").read_text()
     assert "end b rc=3" in log and "end a rc=0" in log and "waiting for them" in log, log
+
+
+def test_a_node_without_liger_kernel_is_refused_before_any_benchmark(tmp_path):
+    """requirements/gpu.txt installs liger-kernel; a node without it would measure every learner with unfused kernels (slower,
+    more memory) and record that as the default. The session stops before its first benchmark and says how to bring it."""
+    import os, pytest
+    if subprocess.run(["python3", "-c", "import liger_kernel"], capture_output=True).returncode == 0: pytest.skip("liger-kernel is installed here")
+    env = {k: v for k, v in os.environ.items() if k != "NO_LIGER"} | {"GPUWORK": str(tmp_path / "work"), "SITE": str(tmp_path / "site"),
+                                                                       "STAGE": str(tmp_path / "no-stage")}
+    r = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), "colocb"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "liger-kernel is not installed" in r.stdout and "pip download liger-kernel" in r.stdout, r.stdout + r.stderr
+    assert "start " not in r.stdout and not (tmp_path / "work" / "e2e").exists()   # no benchmark began
