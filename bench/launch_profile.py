@@ -1,9 +1,10 @@
 """Where `grpo_nb train` spends its launch: the seconds from its process's start until it starts Ray (`startup/launch_s`
 of a run's first metrics line), by part, with the prompts' token ids read from the cache (`warm`, a start that has seen
 the same data and model before) and without them (`cold`, an empty prompt cache: the tokenizer's import and the
-tokenizing). The command runs as users run it, in a process of its own, and stops where Ray would start. Each part is
+tokenizing, which a run does once Ray is up: timed apart, after the launch, as `after_ray_s`). The command runs as users
+run it, in a process of its own, and stops where Ray would start. Each part is
 timed around the function that does it, with nothing else changed: the import of torch, the rest of the trainer's
-imports, the config, the data (rows, then tokens: from the cache, or the tokenizer's import and the tokenizing), and
+imports, the config, the data (the rows, then their tokens looked up in the cache), and
 the checks before Ray (layout, engine library, memory plan); what is left is Python's own start and the command line.
 The two modes alternate, so that drift on the machine falls on both; a cold launch gets a new, empty prompt cache (the
 built tiny models are shared), and the warm ones share a cache filled by one untimed launch.
@@ -51,13 +52,17 @@ def _child(argv:list[str]) -> None:
     T.start_ray, T.load_config = at_ray, _timed(T.load_config, "config", parts)
     T.Run.load_data, T.Run.start = _timed(T.Run.load_data, "data", parts), _timed(T.Run.start, "checks before Ray", parts)
     run = {}
-    T.Run.start = (lambda start: lambda self, *a, **k: (run.setdefault("cached", self.prompts_cached), start(self, *a, **k))[1])(T.Run.start)
+    T.Run.start = (lambda start: lambda self, *a, **k: (run.setdefault("run", self), start(self, *a, **k))[1])(T.Run.start)
     try: T.train_command(*argv)
     except _AtRay: pass
     stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
     launch_s = float(Path("/proc/uptime").read_text().split()[0]) - int(stat[19]) / os.sysconf("SC_CLK_TCK")
     parts["rest"] = launch_s - sum(parts.values())
-    print(json.dumps({"launch_s": launch_s, "parts_s": parts, "prompts_cached": run.get("cached"), "transformers_imported": "transformers" in sys.modules}))
+    before = "transformers" in sys.modules
+    t = time.perf_counter()
+    r = run["run"]; r.wait_data()   # a cold cache's tokenizing, which a run starts once Ray is up: done here, after the launch
+    print(json.dumps({"launch_s": launch_s, "parts_s": parts, "prompts_cached": r.prompts_cached, "transformers_before_ray": before,
+                      "transformers_imported": "transformers" in sys.modules, "after_ray_s": time.perf_counter() - t}))
 
 
 def launch_once(config:str, overrides:list[str], cache:Path, timeout:float) -> dict:
@@ -100,8 +105,8 @@ def main(argv=None):
         runs = [{"mode": m, **launch_once(a.config, overrides, cache_like(Path(root)) if m == "cold" else warm, a.timeout)}
                 for _ in range(a.repeats) for m in MODES]   # alternating
     ok = [r for r in runs if r.get("launch_s") is not None]
-    stats = {m: {k: step_stats([r["launch_s"] if k == "launch_s" else r["parts_s"].get(k) for r in ok if r["mode"] == m])
-                 for k in ("launch_s", *PARTS)} for m in MODES}
+    stats = {m: {k: step_stats([r[k] if k in ("launch_s", "after_ray_s") else r["parts_s"].get(k) for r in ok if r["mode"] == m])
+                 for k in ("launch_s", *PARTS, "after_ray_s")} for m in MODES}
     out = {"config": a.config, "overrides": overrides, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
            "python": platform.python_version(), "parts": list(PARTS), "modes": MODES, "runs": runs, "stats": stats,
            "loadavg_1m_end": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S")}

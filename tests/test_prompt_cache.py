@@ -1,5 +1,6 @@
 """A start of `grpo_nb train` that has seen the same data and model reads its prompts' token ids from the cache and
-imports no tokenizer (no transformers at all in the driver before Ray), and tokenizes again when the data change."""
+imports no tokenizer (no transformers at all in the driver), and tokenizes again when the data change; a start that
+tokenizes imports the tokenizer only once Ray is up, not in the launch before it."""
 import json, os, subprocess, sys
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def test_a_second_start_reads_the_tokens_and_imports_no_tokenizer(tmp_path):
     (cache / "tiny").symlink_to(default_cache_dir() / "tiny", target_is_directory=True)
     first = launch(cache, tmp_path / "a")
     again = launch(cache, tmp_path / "b")
-    assert (first["prompts_cached"], first["transformers_imported"]) == (False, True)
+    assert (first["prompts_cached"], first["transformers_imported"], first["transformers_before_ray"]) == (False, True, False)
     assert (again["prompts_cached"], again["transformers_imported"]) == (True, False)
     other = launch(cache, tmp_path / "c", "--data.max_prompt_tokens=20")   # another setting the ids depend on: tokenized again
     assert (other["prompts_cached"], other["transformers_imported"]) == (False, True)
