@@ -547,7 +547,9 @@ def check(self:Run):
         try: vllm_load_mode(self.cfg.rollout.weight_load, None, self.layout.device)
         except WeightSyncError as e: raise ConfigError("rollout.weight_load", *str(e).split(" Fix: ", 1)) from None
     check_fits(self.cfg, self.layout.device)   # a layout the planner says cannot fit is refused before any GPU work
-    self.events += plan_notes(self.cfg, self.layout.device)   # longer micro-batches, an engine awake, where the memory allows: said, not imposed
+    notes = plan_notes(self.cfg, self.layout.device)   # Liger's kernels missing; longer micro-batches, an engine awake, where the memory allows: said, not imposed
+    self.events += notes
+    for n in notes: print(f"grpo_nb train: note: {n}", file=sys.stderr, flush=True)   # at once, not only in the summary at the end
 
 # %% ../nbs/08_trainer.ipynb 75
 @patch
