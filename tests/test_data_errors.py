@@ -1,13 +1,13 @@
 """Errors in a run's prompts are refused by `grpo_nb train` before any step: a row without its prompt before Ray starts,
 and prompts of which none fits `data.max_prompt_tokens` (found only by tokenizing them: before Ray when their tokens are
-cached, otherwise while Ray and the engines start). Exit status 2, one error line naming the fix, no traceback, no
+cached, otherwise once Ray is up, while the engines start). Exit status 2, one error line naming the fix, no traceback, no
 claim about checkpoints, Ray shut down and no metrics written."""
 import contextlib, io, json
 
 
 def test_no_prompt_that_fits_is_refused_and_nothing_is_trained(tmp_path, monkeypatch):
     """No prompt fits `data.max_prompt_tokens`: the tokens say so, exit 2, no step, and whatever the start had begun is shut
-    down (on a cold prompt cache the tokens are made while Ray starts; page 08's examples show where the error is raised)."""
+    down (on a cold prompt cache the tokens are made once Ray is up; page 08's examples show where the error is raised)."""
     import ray
     from grpo_nb.trainer import train_cli
     from grpo_nb.tiny import default_cache_dir, tiny_model_dir
