@@ -301,14 +301,14 @@ def start_actors(cfg:TrainConfig, # the run's config (model.name_or_path resolve
         sized = R.backend == "vllm" and (layout.device != "cuda" or ekw.get("kv_cache_memory_bytes") or ekw.get("kv_cache") == "plan")
         after = colocated and not sized   # an engine that profiles its GPU's free memory loads after the learner beside it is up
         defer = after and R.backend == "vllm"   # (vLLM imports meanwhile; an engine that cannot defer its load starts after the learner)
-        ready_first = data_ready if R.backend != "vllm" else None   # an engine that cannot hold its load starts after the prompts ...
-        hold = R.backend == "vllm" and data_ready is not None and not defer   # ... a vLLM engine imports meanwhile and loads once they are known good
-        if ready_first: ready_first()
+        vllm = R.backend == "vllm"   # an engine that cannot hold its load starts after the prompts ...
+        hold = vllm and data_ready is not None and not defer   # ... a vLLM engine imports meanwhile and loads once they are known good
+        if data_ready and not vllm: data_ready()
         if after and not defer: learner, learners_s = learners()
         t0, t0_wall = time.perf_counter(), time.time()
         engines = create_engines(cfg.model.name_or_path, R.num_engines, R.tensor_parallel_size, R.backend, layout.device,
                                  actor_options=opts, wait=False, **ekw, **({"defer_load": True} if defer or hold else {}))
-        if data_ready and not ready_first: data_ready()
+        if data_ready and vllm: data_ready()
         loads = [e.load.remote() for e in engines] if hold else []   # queued behind vLLM's import: each loads as soon as it is done
         if learner is None: learner, learners_s = learners()   # meanwhile split engines load, and deferred ones import vLLM
         check()
