@@ -23,7 +23,7 @@ from .sandbox import run_tests, Limits
 from .models import resolve_model
 from .tiny import no_progress_bars
 from .run import MetricsLog, load_rows, rank_env, init_process_group, stop_requested, run_command, fill, STOP_AND_REQUEUE
-from .stop import StopFlag, settle
+from .stop import StopFlag, settle, exit_now
 from .memory import GiB, get_shape, param_counts, activations_bytes, logits_bytes, kv_bytes_per_token, ModelShape
 
 # %% auto 0
@@ -607,7 +607,7 @@ def main(argv:list[str]|None=None, # CONFIG [--section.field=value ...] [--resum
     return run_cli(ddp_command, argv, "python -m grpo_nb.ddp", fill={"presets": ", ".join([*DDP_PRESETS, *PRESETS])})
 
 # %% ../nbs/10_ddp.ipynb 79
-if __name__ == "__main__" and "__file__" in globals(): sys.exit(settle(main()))  # `python -m grpo_nb.ddp` (a notebook kernel has no __file__)
+if __name__ == "__main__" and "__file__" in globals(): exit_now(settle(main()))  # `python -m grpo_nb.ddp` (a notebook kernel has no __file__); no teardown after the last write (`grpo_nb.stop.exit_now`)
 
 # %% ../nbs/10_ddp.ipynb 85
 DDP_SBATCH = r'''#!/bin/bash
