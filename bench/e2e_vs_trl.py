@@ -22,9 +22,9 @@ The committed run files are in bench/results/e2e_runs/ (`--merge bench/results/e
 Both trainers train a step in one micro-batch (TRL: `per_device_train_batch_size` = the step's sequences; ours:
 `learner.pack_length` = the step's tokens, `step_tokens`), and every run starts with empty compile caches
 (`COLD_CACHES`), so each side's `first_step_s` (launch to the first step's start) is a cold start.
-Every step's time is recorded; statistics use the steps after `warmup` (mean, median, p90). Every merged record
-names its `peer` ("trl" | "verl") and its `shape`; the peer's keys carry its name (`trl_step_mean_s`,
-`verl_step_mean_s`, ...), ours `ours_`. The speed-up by mean step time is given only where both sides completed on the
+Every step's time is recorded, and its generation (`generation_s_all`); statistics use the steps after `warmup` (mean,
+median, p90). Every merged record names its `peer` ("trl" | "verl") and its `shape`; the peer's keys carry its name
+(`trl_step_mean_s`, `verl_step_mean_s`, ...), ours `ours_`. The speed-up by mean step time is given only where both sides completed on the
 same GPU model. A peer's failure lands in its `<peer>_error` (the tail of its log) and never loses our record.
 
     python bench/e2e_vs_trl.py --runs ours:colocated:sync:bench,trl:vllm-colocate:bench --out-dir OUT   # on the GPU machine
@@ -152,6 +152,7 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
     timed = recs[shape["warmup"]:]
     keys = sorted({k for r in timed for k in r if k.startswith("time/")})
     return {"step_s_all": [r["time/step"] for r in recs], "split_s": {k.removeprefix("time/"): statistics.fmean(r.get(k, 0.0) for r in timed) for k in keys},
+            "generation_s_all": [r.get("time/generation", 0.0) for r in recs],   # every step's: where a step's time moves within a run
             "peak_gib": max(r.get("peak_gpu_mem_gib", 0) for r in recs), "staleness": timed[-1].get("staleness"),
             "learner_mfu": statistics.fmean(r["mfu"] for r in timed) if all(r.get("mfu") is not None for r in timed) else None,
             "response_len_mean": statistics.fmean(r.get("response_len_mean", 0.0) for r in timed),   # the work: tokens generated per sequence
@@ -269,6 +270,7 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
         t0 = time.perf_counter(); trainer.train(); wall = time.perf_counter() - t0
         lens = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h][shape["warmup"]:]
         return {"version": trl.__version__, "step_s_all": [s["step"] for s in steps], "split_s": trl_split(steps[shape["warmup"]:]), "wall_s": wall,
+                "generation_s_all": [s.get("generation", 0.0) - s.get("sync", 0.0) for s in steps],   # as `trl_split` counts it, every step's
                 "response_len_mean": statistics.fmean(lens) if lens else None,   # the work: tokens generated per sequence, as TRL logs it
                 "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
                 "args_dropped": sorted(set(want) - fields), "server_up_s": up_s if server else None,
@@ -366,7 +368,8 @@ def peer_fields(peer:str, o:dict, p:dict) -> dict:
     for side, r in (("ours", o), (peer, p)):
         s = r.get("stats") or {}
         rec |= {f"{side}_step_s": s.get("median"), f"{side}_step_mean_s": s.get("mean"), f"{side}_step_p90_s": s.get("p90"),
-                f"{side}_step_s_all": r.get("step_s_all"), f"{side}_split_s": r.get("split_s"), f"{side}_peak_gib": r.get("peak_gib"),
+                f"{side}_step_s_all": r.get("step_s_all"), f"{side}_generation_s_all": r.get("generation_s_all"),
+                f"{side}_split_s": r.get("split_s"), f"{side}_peak_gib": r.get("peak_gib"),
                 f"{side}_error": r.get("error"), f"{side}_stopped": r.get("stopped"), f"{side}_first_step_s": r.get("first_step_s"),
                 f"{side}_cold_start": r.get("compile_caches") == "fresh", f"{side}_response_len_mean": r.get("response_len_mean"),
                 f"{side}_first_step_from": r.get("first_step_from", "process start" if side == "ours" else "its imports")}

@@ -74,3 +74,17 @@ def test_a_variant_of_ours_adds_its_overrides_last(tmp_path, monkeypatch):
                          env={k: v for k, v in os.environ.items() if k != "E2E_OURS_EXTRA"})
     ours, trl = (l for l in out.stdout.splitlines() if l.startswith(("ours:", "trl ")))
     assert out.returncode == 0 and ours.endswith("--rollout.sleep_level=2") and "sleep_level" not in trl, out.stdout + out.stderr
+
+
+def test_a_merged_record_keeps_every_steps_generation_of_both_sides(tmp_path):
+    "Each side's run file carries `generation_s_all`; the merge keeps it beside the step times, so a page can tell a slow start from slow steps."
+    import json
+    shape = {**E.SHAPES["bench"], "steps": 3}
+    def run(name, steps, gens):
+        return {"run": name, "device": "GPU", "config": shape, "step_s_all": steps, "generation_s_all": gens,
+                "stats": E.stats(steps[shape["warmup"]:]), "split_s": {"generation": sum(gens[2:]) / 3}}
+    (tmp_path / "run_ours_colocated_sync_bench.json").write_text(json.dumps(run("ours:colocated:sync:bench", [5.0, 1.4, 1.2, 1.6, 1.3], [4, 1.0, 0.8, 1.2, 0.9])))
+    (tmp_path / "run_trl_vllm-colocate_bench.json").write_text(json.dumps(run("trl:vllm-colocate:bench", [3.0, 1.9, 1.8, 2.0, 1.7], [2, 1.4, 1.3, 1.5, 1.2])))
+    rec = next(r for r in E.merge(tmp_path)["records"] if r["peer"] == "trl" and r["trl_backend"] == "vllm-colocate" and r["shape"] == "bench")
+    assert rec["ours_generation_s_all"] == [4, 1.0, 0.8, 1.2, 0.9] and rec["trl_generation_s_all"] == [2, 1.4, 1.3, 1.5, 1.2]
+    assert abs(rec["speedup_mean"] - (1.8 + 2.0 + 1.7) / (1.2 + 1.6 + 1.3)) < 1e-9
