@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 from fastcore.basics import patch
-from .config import ConfigError, TrainConfig, derive, load_config, run_cli, to_dict, to_yaml, validate
+from .config import GPU_MIB, ConfigError, TrainConfig, derive, load_config, run_cli, to_dict, to_yaml, validate
 from .stop import StopFlag, catch_early
 from .actors import Interrupted, local_ray_node, wait_ready
 from .run import MetricsLog, load_rows, read_metrics, row_loader, run_command
@@ -31,9 +31,9 @@ from .memory import plan_config, colocated_plan, pack_advice, sleep_advice, get_
 # %% auto 0
 __all__ = ['encode_prompts', 'prompt_cache_key', 'encode_prompts_cached', 'PromptOrder', 'make_train_batch', 'rollout_metrics',
            'preflight_run', 'start_ray', 'Actors', 'start_actors', 'stop_actors', 'Rollout', 'start_rollout',
-           'finish_rollout', 'evaluate', 'Run', 'check_fits', 'plan_notes', 'process_age_s', 'first_sleep_level',
-           'stays_awake', 'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict', 'demo_command',
-           'demo_cli']
+           'finish_rollout', 'evaluate', 'Run', 'check_fits', 'plan_notes', 'gpu_size_note', 'process_age_s',
+           'first_sleep_level', 'stays_awake', 'train', 'train_command', 'train_cli', 'plot_curve', 'demo_verdict',
+           'demo_command', 'demo_cli']
 
 # %% ../nbs/08_trainer.ipynb 8
 def encode_prompts(rows:list[dict], # `{'prompt', 'answer'}` rows
@@ -517,6 +517,21 @@ def plan_notes(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
     return [a for a in out if a]
 
 # %% ../nbs/08_trainer.ipynb 70
+def gpu_size_note(cfg:TrainConfig, # the run's config
+                  gpu_bytes:int|None, # memory of the engines' smallest GPU, as they measured it (None: no GPU)
+                  tolerance:float=0.03, # a relative difference still read as the card the planner assumed
+                 ) -> str|None: # a run event, or None where the planner assumed this card
+    "Advice where the run's GPUs hold another amount of memory than the planner assumed (`cluster.gpu_mem_gib`), with the flag that matches them."
+    if not gpu_bytes: return None
+    have, assumed = gpu_bytes / 2**30, cfg.cluster.gpu_mem_gib
+    if abs(have - assumed) <= tolerance * assumed: return None
+    names = [n for n, mib in GPU_MIB.items() if abs(mib / 1024 - have) <= tolerance * have]
+    fix = f"--cluster.gpu={names[0]}" if len(names) == 1 else f"--cluster.gpu_mem_gib={have:.1f}"
+    risk = "a layout it let through may not fit them" if have < assumed else "its checks and advice were more cautious than these GPUs need"
+    return f"cluster: the planner assumed {assumed:.1f} GiB a GPU and this run's GPUs have {have:.1f} GiB, so {risk}. Fix: {fix}"
+
+
+# %% ../nbs/08_trainer.ipynb 73
 def process_age_s() -> float|None:
     "Seconds since this process began (Linux `/proc`); None where that cannot be read."
     try:
@@ -531,7 +546,7 @@ def _keep_engine_logs(out:Path, # the run's directory
     for i, text in enumerate(logs):
         if text: (out / "logs").mkdir(exist_ok=True); (out / "logs" / f"engine{i}_load.log").write_text(text)
 
-# %% ../nbs/08_trainer.ipynb 73
+# %% ../nbs/08_trainer.ipynb 76
 @patch
 def check(self:Run):
     "Refuse (`ConfigError`, the fix named) what would fail once Ray is up: TP, GPUs, the engine library, sleep mode, weight load, memory; set the layout."
@@ -547,16 +562,32 @@ def check(self:Run):
         try: vllm_load_mode(self.cfg.rollout.weight_load, None, self.layout.device)
         except WeightSyncError as e: raise ConfigError("rollout.weight_load", *str(e).split(" Fix: ", 1)) from None
     check_fits(self.cfg, self.layout.device)   # a layout the planner says cannot fit is refused before any GPU work
-    notes = plan_notes(self.cfg, self.layout.device)   # Liger's kernels missing; longer micro-batches, an engine awake, where the memory allows: said, not imposed
-    self.events += notes
-    for n in notes: print(f"grpo_nb train: note: {n}", file=sys.stderr, flush=True)   # at once, not only in the summary at the end
+    _say(self, plan_notes(self.cfg, self.layout.device))   # Liger's kernels missing; longer micro-batches, an engine awake, where the memory allows: said, not imposed
 
-# %% ../nbs/08_trainer.ipynb 75
+def _say(run:Run, notes:list[str]):
+    "Add `notes` to the run's events and print each on standard error at once, not only in the summary at the end."
+    run.events += notes
+    for n in notes: print(f"grpo_nb train: note: {n}", file=sys.stderr, flush=True)
+
+# %% ../nbs/08_trainer.ipynb 79
+@patch
+def check_gpu_size(self:Run):
+    "The plan against the memory the engines' GPUs hold (`gpu_bytes`): a smaller card that cannot hold the run is refused (`ConfigError`); any other difference is said."
+    note = gpu_size_note(self.cfg, self.gpu_bytes)
+    if note is None: return
+    if self.gpu_bytes < self.cfg.cluster.gpu_mem_gib * 2**30:   # the plan was checked for a larger card: check it for this one
+        seen = copy.deepcopy(self.cfg)
+        seen.cluster.gpu, seen.cluster.gpu_mem_gib = "", self.gpu_bytes / 2**30
+        check_fits(seen, self.layout.device)
+    _say(self, [note])
+
+
+# %% ../nbs/08_trainer.ipynb 81
 @patch
 def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
           ray_temp_dir:str|None=None, # local Ray session root
          ):
-    "Checks (`check`), Ray, actors, resume (learner state, data position), then weights into the engines."
+    "Checks (`check`), Ray, actors, the plan against the GPUs they found (`check_gpu_size`), resume (learner state, data position), then weights into the engines."
     self.check()
     t0, launch_s = time.perf_counter(), process_age_s()   # imports, config and checks: everything before Ray
     self.cluster = start_ray(self.cfg, self.layout, ray_temp_dir)
@@ -567,6 +598,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     self.startup = {"startup/launch_s": launch_s, "startup/prompts_cached": float(self.prompts_cached), "startup/prompts_s": self.prompts_s,
                     "startup/prompts_wait_s": sum(waited), "startup/ray_s": t1 - t0, **self.actors.sync_info.get("startup", {})}
     self.consumed, self.gpu_bytes = 0, self.actors.sync_info.get("gpu_bytes")   # the engines' GPUs as they measured them (colocated: the learners' too)
+    self.check_gpu_size()   # a card smaller than the plan's that cannot hold the run: refused here, before the first step
     self.sync_plan = sync_plan(self.actors.learner.actors)   # the same for every sync of the run: each sync then skips that round trip
     if resume_from:
         meta = self.actors.learner.load(resume_from)
@@ -584,7 +616,7 @@ def start(self:Run, resume_from:str|None, # checkpoint to load (None: fresh)
     _keep_engine_logs(self.out, self.actors.sync_info.pop("engine_logs", []))   # what each engine logged while it loaded: where its time went
     self.startup["startup/total_s"] = time.perf_counter() - t0
 
-# %% ../nbs/08_trainer.ipynb 76
+# %% ../nbs/08_trainer.ipynb 82
 @patch
 def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept in the checkpoint (it is logged after the save)
               ) -> Path:
@@ -596,7 +628,7 @@ def checkpoint(self:Run, rec:dict|None=None, # this step's metrics record, kept 
     self.last_ckpt, self.ckpt_s = p, time.perf_counter() - t0
     return p
 
-# %% ../nbs/08_trainer.ipynb 77
+# %% ../nbs/08_trainer.ipynb 83
 @patch
 def learn(self:Run, ro:Rollout) -> dict:
     "Advantages, the learner update and its metrics for one finished rollout."
@@ -615,7 +647,7 @@ def learn(self:Run, ro:Rollout) -> dict:
     info["peak_gpu_reserved_gib"] = m.get("peak_reserved_bytes", 0) / 2**30   # the same peak with the allocator's cached blocks
     return info
 
-# %% ../nbs/08_trainer.ipynb 78
+# %% ../nbs/08_trainer.ipynb 84
 @patch
 def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) -> dict:
     "The metrics line of one step."
@@ -631,7 +663,7 @@ def step_record(self:Run, ro:Rollout, learn:dict, sync_s:float, t_step:float) ->
             "generated_tokens_per_s": sum(len(s.completion_ids) for s in S) / ro.gen_s if ro.gen_s else 0.0}
     return rec
 
-# %% ../nbs/08_trainer.ipynb 80
+# %% ../nbs/08_trainer.ipynb 86
 def first_sleep_level(cfg:TrainConfig, # the run's config (model.name_or_path resolved)
                       device:str, # the layout's device
                      ) -> tuple[int, bool]: # the level of the first step, and whether that step's peak may keep the engines awake after it
@@ -653,7 +685,7 @@ def stays_awake(peak_reserved_bytes:int, # the learner's step peak, its allocato
     return peak_reserved_bytes + (gpu_memory_utilization + margin) * gpu_bytes <= gpu_bytes
 
 
-# %% ../nbs/08_trainer.ipynb 82
+# %% ../nbs/08_trainer.ipynb 88
 @patch
 def decide_awake(self:Run, step:int, # the step just taken (the engines slept through it)
                  learn:dict, # its learner metrics (`Run.learn`)
@@ -672,7 +704,7 @@ def decide_awake(self:Run, step:int, # the step just taken (the engines slept th
                            f"leaves less than {RELEASE_MARGIN:.0%} free, or was not measured)")
 
 
-# %% ../nbs/08_trainer.ipynb 85
+# %% ../nbs/08_trainer.ipynb 91
 @patch
 def loop(self:Run):
     "Steps until `total_steps` or a stop request; one-step-off keeps the next rollout in flight while the learner trains."
@@ -733,7 +765,7 @@ def loop(self:Run):
     if self.stop:   # a signal during start-up stops before the first step: nothing new to save
         self.events.append(f"stopped by {self.stop.reason} after step {self.step}" + (f" (checkpoint {self.last_ckpt.name})" if self.last_ckpt else ""))
 
-# %% ../nbs/08_trainer.ipynb 87
+# %% ../nbs/08_trainer.ipynb 93
 @patch
 def release_learner_cache(self:Run,
                           margin:float=RELEASE_MARGIN, # share of the GPU kept free beyond the engine's `gpu_memory_utilization` (the planner assumes the same)
@@ -742,7 +774,7 @@ def release_learner_cache(self:Run,
     need = min(1.0, self.cfg.rollout.gpu_memory_utilization + margin)
     return sum(bool(r) for r in gather([submit(l, "ws_release", need) for l in self.actors.learner.actors]))
 
-# %% ../nbs/08_trainer.ipynb 89
+# %% ../nbs/08_trainer.ipynb 95
 @patch
 def verify(self:Run, step:int) -> dict:
     "After a sync: check every engine against the learner (bit for bit, then log-probs); a stale engine is synced once more, a second mismatch raises with the fix."
@@ -768,19 +800,19 @@ def verify(self:Run, step:int) -> dict:
             "sync/stale_detected": stale, "sync/checksums_compared": rep.get("compared", 0), "sync/repacked": rep.get("repacked", 0),
             "sync/exact": int(bool(rep.get("exact"))), "time/verify": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 90
+# %% ../nbs/08_trainer.ipynb 96
 @patch
 def run_eval(self:Run) -> dict:
     "Evaluate the engines' current policy on the held-out prompts."
     return evaluate(self.actors.engines, self.eval_prompts, self.eval_answers, self.cfg.rollout, self.cfg.reward.functions, self.ctx)
 
-# %% ../nbs/08_trainer.ipynb 91
+# %% ../nbs/08_trainer.ipynb 97
 @patch
 def log_eval(self:Run):
     "Evaluate the starting policy and log it as step 0."
     self.emit({"step": 0, **self.run_eval()})
 
-# %% ../nbs/08_trainer.ipynb 92
+# %% ../nbs/08_trainer.ipynb 98
 @patch
 def emit(self:Run, rec:dict):
     "Write a step's record everywhere it goes (metrics file, TensorBoard, W&B, progress bar, callback); `logging.log_every` thins the logs."
@@ -794,7 +826,7 @@ def emit(self:Run, rec:dict):
         self.bar.set_postfix(post, refresh=True)
     if self.on_step is not None: self.on_step(rec)
 
-# %% ../nbs/08_trainer.ipynb 93
+# %% ../nbs/08_trainer.ipynb 99
 @patch
 def close(self:Run):
     "Stop the actors, close the logs, disconnect from Ray."
@@ -805,7 +837,7 @@ def close(self:Run):
     if ray.is_initialized(): ray.shutdown()
     if self.cluster is not None: self.cluster.shutdown(); self.cluster = None   # the local cluster this run started
 
-# %% ../nbs/08_trainer.ipynb 94
+# %% ../nbs/08_trainer.ipynb 100
 def train(cfg:TrainConfig, # the run's config (validated again here)
           stop:StopFlag|None=None, # set to stop at the next step boundary; SIGUSR1/SIGTERM set it (main thread)
           on_step:Callable[[dict], None]|None=None, # called with each step's metrics
@@ -847,7 +879,7 @@ def train(cfg:TrainConfig, # the run's config (validated again here)
             "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None, "output_dir": str(run.out),
             "checkpoint": str(run.last_ckpt) if run.last_ckpt else None, "events": run.events, "wall_s": time.perf_counter() - t0}
 
-# %% ../nbs/08_trainer.ipynb 96
+# %% ../nbs/08_trainer.ipynb 102
 def train_command(config:str, # YAML file or preset name (default, demo)
                   *overrides:str, # any field as --section.field=value (see `grpo_nb config --fields`)
                   resume:str|None=None, # auto (newest complete checkpoint, if any), none (fresh start), or a checkpoint path
@@ -862,7 +894,7 @@ def train_cli(argv:list[str]|None=None) -> int:
     "`grpo_nb train CONFIG [--section.field=value ...] [--resume auto|none|PATH]`: run (or resume) GRPO training."
     return run_cli(train_command, argv, "grpo_nb train")
 
-# %% ../nbs/08_trainer.ipynb 99
+# %% ../nbs/08_trainer.ipynb 105
 def plot_curve(records:list[dict], # metrics records (`read_metrics`)
                path:str|Path, # PNG to write
                title:str="grpo_nb demo", # plot title
@@ -880,7 +912,7 @@ def plot_curve(records:list[dict], # metrics records (`read_metrics`)
     fig.tight_layout(); fig.savefig(path, dpi=100); plt.close(fig)
     return Path(path)
 
-# %% ../nbs/08_trainer.ipynb 101
+# %% ../nbs/08_trainer.ipynb 107
 def demo_verdict(records:list[dict], # metrics records of a run
                  start_below:float=0.2, # held-out reward of the starting policy must be below this ...
                  end_above:float=0.6, # ... and the mean of the last `last` evaluations above this
@@ -892,7 +924,7 @@ def demo_verdict(records:list[dict], # metrics records of a run
     end = sum(ev[-last:]) / len(ev[-last:])
     return {"learned": ev[0] < start_below and end > end_above, "start": ev[0], "end": end}
 
-# %% ../nbs/08_trainer.ipynb 104
+# %% ../nbs/08_trainer.ipynb 110
 def demo_command(*overrides:str, # fields of the demo preset, as --section.field=value
                  out:str="", # output directory (default: runs/demo/<date-time>, a new one each time)
                  start_below:float=0.2, # held-out reward at step 0 must be below this
