@@ -4,7 +4,7 @@
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw, peer first: colocbr coloclr colocwr; trlcoloc) single1
 #                                                        split01 (or its parts split01a/b/c, and split01w; one run a lane: split01ob/ow/ol, split01l),
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfu2pack mfu2packw mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
-#                                                        mfufew0 alloc0 head0 head1p5 head3b headckpt colocbsleep
+#                                                        mfufew0 alloc0 head0 head1p5 head3b headckpt colocbsleep colocbspread
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2 mix4
 #                                                        s7colocx s7olmocolocx (expandable segments) mfuolmo2pack mfu7b2packw
@@ -76,6 +76,11 @@ lane_colocwr() { e2e trl:vllm-colocate:wide 250 0; e2e ours:colocated:sync:wide 
 # ours alone, colocated on one GPU (a peer's run of the same shape on the same GPU model pairs with it at the merge)
 lane_ourscoloc() { e2e ours:colocated:sync:long 300 0; e2e ours:colocated:sync:wide 250 0; }
 lane_ourscolocb() { e2e ours:colocated:sync:bench 250 0; }
+# one GPU: how far vLLM's own generate call moves from one call to the next on this node, outside any trainer (20 calls of
+# the bench shape's 64 sequences, every call's time in the record), then the colocated bench pair, whose run files carry
+# every step's generation: a spread seen in both is the node's, one seen only in the trainers is theirs
+lane_colocbspread() { run rollout_generation_spread 240 0 python3 bench/rollout_throughput.py --engines vllm-graphs --repeats 20 \
+                        --budget-s 45 --out "$OUT/rollout_generation_spread.json"; lane_colocb; }
 # ours on the bench shape with the engine asleep through every learner step (sleep_level=2), then with the default again
 lane_colocbsleep() {
   run e2e_ours_colocated_sync_bench_sleep2 250 0 python3 bench/e2e_vs_trl.py --runs ours:colocated:sync:bench --out-dir "$OUT/e2e_sleep2" \
