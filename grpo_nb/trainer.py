@@ -530,7 +530,6 @@ def gpu_size_note(cfg:TrainConfig, # the run's config
     risk = "a layout it let through may not fit them" if have < assumed else "its checks and advice were more cautious than these GPUs need"
     return f"cluster: the planner assumed {assumed:.1f} GiB a GPU and this run's GPUs have {have:.1f} GiB, so {risk}. Fix: {fix}"
 
-
 # %% ../nbs/08_trainer.ipynb 73
 def process_age_s() -> float|None:
     "Seconds since this process began (Linux `/proc`); None where that cannot be read."
@@ -580,7 +579,6 @@ def check_gpu_size(self:Run):
         seen.cluster.gpu, seen.cluster.gpu_mem_gib = "", self.gpu_bytes / 2**30
         check_fits(seen, self.layout.device)
     _say(self, [note])
-
 
 # %% ../nbs/08_trainer.ipynb 81
 @patch
