@@ -2,10 +2,9 @@
 of a run's first metrics line), by part, with the prompts' token ids read from the cache (`warm`, a start that has seen
 the same data and model before) and without them (`cold`, an empty prompt cache: the tokenizer's import and the
 tokenizing, which a run does once Ray is up: timed apart, after the launch, as `after_ray_s`). The command runs as users
-run it, in a process of its own, and stops where Ray would start. Each part is
-timed around the function that does it, with nothing else changed: the import of torch, the rest of the trainer's
-imports, the config, the data (the rows, then their tokens looked up in the cache), and
-the checks before Ray (layout, engine library, memory plan); what is left is Python's own start and the command line.
+run it, in a process of its own, and stops where Ray would start. Each part is timed around the function that does it,
+with nothing else changed: the import of torch, the rest of the trainer's imports, the config, the data (the rows, then
+their tokens looked up in the cache), and the checks before Ray (layout, engine library, memory plan); what is left is Python's own start and the command line.
 The two modes alternate, so that drift on the machine falls on both; a cold launch gets a new, empty prompt cache (the
 built tiny models are shared), and the warm ones share a cache filled by one untimed launch.
 
@@ -55,8 +54,7 @@ def _child(argv:list[str]) -> None:
     T.Run.start = (lambda start: lambda self, *a, **k: (run.setdefault("run", self), start(self, *a, **k))[1])(T.Run.start)
     try: T.train_command(*argv)
     except _AtRay: pass
-    stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-    launch_s = float(Path("/proc/uptime").read_text().split()[0]) - int(stat[19]) / os.sysconf("SC_CLK_TCK")
+    launch_s = T.process_age_s()   # as the run's own `startup/launch_s` reads it
     parts["rest"] = launch_s - sum(parts.values())
     before = "transformers" in sys.modules
     t = time.perf_counter()
