@@ -33,8 +33,8 @@ __all__ = ['logger', 'KERNELS', 'PEAK_BF16_TFLOPS', 'TrainBatch', 'check_batch',
            'make_micro_batch', 'LogProbHead', 'use_logprob_head', 'PolicyLogProbs', 'per_sequence_sdpa',
            'varlen_attention', 'check_varlen', 'pick_attention', 'attention_kernel', 'step_counts', 'micro_batch_loss',
            'ds_config', 'lr_factor', 'LearnerSpec', 'model_source', 'build_policy', 'LearnerWorker', 'freeze_heap',
-           'compile_layers', 'apply_kernels', 'check_kernels', 'train_flops', 'release_tensors', 'shard_batch',
-           'peak_flops_for', 'combine_metrics', 'LearnerGroup', 'each', 'create_learner_group']
+           'compile_layers', 'apply_kernels', 'finish_norms', 'check_kernels', 'train_flops', 'release_tensors',
+           'shard_batch', 'peak_flops_for', 'combine_metrics', 'LearnerGroup', 'each', 'create_learner_group']
 
 # %% ../nbs/07_learner.ipynb 8
 logger = logging.getLogger("grpo_nb.learner")
@@ -585,9 +585,27 @@ def apply_kernels(policy:nn.Module, # the HF causal LM, before DeepSpeed wraps i
     import inspect
     want = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=policy)
     fn(**{k: v for k, v in want.items() if k in inspect.signature(fn).parameters})
+    from liger_kernel.transformers.monkey_patch import _patch_rms_norm_module
+    finish_norms(policy, _patch_rms_norm_module)   # the norms Liger's patch function does not name (OLMo-2's q_norm, k_norm)
     return "liger"
 
 # %% ../nbs/07_learner.ipynb 88
+def finish_norms(policy:nn.Module, # the HF causal LM, after Liger's patch function ran on it
+                 patch, # Liger's `_patch_rms_norm_module(module, offset, casting_mode, in_place, row_mode)`
+                ) -> list[str]: # names of the modules patched here
+    "Patch every norm of a class Liger patched elsewhere in `policy`, with its patched sibling's settings."
+    done = {}   # class -> a patched instance: Liger binds `forward` on the instance and sets `casting_mode`
+    for m in policy.modules():
+        if "forward" in vars(m) and hasattr(m, "casting_mode"): done.setdefault(type(m), m)
+    names = []
+    for name, m in policy.named_modules():
+        if type(m) in done and "forward" not in vars(m):
+            s = done[type(m)]
+            patch(m, offset=s.offset, casting_mode=s.casting_mode, in_place=False, row_mode=getattr(s, "row_mode", None))
+            names.append(name)
+    return names
+
+# %% ../nbs/07_learner.ipynb 92
 def check_kernels(saved:str|None, # the kernels a checkpoint was trained with ("torch" | "liger"; None: not recorded)
                   in_use:str, # the kernels this run applied (`apply_kernels`' result)
                   asked:str, # `model.kernels` of this run: "auto" switches silently, a name is a choice
@@ -600,14 +618,14 @@ def check_kernels(saved:str|None, # the kernels a checkpoint was trained with ("
                           + f". Fix: {keep} to keep the checkpoint's kernels, or --model.kernels={in_use} to switch on purpose"
                           + " (log-probs shift by bf16 rounding).")
 
-# %% ../nbs/07_learner.ipynb 90
+# %% ../nbs/07_learner.ipynb 94
 def _flop_params(policy:nn.Module) -> int:
     "Parameters that do matmul work on every token: all but the input embedding and the output projection."
     emb, head = policy.get_input_embeddings().weight, policy.get_output_embeddings().weight
     total = sum(full_numel(p) for p in policy.parameters())  # a tied matrix is counted once
     return total - full_numel(emb) - (0 if head is emb else full_numel(head))
 
-# %% ../nbs/07_learner.ipynb 92
+# %% ../nbs/07_learner.ipynb 96
 def train_flops(body_params:int, # parameters doing matmul work per token (no embedding, no output projection)
                 vocab:int, # V
                 hidden:int, # H
@@ -619,7 +637,7 @@ def train_flops(body_params:int, # parameters doing matmul work per token (no em
     T = sum(seq_lens)
     return 6.0 * body_params * T + 6.0 * vocab * hidden * scored + 6.0 * layers * hidden * sum(s * s for s in seq_lens)
 
-# %% ../nbs/07_learner.ipynb 95
+# %% ../nbs/07_learner.ipynb 99
 @patch
 def _forward(self:LearnerWorker, engine, mb:MicroBatch, with_entropy:bool=False):
     "Log-probs (and entropy) of one micro-batch's scored tokens through `engine`."
@@ -653,7 +671,7 @@ def _score(self:LearnerWorker, engine, batch:TrainBatch) -> list[Tensor]:
         for i in sid[mb.mask].unique().tolist(): out[i] = lp[(sid == i) & mb.mask]
     return [torch.zeros(0) if o is None else o for o in out]
 
-# %% ../nbs/07_learner.ipynb 97
+# %% ../nbs/07_learner.ipynb 101
 _MEAN_KEYS = ("clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "entropy",
               "tis_weight_mean", "tis_clip_frac", "rollout_kl")
 
@@ -691,7 +709,7 @@ def _metric_sums(ms:list[dict], # `policy_loss` metrics of every micro-batch (te
     out.update({f"{k}_sum": sum(x * t for x, t in zip(v[k], n)) for k in _MEAN_KEYS if k in v})
     return out
 
-# %% ../nbs/07_learner.ipynb 98
+# %% ../nbs/07_learner.ipynb 102
 def _grad_norm(module:nn.Module) -> float:
     "L2 norm of all gradients of `module` (replicated parameters: ZeRO-0)."
     gs = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
@@ -731,7 +749,7 @@ def _flops(self:LearnerWorker, seq_lens, scored) -> float:
     c = self.sync_module().config
     return train_flops(self.flop_params, c.vocab_size, c.hidden_size, c.num_hidden_layers, seq_lens, scored)
 
-# %% ../nbs/07_learner.ipynb 100
+# %% ../nbs/07_learner.ipynb 104
 @patch
 def save(self:LearnerWorker,
          tmp:str, # temporary directory (the same on every rank, on a shared filesystem)
@@ -777,7 +795,7 @@ def load(self:LearnerWorker,
     self.step = int(meta["step"])
     return meta
 
-# %% ../nbs/07_learner.ipynb 102
+# %% ../nbs/07_learner.ipynb 106
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                     "tokenizer.model", "chat_template.jinja", "chat_template.json", "added_tokens.json", "generation_config.json")
 
@@ -813,7 +831,7 @@ def export(self:LearnerWorker,
             if (Path(src) / f).exists(): shutil.copy2(Path(src) / f, out / f)
     return {"files": sorted(p.name for p in out.iterdir()), "bytes": total}
 
-# %% ../nbs/07_learner.ipynb 104
+# %% ../nbs/07_learner.ipynb 108
 @patch
 def state_digest(self:LearnerWorker) -> dict:
     "Bit-exact fingerprints of this rank's parameters (its ZeRO partition), optimizer state, schedule and RNG states."
@@ -823,7 +841,7 @@ def state_digest(self:LearnerWorker) -> dict:
             "scheduler": tree_digest(sched), "rng": tree_digest(rng_state()), "step": self.step,
             "optimizer_steps": int(self.engine.global_steps)}
 
-# %% ../nbs/07_learner.ipynb 106
+# %% ../nbs/07_learner.ipynb 110
 _FOLLOW = ("deepspeed", "torch.nn", "torch.optim", "torch.distributed", "grpo_nb", "transformers", "liger_kernel", "collections")
 
 def release_tensors(*roots, # objects whose tensors may go: a DeepSpeed engine, a module, an optimizer
@@ -850,7 +868,7 @@ def release_tensors(*roots, # objects whose tensors may go: a DeepSpeed engine, 
             stack.extend(gc.get_referents(o))
     return sum(storages.values())
 
-# %% ../nbs/07_learner.ipynb 108
+# %% ../nbs/07_learner.ipynb 112
 @patch
 def close(self:LearnerWorker) -> None:
     "Give the model's, the reference's and the optimizer's memory back, and leave the process group (the actor can then be killed cleanly)."
@@ -865,7 +883,7 @@ def close(self:LearnerWorker) -> None:
         import deepspeed.comm
         deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups, so a new world can be made here
 
-# %% ../nbs/07_learner.ipynb 110
+# %% ../nbs/07_learner.ipynb 114
 def shard_batch(lengths:Sequence[int], # tokens of each sequence
                 world_size:int, # ranks W
                ) -> list[list[int]]: # sequence indices of each rank
@@ -877,7 +895,7 @@ def shard_batch(lengths:Sequence[int], # tokens of each sequence
         out[r].append(i); tok[r] += lengths[i]; big += len(out[r]) == base + 1
     return [sorted(o) for o in out]
 
-# %% ../nbs/07_learner.ipynb 113
+# %% ../nbs/07_learner.ipynb 117
 PEAK_BF16_TFLOPS:dict[str, float] = {"GH200": 989.4, "H200": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.4,
                                      "A100": 312.0, "L40S": 362.1, "V100": 125.0}
 "Dense (no sparsity) bf16 tensor-core peak per GPU, by a substring of `torch.cuda.get_device_name()`, most specific first (V100: fp16)."
@@ -890,7 +908,7 @@ def peak_flops_for(device_name:str|None, # e.g. "NVIDIA H100 80GB HBM3"
     return None
 
 
-# %% ../nbs/07_learner.ipynb 115
+# %% ../nbs/07_learner.ipynb 119
 def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
                     peak_flops:float|None=None, # per-GPU peak FLOP/s for MFU
                    ) -> dict:
@@ -912,7 +930,7 @@ def combine_metrics(parts:Sequence[dict], # `train_step` results, one per rank
     if peak_flops: out["mfu"] = out["flops"] / out["time_s"] / (peak_flops * W)
     return out
 
-# %% ../nbs/07_learner.ipynb 116
+# %% ../nbs/07_learner.ipynb 120
 _PASS_ENV = ("RAY_AUTH_MODE", "HF_HUB_OFFLINE", "TORCH_EXTENSIONS_DIR", "PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "DS_BUILD_OPS",
              "TORCH_CUDA_ARCH_LIST", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "GRPO_NB_CACHE")
 
@@ -932,7 +950,7 @@ class LearnerGroup:
         return (f"LearnerGroup({self.world_size} × {i['device']}, ZeRO-{i['zero_stage']}, {i['dtype']}, {i['params'] / 1e6:.2f}M params, "
                 f"attention {i['attention']}, step {self.step_count})")
 
-# %% ../nbs/07_learner.ipynb 118
+# %% ../nbs/07_learner.ipynb 122
 def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
          method:str, # the method to call on every rank
          *args, # the same arguments for every rank ...
@@ -944,7 +962,7 @@ def each(actors:Sequence, # actor handles, or one local `LearnerWorker`
     if len(actors) == 1 and isinstance(actors[0], LearnerWorker): return [getattr(actors[0], method)(*argv[0])]
     return gather([submit(a, method, *av) for a, av in zip(actors, argv)], timeout_s)
 
-# %% ../nbs/07_learner.ipynb 119
+# %% ../nbs/07_learner.ipynb 123
 def create_learner_group(spec:LearnerSpec, # what every rank builds
                          world_size:int, # learner ranks W
                          groups=None, # `grpo_nb.placement.PlacementGroups`: actors go into the learner bundles
@@ -980,14 +998,14 @@ def create_learner_group(spec:LearnerSpec, # what every rank builds
         raise
     return LearnerGroup(actors, spec, info)
 
-# %% ../nbs/07_learner.ipynb 121
+# %% ../nbs/07_learner.ipynb 125
 @patch
 def minibatches(self:LearnerGroup, n:int) -> int:
     "Optimizer steps per epoch for a step of `n` sequences: `num_mini_batches`, or n / (micro_batch_size × gradient_accumulation_steps × W)."
     L = self.spec.learner
     return L.num_mini_batches or max(1, n // (L.micro_batch_size * L.gradient_accumulation_steps * self.world_size))
 
-# %% ../nbs/07_learner.ipynb 123
+# %% ../nbs/07_learner.ipynb 127
 @patch
 def step(self:LearnerGroup,
          batch:TrainBatch, # all sequences of the step
@@ -1001,7 +1019,7 @@ def step(self:LearnerGroup,
     self.step_count += 1
     return combine_metrics(parts, self.spec.peak_flops)
 
-# %% ../nbs/07_learner.ipynb 125
+# %% ../nbs/07_learner.ipynb 129
 @patch
 def save(self:LearnerGroup,
          ckpt_dir:str|Path, # the run's checkpoint directory
@@ -1020,7 +1038,7 @@ def save(self:LearnerGroup,
     each(self.actors, "save", str(tmp), str(final), step, data_state, keep_last)
     return final
 
-# %% ../nbs/07_learner.ipynb 126
+# %% ../nbs/07_learner.ipynb 130
 @patch
 def load(self:LearnerGroup,
          path:str|Path, # a checkpoint directory
@@ -1031,7 +1049,7 @@ def load(self:LearnerGroup,
     self.step_count = int(metas[0]["step"])
     return metas[0]
 
-# %% ../nbs/07_learner.ipynb 127
+# %% ../nbs/07_learner.ipynb 131
 @patch
 def resume(self:LearnerGroup,
            ckpt_dir:str|Path, # the run's checkpoint directory
@@ -1041,7 +1059,7 @@ def resume(self:LearnerGroup,
     if p is None: return None
     return {**self.load(p), "path": str(p)}
 
-# %% ../nbs/07_learner.ipynb 128
+# %% ../nbs/07_learner.ipynb 132
 @patch
 def export(self:LearnerGroup,
            out_dir:str|Path, # the HF directory to create (replaced if it exists)
@@ -1055,13 +1073,13 @@ def export(self:LearnerGroup,
     os.rename(tmp, out)
     return out
 
-# %% ../nbs/07_learner.ipynb 129
+# %% ../nbs/07_learner.ipynb 133
 @patch
 def digests(self:LearnerGroup) -> list[dict]:
     "Every rank's `state_digest` (bit-exact fingerprints of parameters, optimizer, schedule, RNG)."
     return each(self.actors, "state_digest")
 
-# %% ../nbs/07_learner.ipynb 130
+# %% ../nbs/07_learner.ipynb 134
 @patch
 def shutdown(self:LearnerGroup,
              kill:bool=False, # True: kill the actors at once (no clean exit), as a crash would
@@ -1075,7 +1093,7 @@ def shutdown(self:LearnerGroup,
         for a in self.actors: ray.kill(a, no_restart=True)
     self.actors = []
 
-# %% ../nbs/07_learner.ipynb 141
+# %% ../nbs/07_learner.ipynb 145
 @patch(cls_method=True)
 def from_config(cls:LearnerGroup,
                 cfg, # a `grpo_nb.config.TrainConfig`
