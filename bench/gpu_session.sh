@@ -4,7 +4,7 @@
 #   bash bench/gpu_session.sh OUT_DIR LANE [LANE ...]      # lanes: coloc0 (or a shape a call: colocb colocl colocw, peer first: colocbr coloclr colocwr; trlcoloc) single1
 #                                                        split01 (or its parts split01a/b/c, and split01w; one run a lane: split01ob/ow/ol, split01l),
 #                                                        coloclong0 trlcoloclong1 trlhflong1 wsvllm01 wstf01 ipc0 mfu2 mfu2pack mfu2packw mfuprof2 mfu1p5 mfu3b mfumem0 lpmem0 sc2 rtcore0
-#                                                        mfufew0 alloc0 head0 head1p5 head3b headckpt colocbsleep colocbspread
+#                                                        mfufew0 alloc0 head0 head1p5 head3b headckpt colocbsleep colocbspread colocs colocsr
 #                                                        four GPUs, one lane a call: s7split s7coloc s7colocpack s7trlserver s7trlcoloc
 #                                                        s7olmosplit s7olmocoloc s7olmotrlserver s7olmotrlcoloc mfu7b2 mfu7b2pack mfu7b4 mfuolmo2 tp2 mix4
 #                                                        s7colocx s7olmocolocx (expandable segments) mfuolmo2pack mfu7b2packw
@@ -71,6 +71,9 @@ lane_colocl() { e2e ours:colocated:sync:long 330 0; e2e trl:vllm-colocate:long 2
 lane_colocw() { e2e ours:colocated:sync:wide 300 0; e2e trl:vllm-colocate:wide 250 0; }
 # the same pairs with the peer first (a cold start's cost of being first on a fresh machine falls on the peer)
 lane_colocbr() { e2e trl:vllm-colocate:bench 200 0; e2e ours:colocated:sync:bench 270 0; }
+# the bench work timed for 40 steps instead of 10 (shape `steady`): does each trainer's generation settle as vLLM alone does? (about 5 minutes)
+lane_colocs() { e2e ours:colocated:sync:steady 300 0; e2e trl:vllm-colocate:steady 280 0; }
+lane_colocsr() { e2e trl:vllm-colocate:steady 280 0; e2e ours:colocated:sync:steady 300 0; }
 lane_coloclr() { e2e trl:vllm-colocate:long 250 0; e2e ours:colocated:sync:long 330 0; }
 lane_colocwr() { e2e trl:vllm-colocate:wide 250 0; e2e ours:colocated:sync:wide 300 0; }
 # ours alone, colocated on one GPU (a peer's run of the same shape on the same GPU model pairs with it at the merge)

@@ -585,7 +585,10 @@ def apply_kernels(policy:nn.Module, # the HF causal LM, before DeepSpeed wraps i
     import inspect
     want = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=policy)
     fn(**{k: v for k, v in want.items() if k in inspect.signature(fn).parameters})
-    from liger_kernel.transformers.monkey_patch import _patch_rms_norm_module
+    try: from liger_kernel.transformers.monkey_patch import _patch_rms_norm_module   # private in Liger: it may move
+    except ImportError:
+        logger.warning("this liger-kernel has no _patch_rms_norm_module: norms its patch function does not name (OLMo-2's q_norm, k_norm) stay in torch")
+        return "liger"
     finish_norms(policy, _patch_rms_norm_module)   # the norms Liger's patch function does not name (OLMo-2's q_norm, k_norm)
     return "liger"
 

@@ -88,3 +88,17 @@ def test_a_merged_record_keeps_every_steps_generation_of_both_sides(tmp_path):
     rec = next(r for r in E.merge(tmp_path)["records"] if r["peer"] == "trl" and r["trl_backend"] == "vllm-colocate" and r["shape"] == "bench")
     assert rec["ours_generation_s_all"] == [4, 1.0, 0.8, 1.2, 0.9] and rec["trl_generation_s_all"] == [2, 1.4, 1.3, 1.5, 1.2]
     assert abs(rec["speedup_mean"] - (1.8 + 2.0 + 1.7) / (1.2 + 1.6 + 1.3)) < 1e-9
+
+
+def test_a_shape_without_runs_adds_no_records_and_steady_times_the_bench_work_longer(tmp_path):
+    "`steady` is the bench's work with more timed steps; a merge lists a shape's unmeasured comparisons only once the shape has a run."
+    import json
+    work = lambda s: {k: v for k, v in s.items() if k != "steps"}
+    assert work(E.SHAPES["steady"]) == work(E.SHAPES["bench"]) and E.SHAPES["steady"]["steps"] >= 3 * E.SHAPES["bench"]["steps"]
+    shape = {**E.SHAPES["bench"], "steps": 3}
+    steps = [5.0, 1.4, 1.2, 1.6, 1.3]
+    (tmp_path / "run_ours_colocated_sync_bench.json").write_text(json.dumps({"run": "ours:colocated:sync:bench", "device": "GPU", "config": shape,
+        "step_s_all": steps, "stats": E.stats(steps[2:]), "split_s": {"generation": 1.0}}))
+    recs = E.merge(tmp_path)["records"]
+    assert {r["shape"] for r in recs} == {"bench"}   # no steady, long or wide rows while none of them has run
+    assert any(r["shape"] == "bench" and r["peer"] == "trl" and r["trl_backend"] == "vllm-server" and not r.get("speedup_mean") for r in recs)   # still listed: unmeasured
