@@ -599,10 +599,10 @@ def finish_norms(policy:nn.Module, # the HF causal LM, after Liger's patch funct
     "Patch every norm of a class Liger patched elsewhere in `policy`, with its patched sibling's settings."
     done = {}   # class -> a patched instance: Liger binds `forward` on the instance and sets `casting_mode`
     for m in policy.modules():
-        if "forward" in vars(m) and hasattr(m, "casting_mode"): done.setdefault(type(m), m)
+        if "forward" in vars(m) and hasattr(m, "casting_mode") and getattr(m, "with_scale", True): done.setdefault(type(m), m)   # not Liger's scale-free fallback
     names = []
     for name, m in policy.named_modules():
-        if type(m) in done and "forward" not in vars(m):
+        if type(m) in done and "forward" not in vars(m) and getattr(m, "weight", None) is not None:   # the kernel scales by a weight
             s = done[type(m)]
             patch(m, offset=s.offset, casting_mode=s.casting_mode, in_place=False, row_mode=getattr(s, "row_mode", None))
             names.append(name)
