@@ -589,7 +589,8 @@ def apply_kernels(policy:nn.Module, # the HF causal LM, before DeepSpeed wraps i
     except ImportError:
         logger.warning("this liger-kernel has no _patch_rms_norm_module: norms its patch function does not name (OLMo-2's q_norm, k_norm) stay in torch")
         return "liger"
-    finish_norms(policy, _patch_rms_norm_module)   # the norms Liger's patch function does not name (OLMo-2's q_norm, k_norm)
+    more = finish_norms(policy, _patch_rms_norm_module)   # the norms Liger's patch function does not name (OLMo-2's q_norm, k_norm)
+    if more: logger.info("Liger's RMSNorm kernel also on %d norms its patch function does not name (%s, ...)", len(more), more[0])
     return "liger"
 
 # %% ../nbs/07_learner.ipynb 88
