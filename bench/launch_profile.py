@@ -4,7 +4,8 @@ the same data and model before) and without them (`cold`, an empty prompt cache:
 tokenizing, which a run does once Ray is up: timed apart, after the launch, as `after_ray_s`). The command runs as users
 run it, in a process of its own, and stops where Ray would start. Each part is timed around the function that does it,
 with nothing else changed: the import of torch, the rest of the trainer's imports, the config, the data (the rows, then
-their tokens looked up in the cache), and the checks before Ray (layout, engine library, memory plan); what is left is Python's own start and the command line.
+their tokens looked up in the cache), and the checks before Ray (layout, engine library, memory plan); what is left is
+Python's own start and the command line.
 The two modes alternate, so that drift on the machine falls on both; a cold launch gets a new, empty prompt cache (the
 built tiny models are shared), and the warm ones share a cache filled by one untimed launch.
 
