@@ -18,8 +18,8 @@ The committed run files are in bench/results/e2e_runs/ (`--merge bench/results/e
               one-step-off (2 GPUs, verl's experimental one-step-off trainer)
   shapes  bench: 8 prompts of 128 tokens x G=8, 256 generated tokens; long: the same with 1024 generated tokens;
           wide: 32 prompts of 192 tokens x G=4, 320 generated tokens (twice the samples a step: more learner work)
-          steady: the bench work with 40 timed steps instead of 10 (vLLM alone runs its first calls of a cold start about a
-                  third slower than later ones: bench/rollout_throughput.py --repeats 20; this shape times well past them)
+          steady: the bench work with 40 timed steps instead of 10 (an engine's steps run slower for stretches, and on some
+                  nodes its first calls of a cold start: bench/rollout_throughput.py --repeats 20; this shape times past both)
 
 Both trainers train a step in one micro-batch (TRL: `per_device_train_batch_size` = the step's sequences; ours:
 `learner.pack_length` = the step's tokens, `step_tokens`), and every run starts with empty compile caches
@@ -54,8 +54,10 @@ MIN_TIMED = 8   # a run cut by its time limit still counts when at least this ma
 SHAPES = {"bench": dict(prompts=8, prompt_len=128, G=8, gen=256, steps=10, warmup=2),
           "long": dict(prompts=8, prompt_len=128, G=8, gen=1024, steps=10, warmup=2),
           "wide": dict(prompts=32, prompt_len=192, G=4, gen=320, steps=10, warmup=2),
-          "steady": dict(prompts=8, prompt_len=128, G=8, gen=256, steps=40, warmup=2),   # the bench work, timed past vLLM's slower first calls
+          "steady": dict(prompts=8, prompt_len=128, G=8, gen=256, steps=40, warmup=2),   # the bench work, timed past stretches of slower steps
           "smoke": dict(prompts=2, prompt_len=8, G=2, gen=8, steps=3, warmup=1)}
+LAYOUTS = ("colocated", "split")
+SHAPE_LAYOUTS = {"steady": ("colocated",)}   # a shape measured in some layouts only; a merge lists its unmeasured comparisons there alone
 GPUS = {("ours", "colocated"): 1, ("ours", "split"): 2, ("trl", "vllm-colocate"): 1, ("trl", "vllm-server"): 2, ("trl", "transformers"): 1,
         **{("verl", b): v["gpus"] for b, v in VERL_BACKENDS.items()}}
 PEERS = {"trl": [("colocated", "sync", "vllm-colocate"), ("colocated", "sync", "transformers"),
@@ -416,11 +418,12 @@ def merge(run_dir:Path) -> dict:
     runs = read_runs(run_dir)
     recs = []
     for shape in (*(k for k in SHAPES if k != "smoke"), "smoke"):
+        has_runs = any(k.rsplit(":", 1)[-1] == shape for k in runs)
         for peer, pairs in PEERS.items():
             for layout, mode, backend in pairs:
                 o, t = runs.get(f"ours:{layout}:{mode}:{shape}"), runs.get(f"{peer}:{backend}:{shape}")
-                if o is None and t is None and (shape == "smoke" or not any(k.rsplit(":", 1)[-1] == shape for k in runs)):
-                    continue   # a shape with runs lists what is still unmeasured of it; a shape without any is left out
+                if o is None and t is None and (shape == "smoke" or not has_runs or layout not in SHAPE_LAYOUTS.get(shape, LAYOUTS)):
+                    continue   # a shape with runs lists what is still unmeasured of it (in its layouts); a shape without any is left out
                 if t is None and peer != "trl": continue   # a second peer's comparisons are listed once it has a run
                 o, t = o or {}, t or {}
                 target = TARGETS.get((peer, backend, mode))

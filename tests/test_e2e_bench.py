@@ -91,7 +91,7 @@ def test_a_merged_record_keeps_every_steps_generation_of_both_sides(tmp_path):
 
 
 def test_a_shape_without_runs_adds_no_records_and_steady_times_the_bench_work_longer(tmp_path):
-    "`steady` is the bench's work with more timed steps; a merge lists a shape's unmeasured comparisons only once the shape has a run."
+    "`steady` is the bench's work with more timed steps; a merge lists a shape's unmeasured comparisons only once the shape has a run, and only in its layouts."
     import json
     work = lambda s: {k: v for k, v in s.items() if k != "steps"}
     assert work(E.SHAPES["steady"]) == work(E.SHAPES["bench"]) and E.SHAPES["steady"]["steps"] >= 3 * E.SHAPES["bench"]["steps"]
@@ -102,3 +102,7 @@ def test_a_shape_without_runs_adds_no_records_and_steady_times_the_bench_work_lo
     recs = E.merge(tmp_path)["records"]
     assert {r["shape"] for r in recs} == {"bench"}   # no steady, long or wide rows while none of them has run
     assert any(r["shape"] == "bench" and r["peer"] == "trl" and r["trl_backend"] == "vllm-server" and not r.get("speedup_mean") for r in recs)   # still listed: unmeasured
+    (tmp_path / "run_ours_colocated_sync_steady.json").write_text(json.dumps({"run": "ours:colocated:sync:steady", "device": "GPU", "config": shape,
+        "step_s_all": steps, "stats": E.stats(steps[2:]), "split_s": {"generation": 1.0}}))
+    steady = [r for r in E.merge(tmp_path)["records"] if r["shape"] == "steady"]
+    assert steady and {r["layout"] for r in steady} == {"colocated"}   # a colocated-only shape lists no split comparisons
