@@ -1,4 +1,4 @@
-"""What the benchmark scripts share: the environment of every GPU process, a free port, step-time statistics, and a poller of every GPU's memory in use.
+"""What the benchmark scripts share: the environment of every GPU process, a free port, step-time statistics, a poller of every GPU's memory in use, and a log of its clocks.
 
 Run a script as `python bench/NAME.py`: its own directory is then on `sys.path`, and `from common import ...` finds this file.
 """
@@ -57,6 +57,59 @@ class MemoryPoller:
             self._stop.wait(self.every)
     def __enter__(self): self._t.start(); return self
     def __exit__(self, *a): self._stop.set(); self._t.join(5)
+
+
+CLOCK_FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "utilization.gpu")
+"What `ClockLog` samples of each GPU besides the time and the index: SM and memory clocks (MHz), power (W), temperature (C), utilisation (%)."
+
+
+def parse_clock_lines(text:str, # `nvidia-smi --query-gpu=timestamp,index,<CLOCK_FIELDS> --format=csv,noheader,nounits` output
+                     ) -> list[dict]: # one dict a line: `t` (unix seconds), `gpu` (nvidia-smi index), each field (None where N/A)
+    "Parse clock samples; a line that is not one (a warning, a line cut by the end of the process) is skipped."
+    from datetime import datetime
+    out = []
+    for line in text.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) != 2 + len(CLOCK_FIELDS): continue
+        try: t, gpu = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp(), int(parts[1])
+        except ValueError: continue
+        num = lambda x: float(x) if x.replace(".", "", 1).isdigit() else None   # "[N/A]" and the like: None
+        out.append({"t": t, "gpu": gpu, **{k: num(v) for k, v in zip(CLOCK_FIELDS, parts[2:])}})
+    return out
+
+
+class ClockLog:
+    """Every visible GPU's clocks, power, temperature and utilisation through a `with` block, sampled every `every_ms` by
+    one `nvidia-smi -lms` process (so that a run's slow steps can be set beside its GPU's clocks). Without nvidia-smi
+    the block runs as it would and `samples` stays empty."""
+    def __init__(self, every_ms:int=500, # sampling period
+                 gpus:str|None=None): # nvidia-smi indices, comma-separated (None: `CUDA_VISIBLE_DEVICES`, else every GPU)
+        self.every_ms, self.samples, self.proc = every_ms, [], None
+        self.gpus = gpus if gpus is not None else os.environ.get("CUDA_VISIBLE_DEVICES") or None
+    def __enter__(self):
+        import tempfile
+        self._out = tempfile.TemporaryFile(mode="w+")
+        cmd = ["nvidia-smi", f"--query-gpu=timestamp,index,{','.join(CLOCK_FIELDS)}", "--format=csv,noheader,nounits", f"--loop-ms={self.every_ms}"]
+        if self.gpus and all(g.strip().isdigit() for g in self.gpus.split(",")): cmd.append(f"--id={self.gpus}")   # UUIDs and the like: every GPU
+        try: self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError: self.proc = None   # no nvidia-smi here: nothing to sample
+        return self
+    def __exit__(self, *a):
+        if self.proc is not None: stop_group(self.proc, 5)
+        self._out.seek(0); self.samples = parse_clock_lines(self._out.read()); self._out.close()
+
+
+def per_step(samples:list[dict], # `ClockLog.samples`
+             ends:list[float], # each step's end (unix seconds)
+             steps:list[float], # each step's length (s), in the same order
+             key:str="clocks.sm", # the field to average
+            ) -> list[float|None]: # per step, the mean of `key` over the samples inside it on every GPU sampled; None where none fell inside
+    "The mean of one sampled field within each step's window [end - length, end]."
+    out = []
+    for end, length in zip(ends, steps):
+        xs = [s[key] for s in samples if end - length <= s["t"] <= end and s.get(key) is not None]
+        out.append(statistics.fmean(xs) if xs else None)
+    return out
 
 
 def end_group(pgid:int, # a process group (its leader's pid: started with `start_new_session=True`)

@@ -25,7 +25,9 @@ Both trainers train a step in one micro-batch (TRL: `per_device_train_batch_size
 `learner.pack_length` = the step's tokens, `step_tokens`), and every run starts with empty compile caches
 (`COLD_CACHES`), so each side's `first_step_s` (launch to the first step's start) is a cold start.
 Every step's time is recorded, and its generation (`generation_s_all`); statistics use the steps after `warmup` (mean,
-median, p90). Every merged record names its `peer` ("trl" | "verl") and its `shape`; the peer's keys carry its name
+median, p90). Where nvidia-smi answers, a run's file also keeps its GPU's SM clock, power, temperature and utilisation
+through the run (`gpu_clocks`, every half second) and, for ours and TRL's, each step's end and mean SM clock
+(`step_end_wall`, `sm_clock_mhz_per_step`): a slow stretch of steps can then be set beside the GPU's clocks. Every merged record names its `peer` ("trl" | "verl") and its `shape`; the peer's keys carry its name
 (`trl_step_mean_s`, `verl_step_mean_s`, ...), ours `ours_`. The speed-up by mean step time is given only where both sides completed on the
 same GPU model. A peer's failure lands in its `<peer>_error` (the tail of its log) and never loses our record.
 
@@ -43,7 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import COLD_CACHES, GPU_ENV, digit_prompts, end_group, free_port, save_bench_tokenizer, step_stats, stop_group  # noqa: E402  (shared by the bench scripts)
+from common import (CLOCK_FIELDS, COLD_CACHES, GPU_ENV, ClockLog, digit_prompts, end_group, free_port, per_step,  # noqa: E402
+                    save_bench_tokenizer, step_stats, stop_group)   # (shared by the bench scripts)
 from verl_peer import BACKENDS as VERL_BACKENDS, PAIRS as VERL_PAIRS, dry_run_text, run_verl, verl_plan  # noqa: E402  (the second peer)
 
 MODEL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
@@ -132,12 +135,16 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         first = None   # seconds from the launch to the start of the first step: the first record's arrival less its step time
+        ends = []   # each metrics line's arrival (unix seconds, within the poll's quarter second): when its step ended
         try:
             while (rc := proc.poll()) is None:
                 if time.perf_counter() - t0 > timeout: raise subprocess.TimeoutExpired(cmd, timeout)
-                if first is None and (m := tmp / "run" / "metrics.jsonl").exists() and (line := m.read_text().split("\n", 1)[0]).strip():
-                    try: first = time.perf_counter() - t0 - json.loads(line).get("time/step", 0.0)
-                    except ValueError: pass   # the line is still being written: read it again next time
+                if (m := tmp / "run" / "metrics.jsonl").exists():
+                    done = m.read_text().split("\n")[:-1]   # whole lines only: the last may still be being written
+                    ends += [time.time()] * (len(done) - len(ends))
+                    if first is None and done:
+                        try: first = time.perf_counter() - t0 - json.loads(done[0]).get("time/step", 0.0)
+                        except ValueError: pass
                 time.sleep(0.25)
         except subprocess.TimeoutExpired:   # keep what ran: the steps logged so far and the log's tail
             stop_group(proc, 20); rc = "timeout"   # TERM first: the trainer stops Ray and frees the GPUs before the next run
@@ -156,7 +163,9 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
                            + "\n".join(l for l in log.read_text().splitlines() if "Warning" not in l)[-2500:])
     timed = recs[shape["warmup"]:]
     keys = sorted({k for r in timed for k in r if k.startswith("time/")})
-    return {"step_s_all": [r["time/step"] for r in recs], "split_s": {k.removeprefix("time/"): statistics.fmean(r.get(k, 0.0) for r in timed) for k in keys},
+    lines = [json.loads(l) for l in (tmp / "run" / "metrics.jsonl").read_text().splitlines()] if recs else []
+    step_end = [t for t, r in zip(ends, lines) if "time/step" in r]   # the step lines' arrivals (other lines, such as evaluations, are left out)
+    return {"step_s_all": [r["time/step"] for r in recs], "step_end_wall": step_end if len(step_end) == len(recs) else None, "split_s": {k.removeprefix("time/"): statistics.fmean(r.get(k, 0.0) for r in timed) for k in keys},
             "generation_s_all": [r.get("time/generation", 0.0) for r in recs],   # every step's: where a step's time moves within a run
             "peak_gib": max(r.get("peak_gpu_mem_gib", 0) for r in recs), "staleness": timed[-1].get("staleness"),
             "learner_mfu": statistics.fmean(r["mfu"] for r in timed) if all(r.get("mfu") is not None for r in timed) else None,
@@ -267,14 +276,15 @@ def run_trl(backend:str, shape:dict, model:dict, model_dir:Path, tmp:Path, devic
                 if not first: first.append(cur["t0"] - t_build)
             def on_step_end(self, *a, **k):
                 sync(); t = time.perf_counter() - cur.pop("t0")
-                steps.append({"step": t, **cur})
+                steps.append({"step": t, **cur, "end_wall": time.time()})
                 if progress is not None: progress(steps)
         trainer = GRPOTrainer(model=str(model_dir), reward_funcs=lambda completions, **kw: [toy_reward(c) for c in completions],
                               args=args, train_dataset=ds, callbacks=[Timer()])
         if device == "cuda": torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter(); trainer.train(); wall = time.perf_counter() - t0
         lens = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h][shape["warmup"]:]
-        return {"version": trl.__version__, "step_s_all": [s["step"] for s in steps], "split_s": trl_split(steps[shape["warmup"]:]), "wall_s": wall,
+        return {"version": trl.__version__, "step_s_all": [s["step"] for s in steps], "step_end_wall": [s["end_wall"] for s in steps],
+                "split_s": trl_split(steps[shape["warmup"]:]), "wall_s": wall,
                 "generation_s_all": [s.get("generation", 0.0) - s.get("sync", 0.0) for s in steps],   # as `trl_split` counts it, every step's
                 "response_len_mean": statistics.fmean(lens) if lens else None,   # the work: tokens generated per sequence, as TRL logs it
                 "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
@@ -345,7 +355,9 @@ def child(run:str, smoke:bool, out_json:Path, timeout:float):
     rec = {"run": run, "side": side, **({"peer": side} if side in PEERS else {}), "shape": shape_name, "config": shape, "model": model, "smoke": smoke,
            "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "time": time.strftime("%Y-%m-%d %H:%M:%S"),
            "compile_caches": "fresh"}   # `first_step_s` is a cold start (runs without this key shared the caches of the runs before them)
+    clocks = ClockLog()   # the GPU's clocks through the run (nothing where nvidia-smi is missing)
     try:
+        clocks.__enter__()
         t_b = time.perf_counter(); model_dir = build_model(model, tmp / "model"); built_s = time.perf_counter() - t_b   # the benchmark's own work
         left = lambda: timeout - (time.perf_counter() - t_child) - 10
         if side == "ours":
@@ -364,7 +376,23 @@ def child(run:str, smoke:bool, out_json:Path, timeout:float):
         if not rec.get("error"): rec["stats"] = stats(rec["step_s_all"][shape["warmup"]:])
     except Exception as e:
         rec["error"] = f"{type(e).__name__}: {e}"[-4000:]; traceback.print_exc()
+    clocks.__exit__(None, None, None)
+    rec.update(clock_fields(clocks.samples, clocks.every_ms, rec.get("step_end_wall"), rec.get("step_s_all")))
     out_json.write_text(json.dumps(rec, indent=1))
+
+
+def clock_fields(samples:list[dict], # `ClockLog.samples` of the run
+                 every_ms:int, # their period
+                 ends:list[float]|None, # each step's end (unix seconds), where the run recorded them
+                 steps:list[float]|None, # each step's length (s)
+                ) -> dict: # `gpu_clocks` (every sample, seconds from the first) and `sm_clock_mhz_per_step`; empty without samples
+    "A run's GPU samples in its record, and each step's mean SM clock where the steps' ends are known."
+    if not samples: return {}
+    t0 = samples[0]["t"]
+    out = {"gpu_clocks": {"every_ms": every_ms, "t0": t0, "fields": ["t_s", "gpu", *CLOCK_FIELDS],
+                          "rows": [[round(x["t"] - t0, 3), x["gpu"], *(x[k] for k in CLOCK_FIELDS)] for x in samples]}}
+    if ends and steps and len(ends) == len(steps): out["sm_clock_mhz_per_step"] = per_step(samples, ends, steps)
+    return out
 
 
 def peer_fields(peer:str, o:dict, p:dict) -> dict:
@@ -377,7 +405,8 @@ def peer_fields(peer:str, o:dict, p:dict) -> dict:
                 f"{side}_split_s": r.get("split_s"), f"{side}_peak_gib": r.get("peak_gib"),
                 f"{side}_error": r.get("error"), f"{side}_stopped": r.get("stopped"), f"{side}_first_step_s": r.get("first_step_s"),
                 f"{side}_cold_start": r.get("compile_caches") == "fresh", f"{side}_response_len_mean": r.get("response_len_mean"),
-                f"{side}_first_step_from": r.get("first_step_from", "process start" if side == "ours" else "its imports")}
+                f"{side}_first_step_from": r.get("first_step_from", "process start" if side == "ours" else "its imports"),
+                f"{side}_sm_clock_mhz_per_step": r.get("sm_clock_mhz_per_step")}   # each step's mean SM clock, where the run sampled it
     rec[f"{peer}_version"] = p.get("version")
     rec["ours_startup_s"] = o.get("startup_s")   # our start-up phases (Ray, learners, engine load and vLLM's own phases, connect)
     rec["ours_command"] = o.get("command")

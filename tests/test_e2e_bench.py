@@ -106,3 +106,30 @@ def test_a_shape_without_runs_adds_no_records_and_steady_times_the_bench_work_lo
         "step_s_all": steps, "stats": E.stats(steps[2:]), "split_s": {"generation": 1.0}}))
     steady = [r for r in E.merge(tmp_path)["records"] if r["shape"] == "steady"]
     assert steady and {r["layout"] for r in steady} == {"colocated"}   # a colocated-only shape lists no split comparisons
+
+
+def test_a_run_records_its_gpus_clocks_and_each_steps_mean_sm_clock(tmp_path, monkeypatch):
+    "`ClockLog` samples nvidia-smi for the length of a run (here a stand-in that prints as nvidia-smi does); each step gets the mean SM clock inside it."
+    import json, stat
+    from common import CLOCK_FIELDS, ClockLog, parse_clock_lines
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho \"$@\" > " + str(tmp_path / "args") + "\n"
+                    "for i in 1 2 3 4 5 6; do date '+%Y/%m/%d %H:%M:%S.%3N, 0, 1980, 3201, 250.5, 45, 97'; sleep 0.1; done\n"
+                    "echo 'cut mid-li'\nsleep 30\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    t0 = time.time()
+    with ClockLog(every_ms=100) as log: time.sleep(1.0)
+    t1 = time.time()
+    assert len(log.samples) == 6 and all(t0 - 1 < s["t"] < t1 + 1 and s["clocks.sm"] == 1980.0 and s["power.draw"] == 250.5 for s in log.samples)
+    assert "--id=0" in (tmp_path / "args").read_text() and log.proc.poll() is not None   # the run's GPU only; the sampler ended with the block
+    rec = E.clock_fields(log.samples, 100, [t1, t1 + 60], [t1 - t0 + 1, 5.0])
+    assert rec["gpu_clocks"]["fields"] == ["t_s", "gpu", *CLOCK_FIELDS] and len(rec["gpu_clocks"]["rows"]) == 6
+    assert rec["sm_clock_mhz_per_step"] == [1980.0, None]   # the second step's window holds no sample
+    assert parse_clock_lines("2026/11/30 13:17:35.120, 1, [N/A], 1593, 80.1, 40, 0\nWarning: x\n")[0]["clocks.sm"] is None
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))   # no nvidia-smi at all: the block runs, nothing is sampled, nothing is added
+    with ClockLog() as none: pass
+    assert none.samples == [] and E.clock_fields(none.samples, 500, None, None) == {}
+    json.dumps(rec)   # what the run file stores
