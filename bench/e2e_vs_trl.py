@@ -27,7 +27,8 @@ Both trainers train a step in one micro-batch (TRL: `per_device_train_batch_size
 Every step's time is recorded, and its generation (`generation_s_all`); statistics use the steps after `warmup` (mean,
 median, p90). Where nvidia-smi answers, a run's file also keeps its GPU's SM clock, power, temperature and utilisation
 through the run (`gpu_clocks`, every half second) and, for ours and TRL's, each step's end and mean SM clock
-(`step_end_wall`, `sm_clock_mhz_per_step`): a slow stretch of steps can then be set beside the GPU's clocks. Every merged record names its `peer` ("trl" | "verl") and its `shape`; the peer's keys carry its name
+(`step_end_wall`, `sm_clock_mhz_per_step`): a slow stretch of steps can then be set beside the GPU's clocks.
+Every merged record names its `peer` ("trl" | "verl") and its `shape`; the peer's keys carry its name
 (`trl_step_mean_s`, `verl_step_mean_s`, ...), ours `ours_`. The speed-up by mean step time is given only where both sides completed on the
 same GPU model. A peer's failure lands in its `<peer>_error` (the tail of its log) and never loses our record.
 
@@ -165,7 +166,8 @@ def run_ours(layout:str, mode:str, shape:dict, model:dict, model_dir:Path, tmp:P
     keys = sorted({k for r in timed for k in r if k.startswith("time/")})
     lines = [json.loads(l) for l in (tmp / "run" / "metrics.jsonl").read_text().splitlines()] if recs else []
     step_end = [t for t, r in zip(ends, lines) if "time/step" in r]   # the step lines' arrivals (other lines, such as evaluations, are left out)
-    return {"step_s_all": [r["time/step"] for r in recs], "step_end_wall": step_end if len(step_end) == len(recs) else None, "split_s": {k.removeprefix("time/"): statistics.fmean(r.get(k, 0.0) for r in timed) for k in keys},
+    return {"step_s_all": [r["time/step"] for r in recs], "step_end_wall": step_end if len(step_end) == len(recs) else None,
+            "split_s": {k.removeprefix("time/"): statistics.fmean(r.get(k, 0.0) for r in timed) for k in keys},
             "generation_s_all": [r.get("time/generation", 0.0) for r in recs],   # every step's: where a step's time moves within a run
             "peak_gib": max(r.get("peak_gpu_mem_gib", 0) for r in recs), "staleness": timed[-1].get("staleness"),
             "learner_mfu": statistics.fmean(r["mfu"] for r in timed) if all(r.get("mfu") is not None for r in timed) else None,
