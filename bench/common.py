@@ -80,7 +80,7 @@ def parse_clock_lines(text:str, # `nvidia-smi --query-gpu=timestamp,index,<CLOCK
 
 class ClockLog:
     """Every visible GPU's clocks, power, temperature and utilisation through a `with` block, sampled every `every_ms` by
-    one `nvidia-smi -lms` process (so that a run's slow steps can be set beside its GPU's clocks). Without nvidia-smi
+    one `nvidia-smi --loop-ms` process (so that a run's slow steps can be set beside its GPU's clocks). Without nvidia-smi
     the block runs as it would and `samples` stays empty."""
     def __init__(self, every_ms:int=500, # sampling period
                  gpus:str|None=None): # nvidia-smi indices, comma-separated (None: `CUDA_VISIBLE_DEVICES`, else every GPU)

@@ -357,28 +357,26 @@ def child(run:str, smoke:bool, out_json:Path, timeout:float):
     rec = {"run": run, "side": side, **({"peer": side} if side in PEERS else {}), "shape": shape_name, "config": shape, "model": model, "smoke": smoke,
            "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "time": time.strftime("%Y-%m-%d %H:%M:%S"),
            "compile_caches": "fresh"}   # `first_step_s` is a cold start (runs without this key shared the caches of the runs before them)
-    clocks = ClockLog()   # the GPU's clocks through the run (nothing where nvidia-smi is missing)
-    try:
-        clocks.__enter__()
-        t_b = time.perf_counter(); model_dir = build_model(model, tmp / "model"); built_s = time.perf_counter() - t_b   # the benchmark's own work
-        left = lambda: timeout - (time.perf_counter() - t_child) - 10
-        if side == "ours":
-            layout, mode = rest[0], rest[1]
-            rec.update(layout=layout, mode=mode, backend="vllm", gpus=GPUS[("ours", layout)])
-            rec.update(run_ours(layout, mode, shape, model, model_dir, tmp, device, left(), out_json.with_name(out_json.stem + ".train.log")))
-        elif side == "verl":   # a failed verl run returns its error with its steps so far; nothing of ours is at stake here
-            rec.update(backend=rest[0], gpus=GPUS[("verl", rest[0])])
-            rec.update(run_verl(rest[0], shape, model_dir, tmp, prompts(model, shape, shape["prompts"] * (shape["warmup"] + shape["steps"] + 2)),
-                                toy_reward, left(), MIN_TIMED, dict(os.environ)))
-        else:
-            rec.update(backend=rest[0], gpus=GPUS[("trl", rest[0])])
-            progress = lambda steps: partial_path(out_json).write_text(json.dumps({**rec, "steps": steps}))
-            rec.update(run_trl(rest[0], shape, model, model_dir, tmp, device, progress))
-            rec.update(from_process_start(rec.pop("first_step_at", None), built_s))
-        if not rec.get("error"): rec["stats"] = stats(rec["step_s_all"][shape["warmup"]:])
-    except Exception as e:
-        rec["error"] = f"{type(e).__name__}: {e}"[-4000:]; traceback.print_exc()
-    clocks.__exit__(None, None, None)
+    with ClockLog() as clocks:   # the GPU's clocks through the run (nothing where nvidia-smi is missing)
+        try:
+            t_b = time.perf_counter(); model_dir = build_model(model, tmp / "model"); built_s = time.perf_counter() - t_b   # the benchmark's own work
+            left = lambda: timeout - (time.perf_counter() - t_child) - 10
+            if side == "ours":
+                layout, mode = rest[0], rest[1]
+                rec.update(layout=layout, mode=mode, backend="vllm", gpus=GPUS[("ours", layout)])
+                rec.update(run_ours(layout, mode, shape, model, model_dir, tmp, device, left(), out_json.with_name(out_json.stem + ".train.log")))
+            elif side == "verl":   # a failed verl run returns its error with its steps so far; nothing of ours is at stake here
+                rec.update(backend=rest[0], gpus=GPUS[("verl", rest[0])])
+                rec.update(run_verl(rest[0], shape, model_dir, tmp, prompts(model, shape, shape["prompts"] * (shape["warmup"] + shape["steps"] + 2)),
+                                    toy_reward, left(), MIN_TIMED, dict(os.environ)))
+            else:
+                rec.update(backend=rest[0], gpus=GPUS[("trl", rest[0])])
+                progress = lambda steps: partial_path(out_json).write_text(json.dumps({**rec, "steps": steps}))
+                rec.update(run_trl(rest[0], shape, model, model_dir, tmp, device, progress))
+                rec.update(from_process_start(rec.pop("first_step_at", None), built_s))
+            if not rec.get("error"): rec["stats"] = stats(rec["step_s_all"][shape["warmup"]:])
+        except Exception as e:
+            rec["error"] = f"{type(e).__name__}: {e}"[-4000:]; traceback.print_exc()
     rec.update(clock_fields(clocks.samples, clocks.every_ms, rec.get("step_end_wall"), rec.get("step_s_all")))
     out_json.write_text(json.dumps(rec, indent=1))
 

@@ -71,7 +71,7 @@ lane_colocl() { e2e ours:colocated:sync:long 330 0; e2e trl:vllm-colocate:long 2
 lane_colocw() { e2e ours:colocated:sync:wide 300 0; e2e trl:vllm-colocate:wide 250 0; }
 # the same pairs with the peer first (a cold start's cost of being first on a fresh machine falls on the peer)
 lane_colocbr() { e2e trl:vllm-colocate:bench 200 0; e2e ours:colocated:sync:bench 270 0; }
-# the bench work timed for 40 steps instead of 10 (shape `steady`): does each trainer's generation settle as vLLM alone does? (about 5 minutes)
+# the bench work timed for 40 steps instead of 10 (shape `steady`): each trainer's generation past its first steps and over stretches of slower ones (about 5 minutes a lane)
 lane_colocs() { e2e ours:colocated:sync:steady 300 0; e2e trl:vllm-colocate:steady 280 0; }
 lane_colocsr() { e2e trl:vllm-colocate:steady 280 0; e2e ours:colocated:sync:steady 300 0; }
 lane_coloclr() { e2e trl:vllm-colocate:long 250 0; e2e ours:colocated:sync:long 330 0; }

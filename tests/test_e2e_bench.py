@@ -133,3 +133,13 @@ def test_a_run_records_its_gpus_clocks_and_each_steps_mean_sm_clock(tmp_path, mo
     with ClockLog() as none: pass
     assert none.samples == [] and E.clock_fields(none.samples, 500, None, None) == {}
     json.dumps(rec)   # what the run file stores
+
+
+def test_the_clock_query_parses_what_a_real_nvidia_smi_printed():
+    "The committed output of ClockLog's query on an H200 (driver 580): every sample line parses, the comment lines are skipped."
+    from common import parse_clock_lines
+    text = (ROOT / "bench/results/logs/h200_2026-11-30_1317/clock_query/nvidia_smi_clock_query.txt").read_text()
+    got = parse_clock_lines(text)
+    assert len(got) == sum(1 for l in text.splitlines() if not l.startswith("#")) == 6
+    assert all(s["gpu"] == 0 and s["clocks.sm"] == 345.0 and s["clocks.mem"] == 3201.0 and 82 < s["power.draw"] < 84 for s in got)
+    assert 0.45 < got[1]["t"] - got[0]["t"] < 0.55   # half a second apart, as --loop-ms=500 asks
